@@ -113,7 +113,7 @@ class _LayerGrads:
         if self.module.weight.requires_grad:
             if t == 1:  # ghost norm: |d a^T|^2 = |a|^2 |d|^2, per group
                 sq = sq + (_sq(a, keep_groups=True) * _sq(d, keep_groups=True)).sum(1)
-            elif t * (d_in + d_out) < d_in * d_out:  # Gram trick: B T^2 (d_in + d_out) flops
+            elif _gram_is_cheaper(t, d_in, d_out):  # Gram trick: B T^2 (d_in + d_out) flops
                 aa = torch.einsum("btgi,bsgi->bgts", a, a)
                 dd = torch.einsum("btgo,bsgo->bgts", d, d)
                 sq = sq + (aa * dd).sum((1, 2, 3))
@@ -141,6 +141,11 @@ class _LayerGrads:
         return out
 
 
+def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
+    """Gram trick (``B T^2 (d_in + d_out)`` flops) vs materialising (``B T d_in d_out``)."""
+    return t * (d_in + d_out) < d_in * d_out
+
+
 def _sq(t: Tensor, keep_groups: bool = False) -> Tensor:
     """Per-sample squared norm over all but the batch (and, if asked, the group) axis."""
     if keep_groups:  # (B, 1, G, n) -> (B, G)
@@ -149,19 +154,53 @@ def _sq(t: Tensor, keep_groups: bool = False) -> Tensor:
 
 
 def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``."""
+    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``.
+
+    For a convolution ``a`` holds the im2col patches, so only use this where the Gram trick
+    wins (few positions); otherwise :func:`_conv_per_sample_weight` is cheaper.
+    """
     b = inp.shape[0]
     if isinstance(module, nn.Linear):
         return inp.reshape(b, -1, 1, inp.shape[-1]), grad_out.reshape(b, -1, 1, grad_out.shape[-1])
     assert isinstance(module, nn.Conv2d)
-    # im2col: pad exactly as the module does (this covers 'same' and non-zero padding modes).
-    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-    padded = F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
-    cols = F.unfold(padded, module.kernel_size, module.dilation, 0, module.stride)  # (B, C k k, L)
     g = module.groups
-    a = cols.transpose(1, 2).reshape(b, cols.shape[-1], g, -1)
-    d = grad_out.reshape(b, g, -1, cols.shape[-1]).permute(0, 3, 1, 2)
+    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
+    # im2col from strided views and one copy (aten's CPU im2col is far slower at these sizes):
+    # (B, C, H_out, W_out, dh (kh - 1) + 1, dw (kw - 1) + 1), then every dilation-th tap.
+    padded = _pad(module, inp)
+    patches = padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
+    patches = patches[..., ::dh, ::dw]
+    t = patches.shape[2] * patches.shape[3]
+    a = patches.permute(0, 2, 3, 1, 4, 5).reshape(b, t, g, -1)  # C-major, then kh, kw
+    d = grad_out.reshape(b, g, -1, t).permute(0, 3, 1, 2)
     return a, d
+
+
+def _pad(module: nn.Conv2d, inp: Tensor) -> Tensor:
+    """The input padded exactly as the module pads it ('same', non-zero padding modes)."""
+    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+    return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
+
+
+def _conv_per_sample_weight(module: nn.Conv2d, inp: Tensor, grad_out: Tensor) -> Tensor:
+    """Per-sample weight gradients ``(B, *weight.shape)`` of a convolution, one batched matmul
+    per kernel tap: ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col)."""
+    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
+    b, g = inp.shape[0], module.groups
+    c_in, c_out = inp.shape[1] // g, grad_out.shape[1] // g
+    h_out, w_out = grad_out.shape[-2:]
+    padded = _pad(module, inp)
+    d = grad_out.reshape(b * g, c_out, h_out * w_out).transpose(1, 2).contiguous()
+    out = grad_out.new_empty(kh, kw, b * g, c_in, c_out)
+    for u in range(kh):
+        for v in range(kw):
+            tap = padded[
+                :, :, u * dh : u * dh + sh * (h_out - 1) + 1 : sh,
+                v * dw : v * dw + sw * (w_out - 1) + 1 : sw,
+            ]
+            torch.bmm(tap.reshape(b * g, c_in, h_out * w_out), d, out=out[u, v])
+    out = out.reshape(kh, kw, b, g, c_in, c_out).permute(2, 3, 5, 4, 0, 1)
+    return out.reshape(b, g * c_out, c_in, kh, kw)
 
 
 class _PerSampleLayer:
@@ -200,10 +239,24 @@ def _norm_layer_grads(
     return grads
 
 
+def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
+    """Whether materialising beats the Gram trick for this convolution's weight."""
+    t = grad_out.shape[-2] * grad_out.shape[-1]
+    d_in = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+    return not _gram_is_cheaper(t, d_in, module.out_channels // module.groups)
+
+
 def _layer_grads(
     module: nn.Module, calls: list[tuple[Tensor, Tensor]]
 ) -> _LayerGrads | _PerSampleLayer:
     """One layer's per-sample gradients from its (input, output gradient) per call."""
+    if isinstance(module, nn.Conv2d) and _conv_materialises(module, calls[0][1]):
+        grads = {}
+        if module.weight.requires_grad:
+            grads[module.weight] = sum(_conv_per_sample_weight(module, *c) for c in calls)
+        if module.bias is not None and module.bias.requires_grad:
+            grads[module.bias] = sum(grad.sum((2, 3)) for _, grad in calls)
+        return _PerSampleLayer(grads)  # type: ignore[arg-type]
     if isinstance(module, GHOST_LAYERS):
         factors = [_factor(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:

@@ -51,18 +51,20 @@ class Sequence(nn.Module):
 
 
 class Convs(nn.Module):
-    """Grouped, dilated, strided, 'same' and reflect-padded convolutions."""
+    """Grouped, dilated, strided, 'same' and reflect-padded convolutions; c1-c3 have many
+    positions (per-sample weights by kernel taps), c4 few (Gram trick over im2col patches)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv2d(2, 4, 3, padding="same", dilation=2)
         self.c2 = nn.Conv2d(4, 6, 3, stride=2, groups=2, padding=1, padding_mode="reflect")
         self.c3 = nn.Conv2d(6, 3, (2, 3), bias=False)
-        self.head = nn.Linear(3 * 4 * 3, 3)
+        self.c4 = nn.Conv2d(3, 16, (3, 2), dilation=(1, 2), padding=(0, 1))
+        self.head = nn.Linear(16 * 2 * 3, 3)
 
     def forward(self, x):
         h = torch.tanh(self.c3(torch.tanh(self.c2(torch.tanh(self.c1(x))))))
-        return self.head(h.flatten(1))
+        return self.head(torch.tanh(self.c4(h)).flatten(1))
 
 
 class Normalised(nn.Module):
