@@ -87,6 +87,13 @@ def effective_config(cfg: Mapping[str, Any], quick: bool, seeds: int | None) -> 
         for key in ("seeds", "epsilons", "grid", "tnb", "subsample"):
             if key in q:
                 out[key] = q[key]
+    out["device"] = resolve_device(out.get("device", "cpu"))
+    short = out.pop("shortened_on_cpu", None)
+    if short and out["device"] == "cpu" and not quick:
+        out["shortened"] = {"from_epochs": out["train"]["epochs"],
+                            "from_seeds": len(seed_list(out["seeds"])), **short}
+        out["train"]["epochs"] = short["epochs"]
+        out["seeds"] = short["seeds"]
     listed = seed_list(out["seeds"])
     if seeds is not None:
         listed = listed[:seeds] if seeds <= len(listed) else list(
@@ -94,6 +101,13 @@ def effective_config(cfg: Mapping[str, Any], quick: bool, seeds: int | None) -> 
     out["seeds"] = listed
     out["quick"] = quick
     return out
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` is ``cuda`` where a GPU is visible, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def seed_list(seeds: int | Sequence[int]) -> list[int]:
@@ -175,42 +189,58 @@ def _records(result: TrainResult, label: str, seed: int, ds: GroupedDataset) -> 
 # ------------------------------------------------------------------------- table runner
 
 
-def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print) -> dict:
-    """Every method on every seed with the paper's fixed hyperparameters."""
+def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print,
+              save: Any = None, previous: Mapping[str, Any] | None = None) -> dict:
+    """Every method on every seed with the paper's fixed hyperparameters, seed by seed (so a
+    run cut short leaves whole seeds).
+
+    ``save(partial)`` is called after every training with the results so far; ``previous``, a
+    partial result of the same configuration, is resumed: its finished runs are kept, not
+    repeated."""
     ds = dataset_for(cfg)
     n_train = len(ds.train)
     exp_id = experiment_id(tracking, cfg["dataset"]["name"])
-    records: list[dict] = []
-    epsilons: dict[str, list[float]] = {}
-    group_eps: dict[str, list[list[float]]] = {}
+    prev = dict(previous or {})
+    records: list[dict] = list(prev.get("records", []))
+    epsilons: dict[str, list[float]] = {k: list(v) for k, v in prev.get("epsilons", {}).items()}
+    done: list[list] = list(prev.get("done", []))
+    elapsed = float(prev.get("wall_s", 0.0))
     settings: dict[str, dict] = {}
-    start = time.time()
     tags = {"dpfair.stage": "reproduction", "dpfair.table": cfg["name"]}
+
+    def result(partial: bool) -> dict:
+        return {"kind": "table", "records": records, "epsilons": epsilons, "done": done,
+                "settings": settings, "n_train": n_train, "n_test": len(ds.test),
+                "wall_s": elapsed, "mlflow_run": parent, "partial": partial}
+
+    if done:
+        log(f"[{cfg['name']}] resuming: {len(done)} runs already done")
     with run(tracking, exp_id, f"reproduce:{cfg['name']}", tags=tags) as parent:
-        for m in cfg["methods"]:
-            label = m["label"]
-            lr = resolve_lr(m["lr"], cfg, n_train)
-            train_kw = {k: v for k, v in cfg["train"].items() if k != "batch_size"}
-            if label == REFERENCE:
-                train_kw.pop("sigma", None)
-                train_kw["sigma"] = 0.0
-            settings[label] = {"method": m["method"], "lr": lr}
-            for seed in cfg["seeds"]:
+        for seed in cfg["seeds"]:
+            for m in cfg["methods"]:
+                label = m["label"]
+                lr = resolve_lr(m["lr"], cfg, n_train)
+                settings[label] = {"method": m["method"], "lr": lr}
+                if [label, seed] in done:
+                    continue
+                train_kw = {k: v for k, v in cfg["train"].items() if k != "batch_size"}
+                if label == REFERENCE:
+                    train_kw["sigma"] = 0.0
                 config = TrainConfig(method=m["method"], model=cfg["model"],
                                      batch_size=batch_size(cfg, n_train), lr=lr, seed=seed,
-                                     progress=False, device=cfg.get("device", "cpu"),
-                                     **train_kw)
+                                     progress=False, device=cfg["device"], **train_kw)
                 t0 = time.time()
                 rec = train_and_log(config, label, ds, tracking, exp_id, parent, tags)
                 records += rec.records
                 epsilons.setdefault(label, []).append(rec.epsilon)
+                done.append([label, seed])
+                elapsed += time.time() - t0
                 log(f"[{cfg['name']}] {label} seed {seed}: eps {rec.epsilon:.3f} "
                     f"({time.time() - t0:.1f} s)")
-        wall = time.time() - start
-        log_metrics(tracking, parent, {"wall_time_s": wall})
-    return {"kind": "table", "records": records, "epsilons": epsilons, "group_eps": group_eps,
-            "settings": settings, "n_train": n_train, "n_test": len(ds.test),
-            "wall_s": wall, "mlflow_run": parent}
+                if save is not None:
+                    save(result(partial=True))
+        log_metrics(tracking, parent, {"wall_time_s": elapsed})
+    return result(partial=False)
 
 
 # -------------------------------------------------------------------------- zhao runner
@@ -363,11 +393,18 @@ def side_by_side(cmp: pd.DataFrame, percent: bool) -> pd.DataFrame:
     return out
 
 
-def _xu_published(table: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+def _xu_published(table: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Xu's Table 1 columns of one dataset, renamed to our labels (``total`` and two groups).
+
+    ``published_columns`` names the three published columns (default ``{prefix}_total``,
+    ``{prefix}_M``, ``{prefix}_F``)."""
     cols = table["columns"]
-    idx = [cols.index(f"{prefix}_{s}") for s in ("total", "M", "F")]
-    rows: dict[str, Any] = {"columns": ["acc_total", "acc_M", "acc_F", "delta_total", "delta_M",
-                                        "delta_F", "delta_gap"]}
+    names = cfg.get("published_columns") or [
+        f"{cfg['published_prefix']}_{s}" for s in ("total", "M", "F")]
+    idx = [cols.index(n) for n in names]
+    labels = cfg["labels"]
+    rows: dict[str, Any] = {"columns": [f"acc_{lab}" for lab in labels]
+                            + [f"delta_{lab}" for lab in labels] + ["delta_gap"]}
     rows["nonprivate"] = [table["sgd"][i] for i in idx] + [None] * 4
     for pub, ours in (("dpsgd", "dpsgd"), ("naive", "naive_reweight"), ("dpsgd_f", "dpsgd_f")):
         d = [table[f"{pub}_minus_sgd"][i] for i in idx]
@@ -376,8 +413,17 @@ def _xu_published(table: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return rows
 
 
+def finished_seeds(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[int]:
+    """Seeds on which every method finished (all of them, unless the run was cut short)."""
+    if not result.get("partial"):
+        return list(cfg["seeds"])
+    done = {tuple(d) for d in result.get("done", [])}
+    return [s for s in cfg["seeds"] if all((m["label"], s) in done for m in cfg["methods"])]
+
+
 def table_stats(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> pd.DataFrame:
-    frame = fairness.runs_frame(result["records"])
+    seeds = set(finished_seeds(cfg, result))
+    frame = fairness.runs_frame([r for r in result["records"] if r["seed"] in seeds])
     return fairness.comparison_stats(
         frame, cfg["groups"], reference=REFERENCE, labels=cfg["labels"], layout=cfg["layout"],
         paired_reference=True, tau=cfg.get("tau", fairness.XU_TAU))
@@ -389,14 +435,14 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[lis
     stats = table_stats(cfg, result)
     pub = published_table(cfg["published"])
     if cfg["layout"] == "xu":
-        pub = _xu_published(pub, cfg["published_prefix"])
+        pub = _xu_published(pub, cfg)
     cmp = report.comparison_with_published(stats, pub, percent=percent, n_se=N_SE)
     ours = fairness.format_table(stats, percent=percent)
     eps = {m: float(np.mean(v)) for m, v in result["epsilons"].items()}
     ours["epsilon"] = [f"{eps[m]:.2f}" if m in eps and eps[m] > 0 else "∞"
                        for m in ours.index]
     lines = [
-        f"Ours (mean ± SE over {len(cfg['seeds'])} seeds; accuracies "
+        f"Ours (mean ± SE over {len(finished_seeds(cfg, result))} seeds; accuracies "
         f"{'in %' if percent else 'as fractions'}; ε measured by our accountant, "
         f"published ε = {cfg['published_epsilon']}):", "", ours.to_markdown(), "",
         f"Ours / published (⚠: |difference| > {N_SE:g} combined SEs; a published value "
@@ -494,9 +540,18 @@ def settings_lines(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[st
                      "per run with dpfair's accountant)")
     lines.append(f"- wall time {result['wall_s'] / 60:.1f} min on {result['machine']}; "
                  f"finished {result['finished']}; MLflow parent run `{result['mlflow_run']}`")
+    if cfg["kind"] == "table" and result.get("partial"):
+        lines.append(f"- **PARTIAL: the run was cut short; the tables use the seeds on which "
+                     f"every method finished: {finished_seeds(cfg, result)}**")
     if "partial_epsilons" in result:
         lines.append(f"- **PARTIAL: the run was cut short; only ε {result['partial_epsilons']} "
                      "finished (grid and seeds), private tuning did not run**")
+    if cfg.get("shortened"):
+        sh = cfg["shortened"]
+        lines.append(f"- **SHORTENED ON CPU** (no GPU in this run): {cfg['train']['epochs']} "
+                     f"epochs instead of the paper's {sh['from_epochs']}, {len(cfg['seeds'])} "
+                     f"seeds instead of {sh['from_seeds']}. {sh.get('why', '').strip()} The same "
+                     "config runs the paper's length where CUDA is available.")
     if cfg.get("quick"):
         lines.append("- **QUICK MODE: not a reproduction, a smoke test of the machinery**")
     return lines
@@ -530,7 +585,8 @@ def claims(configs: Mapping[str, Mapping], facts: Mapping[str, dict]) -> list[st
                 eq = "equal" if g <= cfg["tau"] else "unequal"
                 pg = pub.get(m, [None] * 7)[6]
                 peq = "equal" if pg is not None and pg <= cfg["tau"] else "unequal"
-                out.append(f"- {cfg['title']}: {m} max |Δ_M − Δ_F| = {g:.4f} → **{eq}** cost "
+                pair = "Δ_{} − Δ_{}".format(*cfg["labels"][1:3])
+                out.append(f"- {cfg['title']}: {m} |{pair}| = {g:.4f} → **{eq}** cost "
                            f"of privacy at τ = {cfg['tau']} (published {pg:.4f} → {peq})")
             if "dpsgd" in st.index and "dpsgd_f" in st.index:
                 gf, gd = (st.at[m, ("delta_gap", "mean")] for m in ("dpsgd_f", "dpsgd"))
@@ -618,8 +674,20 @@ def run_one(cfg: Mapping[str, Any], tracking: TrackingConfig, results_dir: Path,
         return result
 
     if cfg["kind"] == "table":
-        return write(run_table(cfg, tracking, log))
+        previous = json.loads(path.read_text()) if path.exists() else None
+        if previous is not None and not (
+            previous.get("partial") and _same_run(previous.get("config", {}), cfg)
+        ):
+            previous = None
+        return write(run_table(cfg, tracking, log, save=write, previous=previous))
     return write(run_zhao(cfg, tracking, log, save=write))
+
+
+def _same_run(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two effective configs describe the same runs (seeds may differ)."""
+    def key(c: Mapping[str, Any]) -> str:
+        return json.dumps({k: v for k, v in c.items() if k != "seeds"}, sort_keys=True)
+    return key(a) == key(b)
 
 
 def _json_default(obj: Any) -> Any:

@@ -89,9 +89,65 @@ def test_quick_report_has_tables_and_published_columns(
 
 
 def test_xu_published_rows(reproduce: ModuleType) -> None:
-    pub = reproduce._xu_published(reproduce.published_table("xu2021.table1"), "adult")
+    configs = reproduce.load_configs()
+    table = reproduce.published_table("xu2021.table1")
+    pub = reproduce._xu_published(table, configs["03_xu_adult"])
     assert pub["columns"][:3] == ["acc_total", "acc_M", "acc_F"]
     assert pub["nonprivate"][:3] == [0.8099, 0.7610, 0.9117]
     # DPSGD-F on Adult: Delta_M = -0.0298, Delta_F = -0.0161, gap 0.0137 <= tau 0.05
     assert pub["dpsgd_f"][4:6] == [-0.0298, -0.0161]
     assert pub["dpsgd_f"][6] == pytest.approx(0.0137)
+    # MNIST: named columns, our class labels; dpsgd Delta_2 - Delta_8 = -0.0707 + 0.6807
+    mnist = reproduce._xu_published(table, configs["07_xu_mnist"])
+    assert mnist["columns"] == ["acc_total", "acc_2", "acc_8", "delta_total", "delta_2",
+                                "delta_8", "delta_gap"]
+    assert mnist["nonprivate"][:3] == [0.9855, 0.9903, 0.9292]
+    assert mnist["dpsgd"][6] == pytest.approx(0.61)
+
+
+def test_mnist_tables_are_shortened_on_cpu_and_say_so(
+    reproduce: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: False)
+    cfg = reproduce.effective_config(reproduce.load_configs()["06_esipova_mnist"], False, None)
+    assert cfg["device"] == "cpu" and cfg["train"]["epochs"] == 3 and cfg["seeds"] == [0, 1, 2]
+    assert cfg["shortened"]["from_epochs"] == 60 and cfg["shortened"]["from_seeds"] == 5
+    result = {"n_train": 1, "n_test": 1, "settings": {}, "wall_s": 60.0, "machine": "m",
+              "finished": "now", "mlflow_run": "r"}
+    text = "\n".join(reproduce.settings_lines(cfg, result))
+    assert "SHORTENED ON CPU" in text and "instead of the paper's 60" in text
+    monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
+    full = reproduce.effective_config(reproduce.load_configs()["06_esipova_mnist"], False, None)
+    assert full["device"] == "cuda" and full["train"]["epochs"] == 60 and "shortened" not in full
+
+
+def test_a_table_cut_short_resumes_without_repeating_runs(
+    reproduce: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configs = reproduce.load_configs(_tiny(tmp_path, reproduce))
+    cfg = reproduce.effective_config(configs["02_esipova_dutch"], True, None)  # 3 methods x 2
+    tracking = reproduce.tracking_config(tmp_path / "work")
+    results = tmp_path / "work" / "results"
+    real = reproduce.train_and_log
+    calls: list[str] = []
+
+    def dies_on_fourth(config, label, *args, **kwargs):
+        calls.append(label)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(config, label, *args, **kwargs)
+
+    monkeypatch.setattr(reproduce, "train_and_log", dies_on_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce.run_one(cfg, tracking, results, log=lambda s: None)
+    partial = reproduce.load_results(results, [cfg["name"]])[cfg["name"]]
+    assert partial["partial"] and len(partial["done"]) == 3
+    assert reproduce.finished_seeds(cfg, partial) == [0]  # seed 0 has all three methods
+    calls.clear()
+    monkeypatch.setattr(reproduce, "train_and_log", lambda *a, **k: (calls.append(a[1]),
+                                                                      real(*a, **k))[1])
+    done = reproduce.run_one(cfg, tracking, results, log=lambda s: None)
+    assert calls == ["nonprivate", "dpsgd", "dpsgd_global"]  # only seed 1's runs
+    assert not done["partial"] and len(done["done"]) == 6
+    assert reproduce.finished_seeds(cfg, done) == [0, 1]
+    assert len(reproduce.table_stats(cfg, done)) == 3
