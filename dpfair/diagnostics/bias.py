@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from dpfair.diagnostics.hvp import FlatModel, LossFn
+from dpfair.privacy.gradients import make_engine
 
 PRIVACY = "non-private"
 
@@ -27,19 +28,22 @@ def per_sample_gradients(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor
     return vmap(grad(one), in_dims=(None, 0, 0))(fm.theta, x, y)
 
 
-def clip_mean(per_sample: Tensor, C: float) -> Tensor:
-    """ḡ_B = (1/|B|) Σ_i g_i min(1, C/‖g_i‖): the mean of per-sample gradients clipped at C."""
-    norms = per_sample.norm(dim=1, keepdim=True)
-    scale = torch.where(norms > C, C / norms.clamp_min(1e-300), torch.ones_like(norms))
-    return (per_sample * scale).mean(dim=0)
-
-
 def batch_gradients(
     model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, C: float
 ) -> tuple[Tensor, Tensor]:
-    """(g_B, ḡ_B): the unclipped and the clipped-at-C mean gradient of the batch ``(x, y)``."""
-    g = per_sample_gradients(model, loss_fn, x, y)
-    return g.mean(dim=0), clip_mean(g, C)
+    """(g_B, ḡ_B): the unclipped and the clipped-at-C mean gradient of the batch ``(x, y)``,
+    flattened in ``model.parameters()`` order. Both are reweighted sums of one per-sample
+    gradient engine pass (the fast path where the model allows it), so nothing is materialised.
+    """
+    engine = make_engine(model)
+    norms = engine.compute(model, loss_fn, x, y)
+    b = len(x)
+    clip = torch.where(norms > C, C / norms.clamp_min(1e-300), torch.ones_like(norms))
+
+    def flat(weights: Tensor) -> Tensor:
+        return torch.cat([g.reshape(-1) for g in engine.weighted_grad(weights)])
+
+    return flat(torch.full_like(norms, 1.0 / b)), flat(clip / b)
 
 
 def bias_report(unclipped_batch_grad: Tensor, clipped_batch_grad: Tensor) -> dict:

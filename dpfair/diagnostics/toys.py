@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from dpfair.data.dataset import Split
-from dpfair.diagnostics.bias import clip_mean, per_sample_gradients
+from dpfair.diagnostics.bias import batch_gradients
 from dpfair.diagnostics.hvp import LossFn
 from dpfair.diagnostics.misalignment import direction_step, magnitude_step
 
@@ -124,8 +124,7 @@ def _update(
     if variant == "sgd":
         grads = torch.autograd.grad(loss_fn(model(x), y).mean(), params)
         return torch.cat([g.reshape(-1) for g in grads])
-    per_sample = per_sample_gradients(model, loss_fn, x, y)
-    return variant_step(per_sample.mean(dim=0), clip_mean(per_sample, C0), variant)
+    return variant_step(*batch_gradients(model, loss_fn, x, y, C0), variant)
 
 
 def train_direction_vs_magnitude(
