@@ -70,6 +70,8 @@ class PrivateStep:
         self.sigma, self.expected_batch_size = sigma, expected_batch_size
         self.loss_fn = loss_fn or per_sample_cross_entropy
         self.params = trainable_parameters(model)
+        self.sizes = [p.numel() for p in self.params]
+        self.n_params = sum(self.sizes)
         # nonprivate needs no per-sample gradient: one ordinary backward of the mean loss
         self.plain = method.privacy_guarantee == "none"
         self.engine = None if self.plain else method.per_sample_gradients(model, engine)
@@ -91,12 +93,12 @@ class PrivateStep:
             grads = self.engine.weighted_grad(rule.weights / self.expected_batch_size)
             loss = float(self.engine.losses.mean())
         std = self.sigma * rule.sensitivity / self.expected_batch_size
-        if std > 0:
-            for grad in grads:  # fresh tensors: noise is added in place, once per step
-                noise = torch.randn(
-                    grad.shape, generator=generator, device=grad.device, dtype=grad.dtype
-                )
-                grad.add_(noise, alpha=std)
+        if std > 0:  # one draw for the whole parameter vector, added in place to fresh tensors
+            p0 = self.params[0]
+            noise = torch.randn(self.n_params, generator=generator, device=p0.device,
+                                dtype=p0.dtype)
+            for grad, part in zip(grads, noise.split(self.sizes), strict=True):
+                grad.add_(part.view_as(grad).to(grad.dtype), alpha=std)
         self.engine.observe(grads)
         for p, grad in zip(self.params, grads, strict=True):
             p.grad = grad
