@@ -107,13 +107,15 @@ class _LayerGrads:
         a, d = self.a, self.d
         _, t, _, d_in = a.shape
         d_out = d.shape[-1]
+        has_bias = self.module.bias is not None and self.module.bias.requires_grad
+        if t == 1:  # ghost norm: |d a^T|^2 + |d|^2 = |d|^2 (|a|^2 + 1), per group
+            a_sq = _sq(a, keep_groups=True) if self.module.weight.requires_grad else 0.0
+            return (_sq(d, keep_groups=True) * (a_sq + float(has_bias))).sum(1)
         sq = self.module.weight.new_zeros(a.shape[0])
-        if self.module.bias is not None and self.module.bias.requires_grad:
-            sq = sq + _sq(d if t == 1 else d.sum(1))  # the bias gradient is sum_t d_t
+        if has_bias:
+            sq = sq + _sq(d.sum(1))  # the bias gradient is sum_t d_t
         if self.module.weight.requires_grad:
-            if t == 1:  # ghost norm: |d a^T|^2 = |a|^2 |d|^2, per group
-                sq = sq + (_sq(a, keep_groups=True) * _sq(d, keep_groups=True)).sum(1)
-            elif _gram_is_cheaper(t, d_in, d_out):  # Gram trick: B T^2 (d_in + d_out) flops
+            if _gram_is_cheaper(t, d_in, d_out):  # Gram trick: B T^2 (d_in + d_out) flops
                 aa = torch.einsum("btgi,bsgi->bgts", a, a)
                 dd = torch.einsum("btgo,bsgo->bgts", d, d)
                 sq = sq + (aa * dd).sum((1, 2, 3))
@@ -148,9 +150,10 @@ def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
 
 def _sq(t: Tensor, keep_groups: bool = False) -> Tensor:
     """Per-sample squared norm over all but the batch (and, if asked, the group) axis."""
+    b = t.shape[0]
     if keep_groups:  # (B, 1, G, n) -> (B, G)
-        return torch.linalg.vector_norm(t[:, 0], dim=-1).square()
-    return torch.linalg.vector_norm(t.flatten(1), dim=1).square()
+        return torch.linalg.vector_norm(t.reshape(b, t.shape[2], -1), dim=-1).square()
+    return torch.linalg.vector_norm(t.reshape(b, -1), dim=1).square()
 
 
 def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
