@@ -9,6 +9,8 @@ Two implementations of one interface (DESIGN.md section 4):
   patches of a convolution), so its squared norm is ``|a|^2 |d|^2`` when there is one position
   (the ghost-norm trick), ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the norm of the
   materialised per-sample gradient of that layer, whichever the layer's shapes make cheaper.
+  A convolution's per-sample gradient is materialised by one batched matmul per kernel tap,
+  never through an im2col tensor (``kh kw`` times the input size).
   The weighted sum is one contraction of the ``w``-scaled output gradients with the inputs.
   LayerNorm and GroupNorm parameters are small: their per-sample gradients are materialised
   from the same captured input and output gradient.
