@@ -265,7 +265,7 @@ def write_markdown(args: argparse.Namespace, out: dict, path: Path, fig: Path) -
     path.write_text("\n".join(lines))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=list(MODELS), default="esipova_cnn")
     parser.add_argument("--subset", type=int, default=None,
@@ -280,7 +280,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", choices=list(LABELS), default=list(LABELS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "direction_vs_magnitude.md")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     out = run(args)
     fig = args.out.parent / "figures" / "direction_vs_magnitude.png"
