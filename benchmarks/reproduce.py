@@ -637,7 +637,7 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
         cfg = result["config"]
         lines += ["Settings:", "", *settings_lines(cfg, result), ""]
         wanted = len(seed_list(cfg_file["seeds"]))
-        if len(cfg["seeds"]) < wanted and not cfg.get("quick"):
+        if len(cfg["seeds"]) < wanted and not cfg.get("quick") and not cfg.get("shortened"):
             lines.insert(-1, f"- **seeds reduced to {len(cfg['seeds'])} (the config asks for "
                              f"{wanted}) to fit the time of the run that made this "
                              "report**")
