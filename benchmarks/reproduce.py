@@ -564,17 +564,22 @@ def claims(configs: Mapping[str, Mapping], facts: Mapping[str, dict]) -> list[st
         cfg = configs[name]
         if cfg["kind"] == "table" and cfg["layout"] == "esipova":
             st = f["stats"]
-            gap = {m: (st.at[m, ("pi_gap", "mean")] * 100, st.at[m, ("pi_gap", "se")] * 100)
-                   for m in st.index if m != REFERENCE}
-            if "dpsgd" not in gap:
+            if "dpsgd" not in st.index:
                 continue
-            base = gap["dpsgd"]
-            for m in ("dpsgd_global", "dpsgd_global_adapt", "dpsgd_f"):
-                if m in gap:
-                    verdict = "yes" if gap[m][0] < base[0] else "NO"
-                    out.append(f"- {cfg['title']}: {m} privacy-cost gap π_gap "
-                               f"{gap[m][0]:.1f} ± {gap[m][1]:.1f} vs dpsgd {base[0]:.1f} ± "
-                               f"{base[1]:.1f} pp → smaller than dpsgd: **{verdict}**")
+            # Esipova claims both gaps shrink: accuracy (pi, in pp) and excess loss (R)
+            for col, what, scale, unit in (("pi_gap", "privacy-cost gap π_gap", 100, " pp"),
+                                           ("R_gap", "excess-risk gap R_gap", 1, "")):
+                gap = {m: (st.at[m, (col, "mean")] * scale, st.at[m, (col, "se")] * scale)
+                       for m in st.index if m != REFERENCE}
+                base = gap["dpsgd"]
+                digits = 1 if scale == 100 else 3
+                for m in ("dpsgd_global", "dpsgd_global_adapt", "dpsgd_f"):
+                    if m in gap:
+                        verdict = "yes" if gap[m][0] < base[0] else "NO"
+                        out.append(f"- {cfg['title']}: {m} {what} {gap[m][0]:.{digits}f} ± "
+                                   f"{gap[m][1]:.{digits}f} vs dpsgd {base[0]:.{digits}f} ± "
+                                   f"{base[1]:.{digits}f}{unit} → smaller than dpsgd: "
+                                   f"**{verdict}**")
         elif cfg["kind"] == "table" and cfg["layout"] == "xu":
             st = f["stats"]
             pub = f["pub"]
