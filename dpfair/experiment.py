@@ -223,6 +223,11 @@ def _trajectory(result: TrainResult) -> dict[str, list[float]]:
     return series
 
 
+def _bounds(trajectory: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The clip bounds of a trajectory, without its step index and released counts."""
+    return {k: v for k, v in trajectory.items() if k != "step" and "released" not in k}
+
+
 def train_and_log(
     config: TrainConfig,
     label: str,
@@ -329,8 +334,8 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
             frame, out / "privacy_cost.png", reference=REFERENCE,
             groups=list(dataset.group_names)[:10],
             methods=[m for m in methods if m != REFERENCE])
-    bounds = {r.label: r.clip_trajectory for r in runs if r.clip_trajectory and r.seed ==
-              params.experiment.seeds[0]}
+    bounds = {r.label: _bounds(r.clip_trajectory) for r in runs
+              if r.clip_trajectory and r.seed == params.experiment.seeds[0]}
     if bounds:
         figures["clip_bounds"] = report.plot_clip_bounds(bounds, out / "clip_bounds.png")
     (out / "results.md").write_text(Summary(table, significance).markdown())
