@@ -29,7 +29,7 @@ def ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_dataset("digits", {"validation_fraction": 0})
+    return load_dataset("digits", {"validation_fraction": 0, "minority_fraction": 0.09})
 
 
 def trained(ds, variant: str, C0: float, epochs: int = 2) -> tuple[nn.Module, dict]:
