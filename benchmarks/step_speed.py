@@ -139,19 +139,24 @@ def plain_arm(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Arm:
     return Arm(PLAIN, "reference", step)
 
 
-def opacus_arm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> Arm:
-    """Opacus 1.6 hooks mode: per-sample gradients materialised by hooks, DPOptimizer clips
-    each at C = 1, adds N(0, sigma^2 C^2) and divides by the expected batch size."""
-    gsm = GradSampleModule(model, loss_reduction="mean")
-    gen = torch.Generator(device=x.device).manual_seed(0)
-    opt = DPOptimizer(
+def _opacus_optimizer(cls: type[DPOptimizer], gsm: nn.Module, batch: int,
+                      device: torch.device) -> DPOptimizer:
+    """Opacus's DP optimizer over SGD: clip at C = 1, N(0, sigma^2), divide by ``batch``."""
+    return cls(
         torch.optim.SGD(gsm.parameters(), lr=LR),
         noise_multiplier=SIGMA,
         max_grad_norm=1.0,
         expected_batch_size=batch,
         loss_reduction="mean",
-        generator=gen,
+        generator=torch.Generator(device=device).manual_seed(0),
     )
+
+
+def opacus_arm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> Arm:
+    """Opacus 1.6 hooks mode: per-sample gradients materialised by hooks, DPOptimizer clips
+    each at C = 1, adds N(0, sigma^2 C^2) and divides by the expected batch size."""
+    gsm = GradSampleModule(model, loss_reduction="mean")
+    opt = _opacus_optimizer(DPOptimizer, gsm, batch, x.device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -167,15 +172,7 @@ def opacus_ghost_arm(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: 
     gsm = GradSampleModuleFastGradientClipping(
         model, max_grad_norm=1.0, use_ghost_clipping=True, loss_reduction="mean"
     )
-    gen = torch.Generator(device=x.device).manual_seed(0)
-    opt = DPOptimizerFastGradientClipping(
-        torch.optim.SGD(gsm.parameters(), lr=LR),
-        noise_multiplier=SIGMA,
-        max_grad_norm=1.0,
-        expected_batch_size=batch,
-        loss_reduction="mean",
-        generator=gen,
-    )
+    opt = _opacus_optimizer(DPOptimizerFastGradientClipping, gsm, batch, x.device)
     criterion = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(), "mean")
 
     def step() -> None:
