@@ -12,6 +12,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpfair.diagnostics.hvp import FlatModel, LossFn
 from dpfair.privacy.gradients import make_engine
+from dpfair.privacy.methods.clipping import Dpsgd
 
 PRIVACY = "non-private"
 
@@ -38,7 +39,7 @@ def batch_gradients(
     engine = make_engine(model)
     norms = engine.compute(model, loss_fn, x, y)
     b = len(x)
-    clip = torch.where(norms > C, C / norms.clamp_min(1e-300), torch.ones_like(norms))
+    clip = Dpsgd(C).rule(norms, torch.zeros_like(norms, dtype=torch.long)).weights  # min(1, C/|g|)
 
     def flat(weights: Tensor) -> Tensor:
         return torch.cat([g.reshape(-1) for g in engine.weighted_grad(weights)])
