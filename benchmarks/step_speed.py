@@ -63,6 +63,7 @@ LR = 1e-3  # small: the parameters barely move over the benchmark, so all arms s
 PLAIN = "plain SGD (torch)"
 OPACUS = "Opacus hooks (GradSampleModule + DPOptimizer)"
 OPACUS_GHOST = "Opacus ghost clipping"
+NOISE = "noise draw alone"
 CLIP_RULE = "dpsgd"  # the clip-rule method the target is stated for
 
 #: (label, method config) of every dpfair method; fairlens only on binary tabular data.
@@ -137,6 +138,17 @@ def plain_arm(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Arm:
         opt.step()
 
     return Arm(PLAIN, "reference", step)
+
+
+def noise_arm(n_params: int, device: torch.device) -> Arm:
+    """The Gaussian draw every private step makes (one N(0, sigma^2 C^2) per parameter, from
+    a seeded torch generator) and nothing else: the floor of a private step's extra cost."""
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def step() -> None:
+        torch.empty(n_params, device=device).normal_(0.0, SIGMA, generator=gen)
+
+    return Arm(NOISE, "reference", step)
 
 
 def _opacus_optimizer(cls: type[DPOptimizer], gsm: nn.Module, batch: int,
@@ -232,6 +244,7 @@ def build_arms(setting: Setting, device: torch.device, seed: int) -> tuple[list[
         plain_arm(copy.deepcopy(base), x, y),
         opacus_arm(copy.deepcopy(base), x, y, setting.batch),
         opacus_ghost_arm(copy.deepcopy(base), x, y, setting.batch),
+        noise_arm(info["n_params"], device),
     ]
     for label, cfg in METHODS:
         if cfg["name"] == "fairlens" and not (setting.tabular_binary and ds.n_groups == 2):
@@ -301,8 +314,9 @@ def _ms(seconds: float) -> str:
 
 
 SUMMARY_HEAD = (
-    "| setting | dpsgd ÷ plain SGD (≤ 1.6×) | Opacus hooks ÷ dpsgd (≥ 20×) | nonprivate ÷ plain "
-    "| slowest fast-path method ÷ plain |\n|---|---|---|---|---|"
+    "| setting | dpsgd ÷ plain SGD (≤ 1.6×) | Opacus hooks ÷ dpsgd (≥ 20×) "
+    "| Opacus hooks ÷ plain (issue: ~80×) | ≥ 20× needs dpsgd ≤ | noise draw ÷ plain "
+    "| nonprivate ÷ plain | slowest fast-path method ÷ plain |\n|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -326,6 +340,8 @@ def table(arms: list[Arm], inner: dict[str, int]) -> tuple[str, dict[str, float 
     key: dict[str, float | str] = {
         "clip_vs_plain": by[CLIP_RULE].median / plain,
         "hooks_vs_clip": hooks / by[CLIP_RULE].median,
+        "hooks_vs_plain": hooks / plain,
+        "noise_vs_plain": by[NOISE].median / plain,
         "nonprivate_vs_plain": by["nonprivate"].median / plain,
         "slowest_fast": f"{slowest.label} {slowest.median / plain:.2f}×",
     }
@@ -422,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
             + (f" ({'met' if met_plain else 'NOT met'})" if target else "")
             + f" | {key['hooks_vs_clip']:.1f}×"
             + (f" ({'met' if met_hooks else 'NOT met'})" if target else "")
-            + f" | {key['nonprivate_vs_plain']:.2f}× | {key['slowest_fast']} |"
+            + f" | {key['hooks_vs_plain']:.1f}× | {key['hooks_vs_plain'] / 20:.2f}× plain"
+            + f" | {key['noise_vs_plain']:.2f}× | {key['nonprivate_vs_plain']:.2f}×"
+            + f" | {key['slowest_fast']} |"
         )
     total = time.perf_counter() - t_start
     load_end = load_average()
@@ -466,10 +484,15 @@ work). `bam` forms per-sample *ascended* gradients and is materialised by
 design; `dpsgd (materialized engine)` is dpsgd on the torch.func vmap reference engine;
 `fairlens` adds two double-backward passes (Hessian-vector products) for its batch
 regularisers. `Opacus ghost clipping` is Opacus's own fast
-path (`GradSampleModuleFastGradientClipping`), for information.
+path (`GradSampleModuleFastGradientClipping`), for information. `noise draw alone` is the
+Gaussian draw of one private step (one normal per parameter from a seeded torch generator)
+and nothing else: no private step can cost less than the plain step plus this draw.
 
 **Target** (issue "DP training engine"): on the MLP a clip-rule method's step (dpsgd) ≤ 1.6×
 the non-private step and ≥ 20× faster than Opacus hooks (verdicts on the MLP rows only).
+The issue derived the second from hooks being ~80× the plain step; where hooks is only h×
+the plain step, 20× asks for a dpsgd step of at most h/20 × plain (column "≥ 20× needs"),
+which is below 1 + (noise draw ÷ plain) whenever h < 20 (1 + noise ÷ plain).
 
 {SUMMARY_HEAD}
 """

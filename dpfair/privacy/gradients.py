@@ -87,6 +87,12 @@ class PerSampleGradients(ABC):
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         """``sum_i w_i g_i`` for every trainable parameter; samples with ``w_i = 0`` are skipped."""
 
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        """Adds ``sum_i w_i g_i`` in place to ``into`` (one contiguous tensor per trainable
+        parameter): the step adds the update to its freshly drawn noise this way."""
+        for out, grad in zip(into, self.weighted_grad(weights), strict=True):
+            out.add_(grad)
+
     def observe(self, private_grad: list[Tensor]) -> None:  # noqa: B027 - optional hook
         """Told each step's released (noised) gradient; only DP-SAT's former uses it."""
 
@@ -107,12 +113,17 @@ class _LayerGrads:
 
     def sq_norms(self) -> Tensor:
         a, d = self.a, self.d
-        _, t, _, d_in = a.shape
+        b, t, g, d_in = a.shape
         d_out = d.shape[-1]
         has_bias = self.module.bias is not None and self.module.bias.requires_grad
-        if t == 1:  # ghost norm: |d a^T|^2 + |d|^2 = |d|^2 (|a|^2 + 1), per group
-            a_sq = _sq(a, keep_groups=True) if self.module.weight.requires_grad else 0.0
-            return (_sq(d, keep_groups=True) * (a_sq + float(has_bias))).sum(1)
+        if t == 1:  # ghost norm per group: |d a^T|^2 + |d|^2 = |d|^2 (|a|^2 + 1)
+            d3 = d.reshape(b, g, d_out)
+            sq = torch.linalg.vecdot(d3, d3)
+            if self.module.weight.requires_grad:
+                a3 = a.reshape(b, g, d_in)
+                a_sq = torch.linalg.vecdot(a3, a3)
+                sq = sq * (a_sq + 1) if has_bias else sq * a_sq
+            return sq.view(b) if g == 1 else sq.sum(1)
         sq = self.module.weight.new_zeros(a.shape[0])
         if has_bias:
             sq = sq + _sq(d.sum(1))  # the bias gradient is sum_t d_t
@@ -126,23 +137,34 @@ class _LayerGrads:
                 sq = sq + _sq(self.materialised)
         return sq
 
-    def weighted(self, weights: Tensor, keep: Tensor | None) -> dict[nn.Parameter, Tensor]:
-        """``sum_i w_i g_i``; rows outside ``keep`` are zeroed first (``None``: all finite)."""
-        m, a, d = self.module, self.a, self.d
+    def add_weighted(
+        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
+    ) -> None:
+        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
+        all finite). The weights scale whichever factor is smaller, ``a`` or ``d``."""
+        m, a, d = self.module, _mask_rows(self.a, keep), _mask_rows(self.d, keep)
+        b, t, g, d_in = a.shape
+        d_out = d.shape[-1]
         w = weights.to(d.dtype)
-        dw = _mask_rows(d * w.view(-1, 1, 1, 1), keep)
-        out: dict[nn.Parameter, Tensor] = {}
         if m.weight.requires_grad:
+            out = into[m.weight].view(g, d_out, d_in)
             if self.materialised is not None:
-                grad = torch.tensordot(w, _mask_rows(self.materialised, keep), 1)
-            elif a.shape[2] == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
-                grad = dw.reshape(-1, d.shape[-1]).T @ _mask_rows(a, keep).reshape(-1, a.shape[-1])
+                out.view(-1).addmv_(_mask_rows(self.materialised, keep).reshape(b, -1).T, w)
+            elif d_out <= d_in:
+                _add_contraction(out, d * w.view(-1, 1, 1, 1), a)
             else:
-                grad = torch.einsum("btgo,btgi->goi", dw, _mask_rows(a, keep))
-            out[m.weight] = grad.reshape(m.weight.shape)
+                _add_contraction(out, d, a * w.view(-1, 1, 1, 1))
         if m.bias is not None and m.bias.requires_grad:
-            out[m.bias] = dw.sum((0, 1)).reshape(m.bias.shape)
-        return out
+            per_sample = d.reshape(b, -1) if t == 1 else d.sum(1).reshape(b, -1)
+            into[m.bias].view(-1).addmv_(per_sample.T, w)
+
+
+def _add_contraction(out: Tensor, d: Tensor, a: Tensor) -> None:
+    """``out[g] += sum_{b,t} d[b,t,g]^T a[b,t,g]``: one matmul when there is one group."""
+    if a.shape[2] == 1:
+        out[0].addmm_(d.reshape(-1, d.shape[-1]).T, a.reshape(-1, a.shape[-1]))
+    else:
+        out.add_(torch.einsum("btgo,btgi->goi", d, a))
 
 
 def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
@@ -150,12 +172,10 @@ def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
     return t * (d_in + d_out) < d_in * d_out
 
 
-def _sq(t: Tensor, keep_groups: bool = False) -> Tensor:
-    """Per-sample squared norm over all but the batch (and, if asked, the group) axis."""
-    b = t.shape[0]
-    if keep_groups:  # (B, 1, G, n) -> (B, G)
-        return torch.linalg.vector_norm(t.reshape(b, t.shape[2], -1), dim=-1).square()
-    return torch.linalg.vector_norm(t.reshape(b, -1), dim=1).square()
+def _sq(t: Tensor) -> Tensor:
+    """Per-sample squared norm over all but the batch axis."""
+    flat = t.reshape(t.shape[0], -1)
+    return torch.linalg.vecdot(flat, flat)
 
 
 def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
@@ -217,11 +237,12 @@ class _PerSampleLayer:
     def sq_norms(self) -> Tensor:
         return sum(_sq(g) for g in self.grads.values())  # type: ignore[return-value]
 
-    def weighted(self, weights: Tensor, keep: Tensor | None) -> dict[nn.Parameter, Tensor]:
-        return {
-            p: torch.tensordot(weights.to(g.dtype), _mask_rows(g, keep), 1)
-            for p, g in self.grads.items()
-        }
+    def add_weighted(
+        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
+    ) -> None:
+        for p, g in self.grads.items():
+            per_sample = _mask_rows(g, keep).reshape(len(g), -1)
+            into[p].view(-1).addmv_(per_sample.T, weights.to(g.dtype))
 
 
 def _norm_layer_grads(
@@ -334,11 +355,15 @@ class GhostClipping(PerSampleGradients):
         return norms
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
+        summed = [torch.zeros_like(p) for p in self._params]
+        self.add_weighted_grad(weights, summed)
+        return summed
+
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
         keep = None if self._all_finite else weights != 0
-        summed: dict[nn.Parameter, Tensor] = {}
+        targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
-            summed.update(layer.weighted(weights, keep))
-        return [summed[p] if p in summed else torch.zeros_like(p) for p in self._params]
+            layer.add_weighted(weights, keep, targets)
 
 
 # --------------------------------------------------------------------- materialised path

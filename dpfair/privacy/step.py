@@ -84,25 +84,32 @@ class PrivateStep:
         if len(x) == 0:  # an empty Poisson batch still releases noise (and counts)
             norms = torch.empty(0, dtype=self.params[0].dtype, device=self.params[0].device)
             rule = self.method.step_rule(norms, g, generator)
-            grads = [torch.zeros_like(p) for p in self.params]
             loss = float("nan")
         else:
             norms = self.engine.compute(self.model, self.loss_fn, x, y, g)
             rule = self.method.step_rule(norms, g, generator)
-            # 1 / (q n) folded into the weights: sum_i (w_i / (q n)) g_i
-            grads = self.engine.weighted_grad(rule.weights / self.expected_batch_size)
             loss = float(self.engine.losses.mean())
-        std = self.sigma * rule.sensitivity / self.expected_batch_size
-        if std > 0:  # one draw for the whole parameter vector, added in place to fresh tensors
-            p0 = self.params[0]
-            noise = torch.randn(self.n_params, generator=generator, device=p0.device,
-                                dtype=p0.dtype)
-            for grad, part in zip(grads, noise.split(self.sizes), strict=True):
-                grad.add_(part.view_as(grad).to(grad.dtype), alpha=std)
+        grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
+        if len(x):  # 1 / (q n) folded into the weights: sum_i (w_i / (q n)) g_i, added in place
+            self.engine.add_weighted_grad(rule.weights / self.expected_batch_size, grads)
         self.engine.observe(grads)
         for p, grad in zip(self.params, grads, strict=True):
             p.grad = grad
         return StepInfo(rule.sensitivity, self.method.state(), loss)
+
+    def _noise(self, std: float, generator: torch.Generator) -> list[Tensor]:
+        """``N(0, std^2 I)`` over the whole parameter vector in one draw, as fresh contiguous
+        tensors shaped like the parameters (zeros when ``std`` is 0)."""
+        p0 = self.params[0]
+        flat = torch.empty(self.n_params, device=p0.device, dtype=p0.dtype)
+        if std > 0:
+            flat.normal_(0.0, std, generator=generator)
+        else:
+            flat.zero_()
+        return [
+            part.view_as(p).to(p.dtype)
+            for part, p in zip(flat.split(self.sizes), self.params, strict=True)
+        ]
 
     def _plain_step(self, x: Tensor, y: Tensor) -> StepInfo:
         """Non-private SGD: ``p.grad`` is the mean gradient over the realised batch."""

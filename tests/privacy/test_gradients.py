@@ -22,8 +22,16 @@ def assert_paths_agree(model: nn.Module, x, y, loss_fn=per_sample_cross_entropy)
     torch.testing.assert_close(fast.losses, ref.losses)
     weights = torch.rand(len(x), generator=torch.Generator().manual_seed(1), dtype=DTYPE)
     weights[0] = 0.0
-    for a, b in zip(fast.weighted_grad(weights), ref.weighted_grad(weights), strict=True):
+    expected = ref.weighted_grad(weights)
+    for a, b in zip(fast.weighted_grad(weights), expected, strict=True):
         torch.testing.assert_close(a, b, atol=TOL, rtol=TOL)
+    # adding in place (as the step adds the update to its noise) leaves what was there
+    start = [torch.randn_like(g) for g in expected]
+    for engine in (fast, ref):
+        into = [s.clone() for s in start]
+        engine.add_weighted_grad(weights, into)
+        for got, s, want in zip(into, start, expected, strict=True):
+            torch.testing.assert_close(got, s + want, atol=TOL, rtol=TOL)
 
 
 def test_paths_agree_on_the_papers_models(model_and_batch):
@@ -105,6 +113,9 @@ def test_non_finite_sample_is_confined_to_its_row(nets):
         assert torch.isfinite(norms[[0, 3]]).all() and not torch.isfinite(norms[[1, 2]]).any()
         weights = torch.tensor([1.0, 0.0, 0.0, 0.5], dtype=DTYPE)
         assert all(torch.isfinite(g).all() for g in engine.weighted_grad(weights))
+        into = [torch.ones_like(g) for g in engine.weighted_grad(weights)]
+        engine.add_weighted_grad(weights, into)
+        assert all(torch.isfinite(g).all() for g in into)
 
 
 def test_auto_falls_back_to_materialised_and_logs_the_reason_once(caplog, nets):

@@ -104,11 +104,16 @@ class RegularisedGradients(PerSampleGradients):
         return total + self.gamma1 * torch.sign(_dot(u, v)) * inner
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
+        summed = [torch.zeros_like(r) for r in self.shared]
+        self.add_weighted_grad(weights, summed)
+        return summed
+
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        """``sum_i w_i (g_i + r) = sum_i w_i g_i + (sum_i w_i) r``."""
+        self.inner.add_weighted_grad(weights, into)
         total = weights.sum()
-        return [
-            s + total * r
-            for s, r in zip(self.inner.weighted_grad(weights), self.shared, strict=True)
-        ]
+        for out, r in zip(into, self.shared, strict=True):
+            out.add_(total * r)
 
 
 class FairLens(Dpsgd):

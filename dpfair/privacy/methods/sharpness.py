@@ -90,6 +90,9 @@ class SharedAscent(PerSampleGradients):
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         return self.inner.weighted_grad(weights)
 
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        self.inner.add_weighted_grad(weights, into)
+
     def observe(self, private_grad: list[Tensor]) -> None:
         norm = _global_norm(private_grad)
         if torch.isfinite(norm) and norm > 0:
