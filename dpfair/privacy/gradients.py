@@ -6,12 +6,13 @@ Two implementations of one interface (DESIGN.md section 4):
   only, so no parameter gradient is formed twice); forward hooks keep each supported layer's
   input ``a`` and output, autograd gives the output gradients ``d``. A layer's per-sample
   gradient is ``sum_t d_t a_t^T`` (``t`` runs over sequence positions, or over the im2col
-  patches of a convolution), so its squared norm is ``|a|^2 |d|^2`` when there is one position
-  (the ghost-norm trick), ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the norm of the
-  materialised per-sample gradient of that layer, whichever the layer's shapes make cheaper.
+  patches of a convolution), so its squared norm is ``|a|^2 |d|^2`` for a Linear applied once
+  per sample (the ghost-norm trick), else ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the
+  norm of the materialised per-sample gradient of that layer, whichever is cheaper.
   A convolution's per-sample gradient is materialised by one batched matmul per kernel tap,
   never through an im2col tensor (``kh kw`` times the input size).
-  The weighted sum is one contraction of the ``w``-scaled output gradients with the inputs.
+  The weighted sum is one contraction of the ``w``-scaled output gradients with the inputs,
+  added in place to the tensors the caller passes (the step's noise).
   LayerNorm and GroupNorm parameters are small: their per-sample gradients are materialised
   from the same captured input and output gradient.
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
@@ -100,8 +101,43 @@ class PerSampleGradients(ABC):
 # --------------------------------------------------------------------------- fast path
 
 
+class _DenseGrads:
+    """A layer applied once to each sample (a Linear on ``(B, d_in)`` inputs): its per-sample
+    gradient is ``g_i = d_i a_i^T`` (and ``d_i`` for the bias), so
+    ``|g_i|^2 = |d_i|^2 (|a_i|^2 + 1)`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``."""
+
+    def __init__(self, module: nn.Linear | nn.Conv2d, a: Tensor, d: Tensor) -> None:
+        self.module, self.a, self.d = module, a, d
+        self.weight = module.weight if module.weight.requires_grad else None
+        self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
+
+    def sq_norms(self) -> Tensor:
+        sq = torch.linalg.vecdot(self.d, self.d)
+        if self.weight is None:
+            return sq
+        a_sq = torch.linalg.vecdot(self.a, self.a)
+        return sq * (a_sq + 1) if self.bias is not None else sq * a_sq
+
+    def add_weighted(
+        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
+    ) -> None:
+        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
+        all finite). The weights scale the narrower factor, ``a`` or ``d``."""
+        a, d = _mask_rows(self.a, keep), _mask_rows(self.d, keep)
+        w = weights.to(d.dtype)
+        if self.weight is not None:
+            out = into[self.weight].view(d.shape[1], a.shape[1])
+            if d.shape[1] <= a.shape[1]:
+                out.addmm_((d * w.unsqueeze(1)).T, a)
+            else:
+                out.addmm_(d.T, a * w.unsqueeze(1))
+        if self.bias is not None:
+            into[self.bias].addmv_(d.T, w)
+
+
 class _LayerGrads:
-    """One layer's per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``.
+    """One layer's per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``, for
+    layers with several positions (sequences, convolutions) or groups.
 
     ``a``: ``(B, T, G, d_in)``, ``d``: ``(B, T, G, d_out)`` with ``G`` convolution groups
     (1 for Linear). The weight gradient has shape ``(G * d_out, d_in)`` before reshaping.
@@ -113,17 +149,9 @@ class _LayerGrads:
 
     def sq_norms(self) -> Tensor:
         a, d = self.a, self.d
-        b, t, g, d_in = a.shape
+        _, t, _, d_in = a.shape
         d_out = d.shape[-1]
         has_bias = self.module.bias is not None and self.module.bias.requires_grad
-        if t == 1:  # ghost norm per group: |d a^T|^2 + |d|^2 = |d|^2 (|a|^2 + 1)
-            d3 = d.reshape(b, g, d_out)
-            sq = torch.linalg.vecdot(d3, d3)
-            if self.module.weight.requires_grad:
-                a3 = a.reshape(b, g, d_in)
-                a_sq = torch.linalg.vecdot(a3, a3)
-                sq = sq * (a_sq + 1) if has_bias else sq * a_sq
-            return sq.view(b) if g == 1 else sq.sum(1)
         sq = self.module.weight.new_zeros(a.shape[0])
         if has_bias:
             sq = sq + _sq(d.sum(1))  # the bias gradient is sum_t d_t
@@ -141,7 +169,7 @@ class _LayerGrads:
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
-        all finite). The weights scale whichever factor is smaller, ``a`` or ``d``."""
+        all finite)."""
         m, a, d = self.module, _mask_rows(self.a, keep), _mask_rows(self.d, keep)
         b, t, g, d_in = a.shape
         d_out = d.shape[-1]
@@ -150,21 +178,13 @@ class _LayerGrads:
             out = into[m.weight].view(g, d_out, d_in)
             if self.materialised is not None:
                 out.view(-1).addmv_(_mask_rows(self.materialised, keep).reshape(b, -1).T, w)
-            elif d_out <= d_in:
-                _add_contraction(out, d * w.view(-1, 1, 1, 1), a)
+            elif g == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
+                dw = (d * w.view(-1, 1, 1, 1)).reshape(-1, d_out)
+                out[0].addmm_(dw.T, a.reshape(-1, d_in))
             else:
-                _add_contraction(out, d, a * w.view(-1, 1, 1, 1))
+                out.add_(torch.einsum("btgo,btgi->goi", d * w.view(-1, 1, 1, 1), a))
         if m.bias is not None and m.bias.requires_grad:
-            per_sample = d.reshape(b, -1) if t == 1 else d.sum(1).reshape(b, -1)
-            into[m.bias].view(-1).addmv_(per_sample.T, w)
-
-
-def _add_contraction(out: Tensor, d: Tensor, a: Tensor) -> None:
-    """``out[g] += sum_{b,t} d[b,t,g]^T a[b,t,g]``: one matmul when there is one group."""
-    if a.shape[2] == 1:
-        out[0].addmm_(d.reshape(-1, d.shape[-1]).T, a.reshape(-1, a.shape[-1]))
-    else:
-        out.add_(torch.einsum("btgo,btgi->goi", d, a))
+            into[m.bias].view(-1).addmv_(d.sum(1).reshape(b, -1).T, w)
 
 
 def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
@@ -274,7 +294,7 @@ def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
 
 def _layer_grads(
     module: nn.Module, calls: list[tuple[Tensor, Tensor]]
-) -> _LayerGrads | _PerSampleLayer:
+) -> _DenseGrads | _LayerGrads | _PerSampleLayer:
     """One layer's per-sample gradients from its (input, output gradient) per call."""
     if isinstance(module, nn.Conv2d) and _conv_materialises(module, calls[0][1]):
         grads = {}
@@ -284,6 +304,8 @@ def _layer_grads(
             grads[module.bias] = sum(grad.sum((2, 3)) for _, grad in calls)
         return _PerSampleLayer(grads)  # type: ignore[arg-type]
     if isinstance(module, GHOST_LAYERS):
+        if len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2:
+            return _DenseGrads(module, *calls[0])
         factors = [_factor(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:
             return _LayerGrads(module, *factors[0])
@@ -309,7 +331,7 @@ class GhostClipping(PerSampleGradients):
 
     def __init__(self, clone_outputs: bool = False) -> None:
         self.clone_outputs = clone_outputs
-        self._layers: list[_LayerGrads] = []
+        self._layers: list[_DenseGrads | _LayerGrads | _PerSampleLayer] = []
         self._params: list[nn.Parameter] = []
         self._all_finite = True
 

@@ -76,7 +76,8 @@ class Convs(nn.Module):
 
 
 class Normalised(nn.Module):
-    """GroupNorm after a convolution and LayerNorm (one without bias) after a linear layer."""
+    """GroupNorm after a convolution and LayerNorm (one without bias) after a linear layer
+    whose weight is frozen (its bias alone is trained)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -85,6 +86,7 @@ class Normalised(nn.Module):
         self.lin = nn.Linear(4 * 5 * 5, 6)
         self.ln = nn.LayerNorm(6, bias=False)
         self.head = nn.Linear(6, 2)
+        self.lin.weight.requires_grad_(False)
 
     def forward(self, x):
         h = torch.tanh(self.gn(self.conv(x))).flatten(1)
