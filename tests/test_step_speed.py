@@ -1,0 +1,49 @@
+"""The step-time benchmark's yardsticks measure what they claim to."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from dpfair.models import build_model, parse_model_config
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_speed.py"
+
+
+@pytest.fixture(scope="module")
+def step_speed() -> ModuleType:
+    sys.path.insert(0, str(SCRIPT.parent))  # as `python benchmarks/step_speed.py` has it
+    spec = importlib.util.spec_from_file_location("step_speed", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["step_speed"] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hand_written_dpsgd_is_the_same_update_as_dpfairs_dpsgd(step_speed):
+    """The yardstick does dpsgd's work, no less: three steps from one model and one noise seed
+    end where dpfair's dpsgd ends, and the parameters did move."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 12, generator=gen)
+    y = torch.randint(0, 2, (64,), generator=gen)
+    g = torch.randint(0, 2, (64,), generator=gen)
+    torch.manual_seed(0)
+    base = build_model(parse_model_config({"name": "mlp", "hidden": [16, 16]}), (12,), 2)
+    ours, written = copy.deepcopy(base), copy.deepcopy(base)
+    arms = [
+        step_speed.method_arm("dpsgd", {"name": "dpsgd", "C": 1.0}, ours, (x, y, g), 2),
+        step_speed.handwritten_arm(written, x, y, 64),
+    ]
+    for _ in range(3):
+        for arm in arms:
+            arm.step()
+    for p, q, p0 in zip(ours.parameters(), written.parameters(), base.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
+        assert not torch.equal(p, p0)
