@@ -171,18 +171,19 @@ class _LayerGrads:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
         all finite)."""
         m, a, d = self.module, _mask_rows(self.a, keep), _mask_rows(self.d, keep)
-        b, t, g, d_in = a.shape
+        b, _, g, d_in = a.shape
         d_out = d.shape[-1]
         w = weights.to(d.dtype)
         if m.weight.requires_grad:
             out = into[m.weight].view(g, d_out, d_in)
             if self.materialised is not None:
                 out.view(-1).addmv_(_mask_rows(self.materialised, keep).reshape(b, -1).T, w)
-            elif g == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
-                dw = (d * w.view(-1, 1, 1, 1)).reshape(-1, d_out)
-                out[0].addmm_(dw.T, a.reshape(-1, d_in))
             else:
-                out.add_(torch.einsum("btgo,btgi->goi", d * w.view(-1, 1, 1, 1), a))
+                dw = d * w.view(-1, 1, 1, 1)
+                if g == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
+                    out[0].addmm_(dw.reshape(-1, d_out).T, a.reshape(-1, d_in))
+                else:
+                    out.add_(torch.einsum("btgo,btgi->goi", dw, a))
         if m.bias is not None and m.bias.requires_grad:
             into[m.bias].view(-1).addmv_(d.sum(1).reshape(b, -1).T, w)
 
