@@ -6,31 +6,18 @@ columns of the report, not the numbers.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "reproduce.py"
-
-
-def _module() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))  # as `python benchmarks/reproduce.py` would have it
-    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def reproduce() -> ModuleType:
-    module = _module()
+    module = load_benchmark("reproduce")
     if not module.PUBLISHED.exists():
         pytest.skip(f"published numbers not found at {module.PUBLISHED}")
     return module

@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
 from dpfair.models import build_model, parse_model_config
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_speed.py"
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def step_speed() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))  # as `python benchmarks/step_speed.py` has it
-    spec = importlib.util.spec_from_file_location("step_speed", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["step_speed"] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("step_speed")
 
 
 def test_hand_written_dpsgd_is_the_same_update_as_dpfairs_dpsgd(step_speed):

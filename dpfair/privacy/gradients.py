@@ -106,8 +106,8 @@ class _DenseGrads:
     gradient is ``g_i = d_i a_i^T`` (and ``d_i`` for the bias), so
     ``|g_i|^2 = |d_i|^2 (|a_i|^2 + 1)`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``."""
 
-    def __init__(self, module: nn.Linear | nn.Conv2d, a: Tensor, d: Tensor) -> None:
-        self.module, self.a, self.d = module, a, d
+    def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
+        self.a, self.d = a, d
         self.weight = module.weight if module.weight.requires_grad else None
         self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
 
