@@ -1,0 +1,135 @@
+"""Every error dpfair raises on purpose, and the one wording of its messages (the bottom layer).
+
+``DpfairError`` is the root the CLI catches. A message names the key or file, the value, what
+to do, and whether anything ran. This module imports nothing of dpfair and only pydantic's
+error type, so every layer can raise these without pulling anything else in.
+
+* :func:`did_you_mean` is the one did-you-mean hint (config keys, dataset names, method names,
+  search-space keys).
+* :func:`format_validation_error` turns a pydantic ``ValidationError`` into ``key.path: message``
+  lines; a model may set the class variable ``config_key_noun`` (e.g. ``"dataset"``) to name its
+  keys in the "unknown ..." message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+
+class DpfairError(Exception):
+    """Root of every error dpfair raises on purpose (the CLI prints these without a traceback)."""
+
+
+class ConfigError(DpfairError, ValueError):
+    """A bad parameters file or value; the message names the key path and what is wrong."""
+
+
+class DataError(DpfairError, RuntimeError):
+    """A dataset could not be produced (missing, corrupt or malformed input)."""
+
+
+class PrivacyError(DpfairError, ValueError):
+    """A privacy computation that cannot be done as asked (unsupported event, bad σ or δ)."""
+
+
+class TuningError(DpfairError, ValueError):
+    """A tuning job that cannot run as configured (raised before any training)."""
+
+
+class BudgetExceededError(TuningError):
+    """The search's epsilon (known before any run) exceeds the budget."""
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""`` when none is close."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# ----------------------------------------------------------------- pydantic error messages
+
+
+def _strip_optional(ann: Any) -> list[Any]:
+    if get_origin(ann) in (Union, types.UnionType):
+        return [a for a in get_args(ann) if a is not type(None)]
+    return [ann]
+
+
+def _as_model(ann: Any) -> type[BaseModel] | None:
+    for a in _strip_optional(ann):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _step(ann: Any, part: str | int) -> Any:
+    """The annotation one step down ``part`` of a pydantic location, or None."""
+    for a in _strip_optional(ann):
+        model = _as_model(a)
+        if model is not None:
+            field = model.model_fields.get(str(part))
+            if field is not None:
+                return field.annotation
+            continue
+        origin = get_origin(a)
+        args = get_args(a)
+        if origin in (dict, Mapping) and len(args) == 2:
+            return args[1]
+        if origin in (list, tuple, Sequence) and args:
+            return args[0]
+    return None
+
+
+def _annotation_at(model: type[BaseModel], loc: Sequence[str | int]) -> Any:
+    ann: Any = model
+    for part in loc:
+        ann = _step(ann, part)
+        if ann is None:
+            return None
+    return ann
+
+
+def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
+    kind = error["type"]
+    loc = tuple(error["loc"])
+    given = error.get("input")
+    if kind == "extra_forbidden":
+        parent = _as_model(_annotation_at(model, loc[:-1]))
+        allowed = list(parent.model_fields) if parent else []
+        noun = getattr(parent, "config_key_noun", "key")
+        return (
+            f"unknown {noun} {loc[-1]!r}{did_you_mean(str(loc[-1]), allowed)}"
+            + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+        )
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected a mapping of keys to values, got {given!r}"
+    if kind == "missing":
+        return "required key is missing"
+    message = str(error["msg"])
+    if kind == "value_error":
+        return message.removeprefix("Value error, ")
+    if kind == "literal_error" and isinstance(given, str):
+        ann = _annotation_at(model, loc)
+        options = [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
+        return f"{message} (got {given!r}){did_you_mean(given, options)}"
+    return f"{message} (got {given!r})"
+
+
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel], prefix: Sequence[str | int] = ()
+) -> str:
+    """One ``key.path: message`` line per error of ``exc`` raised by validating ``model``.
+
+    ``prefix`` is prepended to every key path (e.g. ``("datasets", "adult")`` when ``model``
+    is the options model of one dataset).
+    """
+    lines = []
+    for error in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in (*prefix, *error["loc"])) or "<top level>"
+        lines.append(f"{path}: {_describe(error, model)}")
+    return "\n".join(lines)
