@@ -35,3 +35,29 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def local_dataset_missing(*datasets: str) -> list[str]:
+    """The raw files of ``datasets`` found in neither the mirror nor the download cache."""
+    from dpfair.data.sources import cache_dir, mirror_dir, sources_of
+
+    places = [p for p in (mirror_dir(), cache_dir()) if p is not None]
+    return [
+        f"{rec.dirname}/{rec.filename}"
+        for name in datasets
+        for rec in sources_of(name)
+        if not any((p / rec.dirname / rec.filename).is_file() for p in places)
+    ]
+
+
+def requires_dataset(*datasets: str) -> pytest.MarkDecorator:
+    """Skip (with a reason naming the files and how to provide them) unless every raw file of
+    ``datasets`` is already on this machine. Tests never download. In CI the data must be
+    there: the mark is then a no-op and a missing file fails the test loudly."""
+    missing = local_dataset_missing(*datasets)
+    reason = (
+        f"needs the {', '.join(datasets)} data ({', '.join(missing)} not found): set "
+        "DPFAIR_DATA_MIRROR to a folder holding them (layout of ../shared/datasets, md5 in "
+        "its SOURCES.md) or run `dpfair data prepare <name>` once to download them"
+    )
+    return pytest.mark.skipif(bool(missing) and not os.environ.get("CI"), reason=reason)
