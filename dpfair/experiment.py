@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+import yaml
 from dp_accounting import dp_event
 
 from dpfair import fairness, report
@@ -41,7 +42,6 @@ from dpfair.training import TrainConfig, TrainResult, flat_metrics, train
 from dpfair.tuning import TuningResult, tune
 
 REFERENCE = "nonprivate"
-DVC_STAGES = ("adult", "dutch", "mnist", "fashion_mnist", "digits", "synthetic")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,16 @@ def _md5(path: Path) -> str:
     return digest.hexdigest()
 
 
+def dvc_prepare_stages(root: str | Path) -> tuple[str, ...]:
+    """The datasets that have a ``prepare@<name>`` stage: the ``foreach`` list of ``dvc.yaml``
+    (the one place that list lives). No ``dvc.yaml`` under ``root``: none."""
+    path = Path(root) / "dvc.yaml"
+    if not path.is_file():
+        return ()
+    stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages", {})
+    return tuple(str(name) for name in stages.get("prepare", {}).get("foreach", []))
+
+
 def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> PreparedData:
     """Run the dataset's DVC ``prepare`` stage and return where it wrote and its version.
 
@@ -114,7 +124,7 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
     name = params.experiment.dataset
     out_dir = root / params.pipeline.data_dir
     uses_stage_params = Path(params_path).resolve() == root / "params.yaml"
-    if params.pipeline.use_dvc and name in DVC_STAGES and uses_stage_params:
+    if params.pipeline.use_dvc and name in dvc_prepare_stages(root) and uses_stage_params:
         from dvc.repo import Repo
 
         os.environ.setdefault("DVC_NO_ANALYTICS", "1")

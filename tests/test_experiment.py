@@ -19,3 +19,17 @@ def test_clip_bound_figure_gets_bounds_only_not_steps_or_released_counts():
     bounds = _bounds(trajectory)
     assert sorted(bounds) == [f"C_k[{k}]" for k in range(ds.n_groups)]
     assert all(len(v) == len(trajectory["step"]) for v in bounds.values())
+
+
+def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
+    from dpfair.data import available_datasets
+    from dpfair.experiment import dvc_prepare_stages
+
+    stages = dvc_prepare_stages(repo_root)
+    assert "digits" in stages and "adult" in stages
+    assert set(stages) <= set(available_datasets())
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  prepare:\n    foreach: [digits]\n    do:\n      cmd: echo ${item}\n"
+    )
+    assert dvc_prepare_stages(tmp_path) == ("digits",)
+    assert dvc_prepare_stages(tmp_path / "absent") == ()
