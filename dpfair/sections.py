@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from dpfair.data.registry import get_spec
+from dpfair.errors import format_validation_error
 from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
 from dpfair.training import TrainConfig
@@ -77,9 +79,7 @@ class ExperimentSection(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, name: str) -> str:
-        from dpfair.data import get_spec
-
-        get_spec(name)  # DataError with a did-you-mean
+        get_spec(name)  # ConfigError with a did-you-mean
         return name
 
     @model_validator(mode="after")
@@ -96,8 +96,6 @@ class ExperimentSection(BaseModel):
             try:
                 self.train_config(label, self.seeds[0])
             except ValidationError as exc:
-                from dpfair.config import format_validation_error
-
                 raise ValueError(format_validation_error(exc, TrainConfig, ("train",))) from None
         return self
 
@@ -133,8 +131,6 @@ class TuningSection(BaseModel):
             try:
                 TuningConfig(**self.settings, space=space)
             except ValidationError as exc:
-                from dpfair.config import format_validation_error
-
                 prefix = ("spaces", label) if label else ()
                 raise ValueError(format_validation_error(exc, TuningConfig, prefix)) from None
         return self

@@ -5,14 +5,14 @@ MLflow's thread-local "active run": training tasks fan out over threads and proc
 each must log into its own nested run.
 
 Layout: one MLflow experiment per dataset, a parent run per pipeline run, nested runs (tag
-``mlflow.parentRunId``) for tuning trials and final trainings.
+``mlflow.parentRunId``) for tuning trials and final trainings. The settings model
+``TrackingConfig`` lives in :mod:`dpfair.settings` (no mlflow) and is re-exported here.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -25,23 +25,10 @@ from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
-from pydantic import BaseModel, ConfigDict
 
-DEFAULT_URI = "sqlite:///mlflow.db"
+from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
+
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
-
-
-class TrackingConfig(BaseModel):
-    """Where results land. ``MLFLOW_TRACKING_URI`` in the environment overrides ``uri``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    uri: str = DEFAULT_URI
-    artifact_root: str = "mlartifacts"
-    experiment_prefix: str = "dpfair"
-
-    def resolved_uri(self) -> str:
-        return os.environ.get("MLFLOW_TRACKING_URI") or self.uri
 
 
 def client(cfg: TrackingConfig) -> MlflowClient:

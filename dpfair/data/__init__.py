@@ -10,7 +10,7 @@ Public API::
 """
 
 from dpfair.data.dataset import GroupedDataset, Split
-from dpfair.data.errors import ChecksumError, DataError, DownloadError, SourceMissingError
+from dpfair.data.errors import ChecksumError, DownloadError, SourceMissingError
 from dpfair.data.prepared import data_version, load_prepared, prepare, summarize
 from dpfair.data.registry import (
     available_datasets,
@@ -20,6 +20,7 @@ from dpfair.data.registry import (
     parse_options,
     specs,
 )
+from dpfair.errors import DataError
 
 __all__ = [
     "ChecksumError",

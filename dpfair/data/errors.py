@@ -1,10 +1,12 @@
-"""Errors of the data layer: each names the file and every place that was looked at."""
+"""Errors of the data layer: each names the file and every place that was looked at.
+
+The base :class:`~dpfair.errors.DataError` is defined in :mod:`dpfair.errors` (the CLI catches
+its root); it is imported here so the loaders can raise it next to its data-specific kinds.
+"""
 
 from __future__ import annotations
 
-
-class DataError(RuntimeError):
-    """Base class: a dataset could not be produced (missing, corrupt or malformed input)."""
+from dpfair.errors import DataError
 
 
 class SourceMissingError(DataError):

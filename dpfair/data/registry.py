@@ -6,7 +6,6 @@ the defaults) against the dataset's pydantic model and calls its loader.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.options import DatasetOptions
+from dpfair.errors import ConfigError, did_you_mean, format_validation_error
 
 Loader = Callable[[Any], GroupedDataset]
 
@@ -65,14 +65,11 @@ def available_datasets() -> list[str]:
 
 def get_spec(name: str) -> DatasetSpec:
     """The spec of ``name``; an unknown name is a ConfigError with a did-you-mean hint."""
-    from dpfair.config import ConfigError
-
     all_specs = specs()
     if name not in all_specs:
-        close = difflib.get_close_matches(name, list(all_specs), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(
-            f"unknown dataset {name!r}{hint} (available: {', '.join(all_specs)})"
+            f"unknown dataset {name!r}{did_you_mean(name, list(all_specs))} "
+            f"(available: {', '.join(all_specs)})"
         )
     return all_specs[name]
 
@@ -85,8 +82,6 @@ def parse_options(
     name: str, options: Mapping[str, Any] | BaseModel | None = None
 ) -> DatasetOptions:
     """Validate ``options`` for dataset ``name`` (ConfigError naming ``datasets.<name>.<key>``)."""
-    from dpfair.config import ConfigError, format_validation_error
-
     model = options_model(name)
     if options is None:
         return model()

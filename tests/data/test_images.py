@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpfair.config import ConfigError
 from dpfair.data import DataError, load_dataset
 from dpfair.data.idx import read_idx
 from dpfair.data.mnist import read_raw
+from dpfair.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import pytest
 import torch
 import yaml
 
-from dpfair.config import ConfigError
 from dpfair.data import DataError, data_version, load_dataset, load_prepared, prepare
 from dpfair.data import prepared as prepare_mod
 from dpfair.data.sources import md5sum
+from dpfair.errors import ConfigError
 
 SMALL = {"n": 300, "n_features": 3}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpfair.config import ConfigError
 from dpfair.data import available_datasets, load_dataset, options_model, specs
 from dpfair.data.options import DatasetOptions
+from dpfair.errors import ConfigError
 
 ALL = ["adult", "dutch", "mnist", "fashion_mnist", "celeba", "digits", "synthetic"]
 

@@ -1,0 +1,28 @@
+"""Settings that import little: the parameters file's default name and the ``tracking`` section.
+
+They live apart from the modules that act on them (``dpfair.config`` pulls in the training
+stack, ``dpfair.tracking`` pulls in mlflow), so the CLI can name the default parameters file in
+its ``--help`` and ``Params`` can hold the tracking section without importing either.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict
+
+DEFAULT_PARAMS = "params.yaml"
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+class TrackingConfig(BaseModel):
+    """Where results land. ``MLFLOW_TRACKING_URI`` in the environment overrides ``uri``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uri: str = DEFAULT_URI
+    artifact_root: str = "mlartifacts"
+    experiment_prefix: str = "dpfair"
+
+    def resolved_uri(self) -> str:
+        return os.environ.get("MLFLOW_TRACKING_URI") or self.uri
