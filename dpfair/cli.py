@@ -7,8 +7,13 @@
     dpfair results    the comparison table of the latest pipeline run
     dpfair serve      the flow as a scheduled Prefect deployment
 
-Known errors (``ConfigError``, ``DataError``) are printed without a traceback, exit code 2;
-wrap new commands with ``@cli_errors`` to get the same behaviour.
+Known errors (every ``dpfair.errors.DpfairError``, and ``LookupError``) are printed as one
+message without a traceback, exit code 2; wrap new commands with ``@cli_errors`` to get the
+same behaviour.
+
+``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors`` and
+``dpfair.settings`` at import time; each command imports the config, data, training, tuning
+and tracking it needs when it runs (``dpfair.config`` alone pulls in torch).
 """
 
 from __future__ import annotations
@@ -16,15 +21,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from dpfair.config import DEFAULT_PARAMS, ConfigError, Params, load_params
-from dpfair.data.errors import DataError
-from dpfair.tracking import ui_command
+from dpfair.errors import ConfigError, DataError, DpfairError, PrivacyError, TuningError
+from dpfair.settings import DEFAULT_PARAMS
+
+if TYPE_CHECKING:
+    from dpfair.config import Params
 
 EXIT_USAGE = 2
 
@@ -42,17 +49,24 @@ err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The label printed before a known error's message (the first class that matches).
+_ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
+    (ConfigError, "configuration error"),
+    (DataError, "data error"),
+    (PrivacyError, "privacy error"),
+    (TuningError, "tuning error"),
+)
+
 
 def cli_errors(func: F) -> F:
-    """Print ConfigError / DataError / LookupError as one clean message, exit code 2."""
+    """Print any DpfairError or LookupError as one clean message, exit code 2."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (ConfigError, DataError, LookupError) as exc:
-            kind = ("configuration error" if isinstance(exc, ConfigError)
-                    else "data error" if isinstance(exc, DataError) else "error")
+        except (DpfairError, LookupError) as exc:
+            kind = next((label for cls, label in _ERROR_KINDS if isinstance(exc, cls)), "error")
             err_console.print(f"[bold red]{kind}:[/] {exc}", markup=True, highlight=False)
             raise typer.Exit(EXIT_USAGE) from None
 
@@ -70,6 +84,8 @@ ParamsOption = Annotated[
 
 def resolve_params(path: Path | None) -> Params:
     """Explicit path: must exist. No path: ./params.yaml when present, else the defaults."""
+    from dpfair.config import Params, load_params
+
     if path is None:
         default = Path(DEFAULT_PARAMS)
         return load_params(default) if default.is_file() else Params()
@@ -215,8 +231,11 @@ def tune_cmd(
 @cli_errors
 def run(params: ParamsOption = None) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
+    from dpfair.config import load_params
+
     path = params or Path(DEFAULT_PARAMS)
     p = load_params(path)  # a clear error before Prefect starts
+    from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
     out = run_experiment(str(path), ".")
@@ -249,10 +268,6 @@ def serve(params: ParamsOption = None) -> None:
 
     path = params or Path(DEFAULT_PARAMS)
     serve_experiment(str(path), ".")
-
-
-def main() -> None:  # pragma: no cover - console entry
-    app()
 
 
 if __name__ == "__main__":  # python -m dpfair.cli
