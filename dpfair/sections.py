@@ -25,7 +25,7 @@ from dpfair.errors import format_validation_error
 from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
 from dpfair.training import TrainConfig
-from dpfair.tuning import TuningConfig
+from dpfair.tuning.config import TuningConfig
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from prefect import serve
 from prefect.schedules import Cron
 
-from dpfair.config import DEFAULT_PARAMS, ConfigError, load_params
+from dpfair.config import DEFAULT_PARAMS, load_params
+from dpfair.errors import ConfigError
 from flows.experiment import experiment_flow, task_runner
 
 

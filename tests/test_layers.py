@@ -1,0 +1,168 @@
+"""The library imports downward only (STYLE.md section 4).
+
+Layers, bottom to top: ``errors``; ``data``, ``models``, ``privacy``; ``fairness`` metrics;
+``training``; tuning's core; the adapters (tracking, optuna, dvc); ``config``, ``cli``,
+``flows``, ``tasks``. Checked twice: in a fresh interpreter (what importing a module really
+loads, lazy circles included) and by reading every import statement of the library's files
+(also the imports inside functions, which run only later).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ADAPTERS = ("mlflow", "optuna", "prefect", "dvc")
+LIBRARY = (
+    "dpfair.errors",
+    "dpfair.data",
+    "dpfair.models",
+    "dpfair.privacy",
+    "dpfair.privacy.accounting",
+    "dpfair.privacy.methods",
+    "dpfair.privacy.step",
+    "dpfair.training",
+    "dpfair.fairness",
+)
+# The modules above the library (settings, orchestration, adapters, the user interface).
+UPPER = (
+    "dpfair.config",
+    "dpfair.sections",
+    "dpfair.settings",
+    "dpfair.tuning",
+    "dpfair.tracking",
+    "dpfair.experiment",
+    "dpfair.cli",
+    "dpfair.report",
+    "flows",
+    "tasks",
+)
+
+_PROBE = """
+import contextlib, importlib, io, json, sys
+watched, steps = json.loads(sys.argv[1])
+found = {}
+for label, code in steps:
+    before = set(sys.modules)
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(code)
+    found[label] = sorted(m for m in watched if m in sys.modules and m not in before)
+print(json.dumps(found))
+"""
+
+
+def _loaded_by(steps: list[tuple[str, str]], watched: tuple[str, ...]) -> dict[str, list[str]]:
+    """Run ``steps`` (label, code) in order in a fresh interpreter; for each, the modules of
+    ``watched`` it loaded first."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps([watched, steps])],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _imports(modules: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(m, f"importlib.import_module({m!r})") for m in modules]
+
+
+def test_library_loads_no_adapter_and_no_rich():
+    loaded = _loaded_by(_imports(LIBRARY), (*ADAPTERS, "rich"))
+    assert loaded == {m: [] for m in LIBRARY}
+
+
+def test_config_layer_loads_no_adapter():
+    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings")
+    loaded = _loaded_by(_imports(modules), ADAPTERS)
+    assert loaded == {m: [] for m in modules}
+
+
+def test_data_never_reaches_up_to_the_config():
+    """Loading a dataset and failing on an unknown name (the old lazy circle) stay below."""
+    steps = [
+        *_imports(("dpfair.data",)),
+        ("load", "importlib.import_module('dpfair.data').load_dataset('synthetic', {'n': 60})"),
+        ("unknown name", "from dpfair.errors import ConfigError\n"
+                         "try:\n    importlib.import_module('dpfair.data').get_spec('dutc')\n"
+                         "except ConfigError:\n    pass\nelse:\n    raise AssertionError"),
+    ]
+    loaded = _loaded_by(steps, UPPER)
+    assert loaded == {label: [] for label, _ in steps}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["data", "prepare", "--help"]])
+def test_cli_help_loads_neither_the_config_nor_torch(args):
+    step = ("help", "from dpfair.cli import app\n"
+                    f"try:\n    app({args!r})\nexcept SystemExit as e:\n    assert not e.code")
+    loaded = _loaded_by([step], ("torch", "dpfair.config", "dpfair.data", *ADAPTERS))
+    assert loaded == {"help": []}
+
+
+# ------------------------------------------------------------------------- import statements
+
+DPFAIR = Path(__file__).resolve().parents[1] / "dpfair"
+# Each library package (a module or a package directory) and what it must never import.
+BELOW = {
+    "errors": ("dpfair",),
+    "data": (*UPPER, "dpfair.models", "dpfair.privacy", "dpfair.training", "dpfair.fairness"),
+    "models": (*UPPER, "dpfair.data", "dpfair.privacy", "dpfair.training", "dpfair.fairness"),
+    "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
+    "fairness": UPPER,
+    "training": UPPER,
+}
+
+
+def _files(package: str) -> list[Path]:
+    module = DPFAIR / f"{package}.py"
+    return sorted([module] if module.is_file() else (DPFAIR / package).rglob("*.py"))
+
+
+def _imported(source: str, package: str) -> set[str]:
+    """Every module ``source`` (a module of ``package``) imports, as absolute names, at module
+    level or inside functions; ``from pkg import name`` also yields ``pkg.name``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _imported_by_file(path: Path) -> set[str]:
+    parts = path.relative_to(DPFAIR.parent).with_suffix("").parts
+    package = ".".join(parts if path.name == "__init__.py" else parts[:-1])
+    return _imported(path.read_text(encoding="utf-8"), package)
+
+
+def _reaches(name: str, forbidden: tuple[str, ...]) -> bool:
+    return any(name == f or name.startswith(f"{f}.") for f in forbidden)
+
+
+@pytest.mark.parametrize("package", list(BELOW))
+def test_library_imports_only_downward(package):
+    files = _files(package)
+    assert files, f"no source of dpfair.{package}"
+    upward = {
+        str(path.relative_to(DPFAIR.parent)): sorted(
+            n for n in _imported_by_file(path) if _reaches(n, BELOW[package])
+        )
+        for path in files
+    }
+    assert {f: names for f, names in upward.items() if names} == {}
+
+
+def test_import_reader_resolves_relative_and_package_imports():
+    """An upward import written as ``from .. import config`` or inside a function is seen."""
+    source = "from .. import config\nfrom .options import X\ndef f():\n    import dpfair.cli\n"
+    names = _imported(source, "dpfair.data")
+    assert {"dpfair.config", "dpfair.data.options", "dpfair.cli"} <= names
+    assert _reaches("dpfair.config", BELOW["data"]) and not _reaches("dpfair.configs", UPPER)
