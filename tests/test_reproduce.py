@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from tests.conftest import load_benchmark
+from tests.conftest import load_benchmark, requires_dataset
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,7 @@ def _tiny(config_dir: Path, reproduce: ModuleType) -> Path:
     return out
 
 
+@requires_dataset("dutch", "adult")
 def test_quick_report_has_tables_and_published_columns(
     reproduce: ModuleType, tmp_path: Path
 ) -> None:
@@ -108,6 +109,7 @@ def test_mnist_tables_are_shortened_on_cpu_and_say_so(
     assert full["device"] == "cuda" and full["train"]["epochs"] == 60 and "shortened" not in full
 
 
+@requires_dataset("dutch")
 def test_a_table_cut_short_resumes_without_repeating_runs(
     reproduce: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,11 +11,10 @@ Everything here reads un-noised training statistics, so every result carries
 """
 
 from dpfair.diagnostics.bias import batch_gradients, bias_report, per_sample_gradients
-from dpfair.diagnostics.misalignment import MisalignmentMonitor, misalignment_report
+from dpfair.diagnostics.misalignment import misalignment_report
 from dpfair.diagnostics.toys import bimodal_mean_toy, train_direction_vs_magnitude
 
 __all__ = [
-    "MisalignmentMonitor",
     "batch_gradients",
     "bias_report",
     "bimodal_mean_toy",

@@ -2,8 +2,12 @@
 
 **Opt-in and non-private.** These diagnostics use exact, un-noised training-set statistics
 (full-data group gradients, Hessians, the unclipped batch gradient): every output carries
-``"privacy": "non-private"`` and turning them on must tag the run
-``dpfair.diagnostics=non-private`` (DESIGN.md section 5). They are off by default.
+``"privacy": "non-private"`` and a run that logs them must be tagged
+``dpfair.diagnostics=non-private`` (DESIGN.md section 5). :func:`dpfair.training.train` never
+computes them (its callbacks see neither the model nor a batch's gradients): call
+:func:`misalignment_report` from your own loop, with the batch's clipped and unclipped mean
+gradients from :func:`dpfair.diagnostics.bias.batch_gradients`, every 50-200 steps as the
+paper does (App. B.3).
 
 Notation (the paper's): η learning rate, g_B / ḡ_B the unclipped / clipped mean gradient of a
 batch B, g_{D_a} the exact mean gradient over all of group a's training samples, H_ℓ^a the mean
@@ -269,49 +273,3 @@ def misalignment_report(
         report["lr_assumption_holds"] = bool(lam == 0 or lr <= 1 / lam)
     return report
 
-
-class MisalignmentMonitor:
-    """Computes :func:`misalignment_report` every ``every`` steps and keeps the history.
-
-    Call it from a training loop's per-step callback with the step index and the batch's
-    clipped and unclipped mean gradients (e.g. from
-    :func:`dpfair.diagnostics.bias.batch_gradients`); it returns the report on steps
-    ``0, every, 2 every, ...`` and None otherwise (the paper evaluates every 50-200 steps,
-    App. B.3). Opt-in and non-private like the report itself.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        loss_fn: LossFn,
-        split: Split,
-        groups: Sequence[int],
-        lr: float,
-        C0: float,
-        sigma: float,
-        every: int,
-        **report_kwargs: int,
-    ) -> None:
-        if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
-        self.model, self.loss_fn, self.split, self.groups = model, loss_fn, split, list(groups)
-        self.lr, self.C0, self.sigma, self.every = lr, C0, sigma, every
-        self.report_kwargs = report_kwargs
-        self.history: list[dict] = []
-
-    def due(self, step: int) -> bool:
-        return step % self.every == 0
-
-    def __call__(
-        self, step: int, clipped_batch_grad: Tensor, unclipped_batch_grad: Tensor
-    ) -> dict | None:
-        if not self.due(step):
-            return None
-        report = misalignment_report(
-            self.model, self.loss_fn, self.split, self.groups,
-            clipped_batch_grad, unclipped_batch_grad,
-            self.lr, self.C0, self.sigma, **self.report_kwargs,
-        )
-        report["step"] = step
-        self.history.append(report)
-        return report

@@ -9,11 +9,6 @@ its own learning rate, in benchmarks/results/direction_vs_magnitude.md.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 import torch
 from torch import nn
@@ -21,6 +16,7 @@ from torch import nn
 from dpfair.data import load_dataset
 from dpfair.diagnostics.toys import VARIANTS, train_direction_vs_magnitude
 from dpfair.models import EsipovaCNNConfig, build_model
+from tests.conftest import load_benchmark, requires_dataset
 
 
 def ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -70,18 +66,9 @@ def test_clipping_makes_the_two_variants_differ(digits):
     assert diff > 1e-3
 
 
-def _script() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "direction_vs_magnitude.py"
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location("direction_vs_magnitude", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+@requires_dataset("mnist")
 def test_script_gives_each_update_its_best_validation_lr(tmp_path):
-    script = _script()
+    script = load_benchmark("direction_vs_magnitude")
     out = tmp_path / "dvm.md"
     args = ["--model", "mlp", "--subset", "600", "--epochs", "1", "--lr", "0.1", "1.0",
             "--seeds", "0", "1", "--variants", "magnitude", "direction",

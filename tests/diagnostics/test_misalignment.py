@@ -18,7 +18,6 @@ from dpfair.diagnostics.hvp import (
     quadratic_forms,
 )
 from dpfair.diagnostics.misalignment import (
-    MisalignmentMonitor,
     direction_step,
     misalignment_report,
     noise_term,
@@ -164,16 +163,6 @@ def test_exact_scale_gives_no_magnitude_error(setup):
     for a in (0, 1):
         assert rep["groups"][a]["R_mag"] == pytest.approx(0, abs=1e-14)
         assert abs(rep["groups"][a]["R_dir"]) > 1e-6
-
-
-def test_monitor_reports_every_n_steps(setup):
-    model, split = setup
-    g_B, gbar_B = batch(model, split, C0)
-    mon = MisalignmentMonitor(model, ce, split, [0, 1], LR, C0, SIGMA, every=3,
-                              n_probes=2, power_iters=0)
-    got = [mon(step, gbar_B, g_B) for step in range(7)]
-    assert [r is not None for r in got] == [True, False, False, True, False, False, True]
-    assert [r["step"] for r in mon.history] == [0, 3, 6]
 
 
 def test_bad_inputs_are_refused(setup):
