@@ -10,8 +10,9 @@ from dpfair.data import load_dataset
 from dpfair.privacy import accounting
 from dpfair.training import TrainConfig
 from dpfair.tuning import TuningConfig, tune
+from tests.conftest import requires_dataset
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, requires_dataset("dutch")]
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +28,24 @@ def dutch():
     ],
 )
 def test_private_search_on_dutch(dutch, tmp_path, method, space):
-    base = TrainConfig(method=method, model={"name": "logistic_regression"}, epochs=1,
-                       batch_size=512, sigma=1.0, delta=1e-6, progress=False)
-    cfg = TuningConfig(mode="tnb", eta=1.0, mu=2.0, space=space, seed=3,
-                       storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="dutch")
+    base = TrainConfig(
+        method=method,
+        model={"name": "logistic_regression"},
+        epochs=1,
+        batch_size=512,
+        sigma=1.0,
+        delta=1e-6,
+        progress=False,
+    )
+    cfg = TuningConfig(
+        mode="tnb",
+        eta=1.0,
+        mu=2.0,
+        space=space,
+        seed=3,
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        study_name="dutch",
+    )
     result = tune(base.method, base, dutch, cfg)
     runs = [t for t in result.trials if t["ledger"] == "run"]
     assert len(runs) == result.K >= 1

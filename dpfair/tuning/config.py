@@ -1,0 +1,91 @@
+"""How to search: :class:`TuningConfig` (the ``tuning:`` settings and one method's space).
+
+Pure settings (pydantic only): ``dpfair.sections`` imports this module, so it must not pull in
+optuna, mlflow or torch. Every bad value is an error here, before any training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Literal, TypeAlias
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SkipValidation,
+    model_validator,
+)
+
+__all__ = ["Scalar", "ScoreName", "TuningConfig"]
+
+ScoreName = Literal["macro_accuracy", "worst_group_accuracy", "accuracy", "loss"]
+#: A value a search space may list (its JSON form keys the planned events and the fingerprint).
+Scalar: TypeAlias = str | int | float | bool | None
+
+
+class TuningConfig(BaseModel):
+    """How to search (modes, K and the score release: see :mod:`dpfair.tuning`). Every bad
+    value is an error before any training."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["tnb", "poisson", "fixed", "grid"] = "tnb"
+    eta: float = Field(0.0, description="TNB shape η > -1 (0 logarithmic, 1 geometric)")
+    mu: float = Field(10.0, description="mean number of runs (tnb, poisson), >= 1")
+    n_runs: PositiveInt | None = Field(None, description="number of runs (mode fixed)")
+    # Items are checked by _check (one message naming the key), not by pydantic's union.
+    space: dict[str, list[SkipValidation[Scalar]]] = Field(default_factory=dict)
+    score: ScoreName = "macro_accuracy"
+    score_privacy: Literal["noisy", "public_validation"] = "noisy"
+    sigma_score: PositiveFloat = Field(
+        10.0, description="noise std of the released validation counts (sensitivity 1)"
+    )
+    loss_clip: PositiveFloat = Field(10.0, description="per-example loss clipped to [0, L]")
+    storage: str | None = None
+    study_name: str | None = None
+    seed: int = Field(0, ge=0)
+    budget_epsilon: PositiveFloat | None = None
+    delta: float | None = Field(None, gt=0.0, lt=1.0, description="None: the training delta")
+    workers: PositiveInt = 1
+    heartbeat_interval: PositiveInt = 10
+    grace_period: PositiveInt | None = Field(None, description="None: 2 * heartbeat_interval")
+
+    @model_validator(mode="after")
+    def _check(self) -> TuningConfig:
+        if not math.isfinite(self.eta) or self.eta <= -1:
+            raise ValueError(f"eta must be a finite number > -1 (got {self.eta})")
+        if not math.isfinite(self.mu) or self.mu < 1:
+            raise ValueError(f"mu (the mean number of runs) must be >= 1 (got {self.mu})")
+        if self.mode == "fixed" and self.n_runs is None:
+            raise ValueError("mode 'fixed' needs n_runs")
+        if self.mode != "fixed" and self.n_runs is not None:
+            raise ValueError(f"n_runs is only used by mode 'fixed' (mode is {self.mode!r})")
+        for name, values in self.space.items():
+            if not values:
+                raise ValueError(f"space.{name}: the list of values is empty")
+            for v in values:
+                if not isinstance(v, Scalar):
+                    raise ValueError(
+                        f"space.{name}: values must be numbers, strings, booleans or null "
+                        f"(got {v!r})"
+                    )
+            if len({json.dumps(v) for v in values}) != len(values):
+                raise ValueError(f"space.{name}: duplicate values in {values}")
+        if self.storage is not None and self.storage.startswith("journal:"):
+            if not self.storage[len("journal:") :]:
+                raise ValueError("storage 'journal:PATH' needs a path")
+        return self
+
+    @property
+    def grace(self) -> int:
+        """Seconds without a heartbeat after which a RUNNING trial is failed as stale."""
+        return self.grace_period if self.grace_period is not None else 2 * self.heartbeat_interval
+
+    @property
+    def tuning_privacy(self) -> str:
+        """What every result and ledger row says of the search's privacy (``none`` for grid)."""
+        return "none" if self.mode == "grid" else self.mode

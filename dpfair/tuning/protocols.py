@@ -1,0 +1,68 @@
+"""What a search takes from its caller and hands back, as types.
+
+``dpfair.training`` gives the real ones (``TrainConfig``, ``GroupedDataset``, ``TrainResult``);
+a caller may instead pass plain mappings as configs and a ``train_fn`` of its own whose result
+reports its event (the tests' fast numpy trainer does). Type-only: nothing here is imported at
+run time, so the pure modules stay free of torch and optuna.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    from dp_accounting.dp_event import DpEvent
+    from numpy.typing import ArrayLike
+
+    from dpfair.privacy.methods import MethodConfig
+    from dpfair.training import Predictions, TrainConfig, TrainResult
+    from dpfair.tuning.ledger import LedgerRow
+
+__all__ = [
+    "DatasetLike",
+    "EventFn",
+    "MethodSpec",
+    "OnTrial",
+    "PredictionsLike",
+    "ReportsEvent",
+    "RunConfig",
+    "RunOutcome",
+    "TrainFn",
+]
+
+#: A method's hyperparameters: its pydantic config or a plain mapping.
+MethodSpec: TypeAlias = "MethodConfig | Mapping[str, object]"
+#: One run's config as ``train_fn`` receives it (made by :func:`dpfair.tuning.make_config`).
+RunConfig: TypeAlias = "TrainConfig | Mapping[str, object]"
+#: Validation predictions: ``y_true``, ``y_pred``, ``groups`` and ``loss`` as fields or keys.
+PredictionsLike: TypeAlias = "Predictions | Mapping[str, ArrayLike]"
+
+
+class DatasetLike(Protocol):
+    """What the search itself reads of a dataset (``train_fn``/``event_fn`` read the rest):
+    its name, for the default study name. ``n_classes``/``n_groups`` are read when present,
+    else taken from the validation predictions."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class ReportsEvent(Protocol):
+    """A ``train_fn`` result that reports its training event itself (not a TrainResult)."""
+
+    @property
+    def event(self) -> DpEvent | None: ...
+
+    @property
+    def val_predictions(self) -> PredictionsLike: ...
+
+
+#: What ``train_fn`` returns.
+RunOutcome: TypeAlias = "TrainResult | ReportsEvent"
+#: ``train_fn(config, dataset)``: one training run.
+TrainFn: TypeAlias = "Callable[[RunConfig, DatasetLike], RunOutcome]"
+#: ``event_fn(config, dataset)``: the training event of a run, predicted before it runs.
+EventFn: TypeAlias = "Callable[[RunConfig, DatasetLike], DpEvent | None]"
+#: ``on_trial(row, result)``: called after each completed run with its ledger row.
+OnTrial: TypeAlias = "Callable[[LedgerRow, RunOutcome], None]"

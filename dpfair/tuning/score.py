@@ -1,0 +1,95 @@
+"""The selection score of a run, released from its validation predictions.
+
+``score`` is ``loss`` (minimised) or an accuracy (maximised). With ``score_privacy: noisy``
+(the default) a run releases the contingency table of validation examples by (group, class,
+correct) plus N(0, σ_score²) on every cell: one example changes one cell by 1, so this is one
+Gaussian query of L2 sensitivity 1 (``GaussianDpEvent(σ_score)``, composed into the run event
+by :mod:`dpfair.tuning.events`). Accuracy, macro accuracy (mean over classes) and worst-group
+accuracy are post-processing of the noisy table (cells clamped at 0; a class/group whose noisy
+count is 0 is skipped). For ``loss`` each example contributes ``(min(ℓ_i, L)/L, 1)/√2`` (norm
+≤ 1, L = ``loss_clip``): the noisy sum gives the mean clipped loss ``L·v0/v1``. With
+``score_privacy: public_validation`` the validation split is declared public and the exact
+score is used. The noise of trial n is drawn from ``SeedSequence([seed, 78, n])``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from dpfair.tuning.protocols import DatasetLike, PredictionsLike
+
+__all__ = ["NOISE_STREAM", "n_classes_groups", "release_score", "score_rng"]
+
+NOISE_STREAM = 78  # "N": the SeedSequence stream of the score noise
+
+
+def _field(predictions: PredictionsLike, name: str) -> ArrayLike:
+    return predictions[name] if isinstance(predictions, Mapping) else getattr(predictions, name)
+
+
+def score_rng(seed: int, trial_number: int) -> np.random.Generator:
+    """The generator of trial ``trial_number``'s score noise (same on every worker)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, NOISE_STREAM, trial_number]))
+
+
+def n_classes_groups(dataset: DatasetLike, predictions: PredictionsLike) -> tuple[int, int]:
+    """The dataset's numbers of classes and groups, else the largest labels seen plus one."""
+    try:
+        return int(dataset.n_classes), int(dataset.n_groups)  # type: ignore[attr-defined]
+    except AttributeError:
+        y = np.asarray(_field(predictions, "y_true"))
+        g = np.asarray(_field(predictions, "groups"))
+        return int(y.max(initial=0)) + 1, int(g.max(initial=0)) + 1
+
+
+def release_score(
+    predictions: PredictionsLike,
+    score: str,
+    n_classes: int,
+    n_groups: int,
+    sigma_score: float | None,
+    loss_clip: float,
+    rng: np.random.Generator | None = None,
+) -> float:
+    """The selection score from validation predictions (``y_true``, ``y_pred``, ``groups``,
+    ``loss``), noised as described in the module doc when ``sigma_score`` is given."""
+    noisy = sigma_score is not None
+    if noisy and rng is None:
+        raise ValueError("a noisy score needs a random generator")
+    if score == "loss":
+        loss = np.asarray(_field(predictions, "loss"), dtype=np.float64)
+        clipped = np.clip(np.nan_to_num(loss, nan=loss_clip, posinf=loss_clip), 0.0, loss_clip)
+        v = np.array([clipped.sum() / loss_clip, float(loss.size)]) / math.sqrt(2)
+        if noisy:
+            v = v + rng.normal(0.0, sigma_score, size=2)
+        v = np.maximum(v, 0.0)
+        return float(loss_clip * v[0] / v[1]) if v[1] > 0 else float(loss_clip)
+    y = np.asarray(_field(predictions, "y_true"), dtype=np.int64)
+    yp = np.asarray(_field(predictions, "y_pred"), dtype=np.int64)
+    g = np.asarray(_field(predictions, "groups"), dtype=np.int64)
+    table = np.zeros((n_groups, n_classes, 2), dtype=np.float64)
+    np.add.at(table, (g, y, (y == yp).astype(np.int64)), 1.0)
+    if noisy:
+        table = np.maximum(table + rng.normal(0.0, sigma_score, size=table.shape), 0.0)
+
+    def acc(cells: np.ndarray) -> float | None:
+        right, total = cells[..., 1].sum(), cells.sum()
+        return None if total <= 0 else float(right / total)
+
+    if score == "accuracy":
+        return acc(table) or 0.0
+    if score == "macro_accuracy":
+        vals = [a for a in (acc(table[:, c]) for c in range(n_classes)) if a is not None]
+    elif score == "worst_group_accuracy":
+        vals = [a for a in (acc(table[k]) for k in range(n_groups)) if a is not None]
+        return float(min(vals)) if vals else 0.0
+    else:
+        raise ValueError(f"unknown score {score!r}")
+    return float(np.mean(vals)) if vals else 0.0

@@ -1,0 +1,276 @@
+"""The search driver: :func:`prepare` (validate and account, before any training), the
+workers, and :func:`finish` (wait for the runs and select the best); :func:`tune` does all three.
+
+The search's epsilon depends only on the distribution of K (μ, η), the run event and the score
+event (:mod:`dpfair.tuning.events`), so it is computed and checked against ``budget_epsilon``
+before the first run. Resuming (calling ``tune`` again with the same study) continues until K
+runs are claimed, then waits until no run is RUNNING, and selects the best completed run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import pickle
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
+
+from dp_accounting import dp_event
+from pydantic import ValidationError
+
+from dpfair.errors import BudgetExceededError, TuningError, did_you_mean, format_validation_error
+from dpfair.privacy import accounting
+from dpfair.tuning.config import Scalar, TuningConfig
+from dpfair.tuning.events import combine_run_events, planned_run_event, search_event
+from dpfair.tuning.job import (
+    TuningJob,
+    TuningResult,
+    allowed_names,
+    dump,
+    make_config,
+    params_key,
+    resolve,
+    seed_of_run,
+)
+from dpfair.tuning.ledger import best_run, guarantee, is_run, ledger_row, settled_trials
+from dpfair.tuning.study import load_study, make_storage, open_study
+from dpfair.tuning.worker import run_worker, spawn_workers
+
+if TYPE_CHECKING:
+    from dpfair.tuning.protocols import (
+        DatasetLike,
+        EventFn,
+        MethodSpec,
+        OnTrial,
+        RunConfig,
+        RunOutcome,
+        TrainFn,
+    )
+
+__all__ = ["finish", "prepare", "tune"]
+
+_MAX_GRID = 200_000
+
+
+def tune(
+    method_cfg: MethodSpec,
+    train_cfg_base: RunConfig,
+    dataset: DatasetLike,
+    tuning_cfg: TuningConfig | Mapping[str, object],
+    train_fn: TrainFn | str | None = None,
+    *,
+    allowed: Collection[str] | None = None,
+    event_fn: EventFn | str | None = None,
+    on_trial: OnTrial | str | None = None,
+) -> TuningResult:
+    """Search ``tuning_cfg.space`` for ``method_cfg`` trained per ``train_cfg_base``.
+
+    ``train_fn(config, dataset)`` (default :func:`dpfair.training.train`) returns an object
+    with ``val_predictions`` (``y_true``, ``y_pred``, ``groups``, ``loss``) and either
+    ``event`` or TrainResult's ``sample_rate``/``sigma``/``steps``/``count_sigma``.
+    ``allowed``: the hyperparameter names a space may use (default: the fields of the method
+    and training configs). ``event_fn(config, dataset)`` predicts a run's training event
+    (default :func:`dpfair.tuning.events.planned_run_event`). ``on_trial(row, result)`` is
+    called in the worker after each completed run with its ledger row and the train_fn result
+    (e.g. to log a nested MLflow run); its errors are logged, never fail the run. Errors (bad
+    space, eta, mu, budget, storage) are raised before any training. Calling ``tune`` again on
+    the same study resumes it.
+    """
+    job = prepare(
+        method_cfg,
+        train_cfg_base,
+        dataset,
+        tuning_cfg,
+        train_fn,
+        allowed=allowed,
+        event_fn=event_fn,
+        on_trial=on_trial,
+    )
+    best_result = None
+    if job.cfg.workers > 1:
+        spawn_workers(job, job.cfg.workers)
+    else:
+        best_result = run_worker(job, 0, keep_best=True)
+    result = finish(job)
+    if best_result is not None and result.best_trial == best_result[0]:
+        result.best_result = best_result[1]
+    return result
+
+
+def prepare(
+    method_cfg: MethodSpec,
+    train_cfg_base: RunConfig,
+    dataset: DatasetLike,
+    tuning_cfg: TuningConfig | Mapping[str, object],
+    train_fn: TrainFn | str | None = None,
+    *,
+    allowed: Collection[str] | None = None,
+    event_fn: EventFn | str | None = None,
+    on_trial: OnTrial | str | None = None,
+) -> TuningJob:
+    """Validate everything, account the search, check the budget, create (or reopen) the
+    study and draw (or read back) K. No training happens here."""
+    cfg = tuning_cfg if isinstance(tuning_cfg, TuningConfig) else _validate_cfg(tuning_cfg)
+    names = list(allowed) if allowed is not None else allowed_names(method_cfg, train_cfg_base)
+    _check_space(cfg, names, method_cfg)
+    _check_workers(cfg, train_fn=train_fn, event_fn=event_fn, on_trial=on_trial)
+    delta = cfg.delta
+    if delta is None:
+        delta = float(dump(train_cfg_base).get("delta", 1e-6) or 1e-6)
+    event_of = resolve(event_fn) if event_fn is not None else planned_run_event
+    grid = _grid(cfg)
+    planned, run = _plan_events(grid, method_cfg, train_cfg_base, dataset, event_of)
+    search = search_event(cfg, run)
+    eps_train = accounting.epsilon(run, delta)
+    eps_search = accounting.epsilon(search, delta) if search is not None else math.inf
+    if cfg.budget_epsilon is not None and not eps_search <= cfg.budget_epsilon:
+        why = (
+            "grid mode has no privacy guarantee for the search"
+            if cfg.mode == "grid"
+            else f"mode {cfg.mode}"
+        )
+        raise BudgetExceededError(
+            f"the search would spend epsilon {eps_search:.4g} at delta {delta:g} ({why}; one "
+            f"training run alone: {eps_train:.4g}), over the budget {cfg.budget_epsilon:g}. "
+            "Lower mu, raise sigma/sigma_score, or shorten training. Nothing was run."
+        )
+
+    method_name = dump(method_cfg).get("name", "method")
+    study_name = cfg.study_name or f"dpfair-{method_name}-{getattr(dataset, 'name', 'data')}"
+    storage, storage_desc = make_storage(cfg)
+    job = TuningJob(
+        method_cfg=method_cfg,
+        train_cfg_base=train_cfg_base,
+        dataset=dataset,
+        cfg=cfg,
+        train_fn=train_fn,
+        event_fn=event_fn,
+        on_trial=on_trial,
+        allowed=names,
+        study_name=study_name,
+        storage_desc=storage_desc,
+        run_event_json=accounting.event_to_json(run),
+        planned=planned,
+        search_event_json=accounting.event_to_json(search) if search is not None else None,
+        epsilon_training=eps_train,
+        epsilon_search=eps_search,
+        delta=delta,
+    )
+    job.k = open_study(job, storage, len(grid))
+    return job
+
+
+def finish(
+    job: TuningJob, best_result: RunOutcome | None = None, poll: float = 0.5
+) -> TuningResult:
+    """Wait until no run is RUNNING (failing stale ones), then select the best run."""
+    cfg = job.cfg
+    trials = settled_trials(load_study(job), job.k, cfg.grace, poll)
+    n_runs = sum(is_run(t, job.k) for t in trials)
+    if n_runs < job.k:
+        raise TuningError(
+            f"study {job.study_name!r}: only {n_runs} of K={job.k} runs were started "
+            "(workers exited early); call tune() again to resume"
+        )
+    best_t = best_run(trials, job.k, minimize=cfg.score == "loss")
+    best_params = None
+    best_config = None
+    if best_t is not None:
+        best_params = {k: v for k, v in best_t.params.items() if k != "_"}
+        best_config = make_config(
+            job.method_cfg,
+            job.train_cfg_base,
+            best_params,
+            best_t.user_attrs.get("dpfair.seed", seed_of_run(cfg.seed, best_t.number)),
+        )
+    return TuningResult(
+        best_config=best_config,
+        best_params=best_params,
+        best_score=best_t.value if best_t is not None else None,
+        best_trial=best_t.number if best_t is not None else None,
+        K=job.k,
+        n_runs=n_runs,
+        trials=[ledger_row(t, job.k, cfg.tuning_privacy) for t in trials],
+        epsilon_training=job.epsilon_training,
+        epsilon_search=job.epsilon_search,
+        delta=job.delta,
+        event_json=job.search_event_json,
+        run_event_json=job.run_event_json,
+        tuning_privacy=cfg.tuning_privacy,
+        score_privacy=cfg.score_privacy,
+        score=cfg.score,
+        study_name=job.study_name,
+        storage=job.storage_desc,
+        privacy_guarantee=guarantee(trials, job.k),
+        best_result=best_result,
+    )
+
+
+def _validate_cfg(data: Mapping[str, object]) -> TuningConfig:
+    try:
+        return TuningConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise TuningError(format_validation_error(exc, TuningConfig, ("tuning",))) from None
+
+
+def _check_space(cfg: TuningConfig, names: list[str], method_cfg: MethodSpec) -> None:
+    for key in cfg.space:
+        if key not in names:
+            method_name = dump(method_cfg).get("name", "?")
+            raise TuningError(
+                f"space.{key}: {key!r} is not a hyperparameter of method {method_name!r} or of "
+                f"training{did_you_mean(key, names)}; allowed: {', '.join(names)}"
+            )
+
+
+def _check_workers(cfg: TuningConfig, **functions: object) -> None:
+    """Several workers need a multi-process storage and functions they can import."""
+    if cfg.workers == 1:
+        return
+    storage_url = cfg.storage or "sqlite"
+    if not (storage_url.startswith("journal:") or storage_url.split(":")[0].startswith("postgres")):
+        raise TuningError(
+            "several workers need storage 'journal:PATH' (one machine) or a postgresql:// URL "
+            "(SQLite is single-process)"
+        )
+    for what, fn in functions.items():
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:
+            raise TuningError(
+                f"{what} must be importable for worker processes (a module-level function "
+                f"or a 'module:function' / '/path/file.py:function' string): {exc}"
+            ) from None
+
+
+def _grid(cfg: TuningConfig) -> list[dict[str, Scalar]]:
+    """Every point of the space (one empty point for an empty space)."""
+    names = sorted(cfg.space)
+    grid = list(itertools.product(*(cfg.space[k] for k in names)))
+    if len(grid) > _MAX_GRID:
+        raise TuningError(
+            f"the space has {len(grid)} configurations (> {_MAX_GRID:,}): make it smaller"
+        )
+    return [dict(zip(names, values, strict=True)) for values in grid]
+
+
+def _plan_events(
+    grid: list[dict[str, Scalar]],
+    method_cfg: MethodSpec,
+    train_cfg_base: RunConfig,
+    dataset: DatasetLike,
+    event_of: EventFn,
+) -> tuple[dict[str, str | None], dp_event.DpEvent | None]:
+    """Every configuration's predicted training event (JSON, by :func:`params_key`; this also
+    validates every config) and the per-run event covering them all."""
+    planned: dict[str, str | None] = {}
+    events = []
+    for params in grid:
+        try:
+            config = make_config(method_cfg, train_cfg_base, params, seed=0)
+        except Exception as exc:
+            raise TuningError(f"configuration {params} is invalid: {exc}") from exc
+        ev = event_of(config, dataset)
+        planned[params_key(params)] = accounting.event_to_json(ev)
+        events.append(ev)
+    return planned, combine_run_events(events)

@@ -1,0 +1,175 @@
+"""The Optuna study of a search: its storage, its samplers, creating it and reopening it.
+
+Storage (``TuningConfig.storage``): None → SQLite file ``optuna.db`` in the working directory
+(one process); ``"journal:PATH"`` → ``JournalStorage(JournalFileBackend(PATH))`` for several
+processes on one machine; ``"postgresql://..."`` (or any SQLAlchemy URL) → ``RDBStorage`` for
+several machines (run ``tune`` with the same URL and study name on each machine). RDB storages
+get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
+
+Samplers. Each run draws every hyperparameter uniformly, with replacement, from its
+categorical list (a ``RandomSampler`` over ``CategoricalDistribution``). The sampler of worker
+i is created with seed ``seed + i`` but every draw of trial number n is reseeded from
+``SeedSequence([seed, 67, n, crc32(name)])``: draws are i.i.d. across trials, reproducible, and
+do not depend on which worker (or resumed session, or machine) ran the trial. (A sampler
+seeded only by the worker index would repeat the same configuration stream after every resume
+and on every machine.) Mode ``grid`` uses ``GridSampler``: trial number n evaluates grid point
+n, so several workers never duplicate a point.
+
+The study's user attrs hold K (``dpfair.K``), drawn once when the study is created, and the
+search's fingerprint, epsilons, delta, event and privacy labels.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import optuna
+from optuna.distributions import CategoricalDistribution
+
+from dpfair.errors import TuningError
+from dpfair.tuning.job import TuningJob, fingerprint
+from dpfair.tuning.k_draw import draw_k
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial, TrialState
+
+    from dpfair.tuning.config import Scalar, TuningConfig
+
+__all__ = [
+    "CONFIG_STREAM",
+    "GridSampler",
+    "TrialSeededRandomSampler",
+    "distributions",
+    "load_study",
+    "make_storage",
+    "open_study",
+    "sampler_for",
+    "search_space",
+]
+
+CONFIG_STREAM = 67  # "C": the SeedSequence stream of the configuration draws
+_SQLITE_DEFAULT = "optuna.db"
+
+
+def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
+    """The Optuna storage of ``cfg.storage`` and a printable description of it."""
+    url = cfg.storage or f"sqlite:///{os.path.abspath(_SQLITE_DEFAULT)}"
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+
+        path = os.path.abspath(url[len("journal:") :])
+        return optuna.storages.JournalStorage(JournalFileBackend(path)), f"journal:{path}"
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=cfg.heartbeat_interval,
+            grace_period=cfg.grace,
+        )
+    return storage, url
+
+
+class TrialSeededRandomSampler(optuna.samplers.RandomSampler):
+    """RandomSampler whose draw for trial n and parameter p is seeded by (seed, n, crc32(p)):
+    uniform with replacement, i.i.d. across trials whatever the worker."""
+
+    def __init__(self, seed: int, worker_index: int) -> None:
+        super().__init__(seed=seed + worker_index)
+        self._base_seed = seed
+
+    def sample_independent(  # noqa: D102
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: optuna.distributions.BaseDistribution,
+    ) -> object:
+        if not isinstance(param_distribution, CategoricalDistribution):
+            return super().sample_independent(study, trial, param_name, param_distribution)
+        ss = np.random.SeedSequence(
+            [self._base_seed, CONFIG_STREAM, trial.number, zlib.crc32(param_name.encode())]
+        )
+        rng = np.random.default_rng(ss)
+        return param_distribution.choices[int(rng.integers(len(param_distribution.choices)))]
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """GridSampler (trial number n < grid size evaluates grid point n) that never calls
+    ``study.stop()`` (we drive ask/tell ourselves and stop at K)."""
+
+    def after_trial(  # noqa: D102
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        return None
+
+
+def search_space(cfg: TuningConfig) -> dict[str, list[Scalar]]:
+    """The space trials are asked over: a grid search of an empty space has one point."""
+    return cfg.space if cfg.space or cfg.mode != "grid" else {"_": [None]}
+
+
+def distributions(space: Mapping[str, list[Scalar]]) -> dict[str, CategoricalDistribution]:
+    """One categorical distribution per hyperparameter of ``space``."""
+    return {k: CategoricalDistribution(list(v)) for k, v in space.items()}
+
+
+def sampler_for(cfg: TuningConfig, worker_index: int) -> optuna.samplers.BaseSampler:
+    """The sampler of worker ``worker_index`` (see the module doc)."""
+    if cfg.mode == "grid":
+        return GridSampler(search_space(cfg), seed=cfg.seed)
+    return TrialSeededRandomSampler(cfg.seed, worker_index)
+
+
+def load_study(job: TuningJob, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+    """The job's existing study, opened with ``sampler`` (None: a RandomSampler, for reading)."""
+    storage, _ = make_storage(job.cfg)
+    if sampler is None:
+        sampler = optuna.samplers.RandomSampler()
+    return optuna.load_study(study_name=job.study_name, storage=storage, sampler=sampler)
+
+
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else repr(x)
+
+
+def open_study(job: TuningJob, storage: optuna.storages.BaseStorage, n_grid: int) -> int:
+    """Create the job's study in ``storage`` (drawing K) or reopen it (reading K back, after
+    checking the fingerprint); returns K. ``n_grid``: the number of points of the space."""
+    cfg = job.cfg
+    direction = "minimize" if cfg.score == "loss" else "maximize"
+    study = optuna.create_study(
+        storage=storage, study_name=job.study_name, direction=direction, load_if_exists=True
+    )
+    fp = fingerprint(job)
+    attrs = study.user_attrs
+    if "dpfair.K" in attrs:
+        if attrs.get("dpfair.fingerprint") != fp:
+            raise TuningError(
+                f"study {job.study_name!r} in {job.storage_desc} was created with other tuning "
+                "settings or another run event; resume it with the same settings or use a new "
+                "study_name"
+            )
+        return int(attrs["dpfair.K"])
+    # Deterministic given the seed: two processes creating the study at once write the same
+    # values.
+    study.set_user_attr("dpfair.fingerprint", fp)
+    study.set_user_attr("dpfair.tuning_privacy", cfg.tuning_privacy)
+    study.set_user_attr("dpfair.score_privacy", cfg.score_privacy)
+    study.set_user_attr("dpfair.epsilon_search", _json_float(job.epsilon_search))
+    study.set_user_attr("dpfair.epsilon_training", _json_float(job.epsilon_training))
+    study.set_user_attr("dpfair.delta", job.delta)
+    study.set_user_attr("dpfair.event", job.search_event_json)
+    study.set_user_attr("dpfair.K", draw_k(cfg, n_grid))
+    return int(study.user_attrs["dpfair.K"])

@@ -1,0 +1,190 @@
+"""A tuning worker: claim run slots of the study and train, until K runs are claimed.
+
+One process runs :func:`run_worker` in-process; ``workers=N`` (N > 1) spawns N processes
+``python -m dpfair.tuning worker SPEC INDEX`` (SPEC: the job pickled by :func:`write_spec`).
+How slots are claimed and what counts as a run: :mod:`dpfair.tuning.ledger`. After each run
+the event the trainer reports must equal the one the search was accounted with, else the
+tuning stops with an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from dpfair.privacy import accounting
+from dpfair.tuning.events import result_event
+from dpfair.tuning.job import TuningJob, config_json, make_config, params_key, resolve, seed_of_run
+from dpfair.tuning.ledger import Heartbeat, fail_stale, is_run, ledger_row
+from dpfair.tuning.score import n_classes_groups, release_score, score_rng
+from dpfair.tuning.study import distributions, load_study, sampler_for, search_space
+
+if TYPE_CHECKING:
+    from dpfair.data.dataset import GroupedDataset
+    from dpfair.training import TrainConfig, TrainResult
+    from dpfair.tuning.protocols import PredictionsLike, RunOutcome, TrainFn
+
+__all__ = ["run_worker", "spawn_workers", "write_spec"]
+
+_log = logging.getLogger(__name__)
+
+
+class _AccountingMismatch(RuntimeError):
+    """A run reported another event than the one the search was accounted with."""
+
+
+def run_worker(
+    job: TuningJob, index: int = 0, *, keep_best: bool = False
+) -> tuple[int, RunOutcome] | None:
+    """Claim and run trials until K runs are claimed (see :mod:`dpfair.tuning.ledger`). With
+    ``keep_best`` returns ``(trial number, train_fn result)`` of this worker's best run (else
+    None)."""
+    cfg = job.cfg
+    study = load_study(job, sampler_for(cfg, index))
+    dists = distributions(search_space(cfg))
+    train_fn = resolve(job.train_fn) if job.train_fn is not None else _default_train_fn
+    on_trial_fn = resolve(job.on_trial) if job.on_trial is not None else None
+    best: tuple[float, int, RunOutcome] | None = None
+    sign = -1.0 if cfg.score == "loss" else 1.0
+    while (trial := _claim(study, job, dists)) is not None:
+        outcome = _run(study, trial, job, index, train_fn)
+        if outcome is None:
+            continue
+        value, result = outcome
+        try:
+            study.tell(trial, value)
+        except Exception as exc:  # failed as stale meanwhile (a paused worker): counts, no score
+            _log.warning("trial %d could not be completed: %r", trial.number, exc)
+            continue
+        if on_trial_fn is not None:
+            try:
+                frozen = study._storage.get_trial(trial._trial_id)
+                on_trial_fn(ledger_row(frozen, job.k, cfg.tuning_privacy), result)
+            except Exception as exc:
+                _log.warning("on_trial failed for trial %d: %r", trial.number, exc)
+        if keep_best and (best is None or sign * value > sign * best[0]):
+            best = (value, trial.number, result)
+    return (best[1], best[2]) if best is not None else None
+
+
+def _claim(
+    study: optuna.Study, job: TuningJob, dists: Mapping[str, CategoricalDistribution]
+) -> optuna.Trial | None:
+    """The next run slot, or None once K runs are claimed (a trial numbered ≥ K is marked
+    excess and pruned)."""
+    fail_stale(study, job.cfg.grace)
+    trials = study.get_trials(deepcopy=False)
+    if sum(is_run(t, job.k) for t in trials) >= job.k:
+        return None
+    with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize":
+        warnings.simplefilter("ignore", UserWarning)  # we beat ourselves (Heartbeat)
+        trial = study.ask(fixed_distributions=dict(dists))
+    if trial.number >= job.k:
+        trial.set_user_attr("dpfair.ledger", "excess")
+        study.tell(trial, state=TrialState.PRUNED)
+        return None
+    return trial
+
+
+def _run(
+    study: optuna.Study, trial: optuna.Trial, job: TuningJob, index: int, train_fn: TrainFn
+) -> tuple[float, RunOutcome] | None:
+    """Label ``trial`` as a run of worker ``index``, train and score it under a heartbeat.
+    A failed run is told FAIL (it counts) and gives None; an accounting mismatch is raised."""
+    cfg = job.cfg
+    params = {k: v for k, v in trial.params.items() if k != "_"}
+    seed = seed_of_run(cfg.seed, trial.number)
+    trial.set_user_attr("dpfair.ledger", "run")
+    trial.set_user_attr("dpfair.tuning_privacy", cfg.tuning_privacy)
+    trial.set_user_attr("dpfair.seed", seed)
+    trial.set_user_attr("dpfair.worker", index)
+    trial.set_user_attr("dpfair.host", socket.gethostname())
+    trial.set_user_attr("dpfair.pid", os.getpid())
+    with Heartbeat(study._storage, trial._trial_id, cfg.heartbeat_interval):
+        try:
+            config = make_config(job.method_cfg, job.train_cfg_base, params, seed)
+            trial.set_user_attr("dpfair.config", config_json(config))
+            result = train_fn(config, job.dataset)
+            event_json = accounting.event_to_json(result_event(result))
+            trial.set_user_attr("dpfair.event", event_json)
+            guarantee = getattr(result, "privacy_guarantee", None)
+            if guarantee is not None:
+                trial.set_user_attr("dpfair.privacy_guarantee", str(guarantee))
+            planned = job.planned.get(params_key(params))
+            if event_json != planned:
+                raise _AccountingMismatch(
+                    f"trial {trial.number}: the run reports event {event_json} but the "
+                    f"search was accounted with {planned}"
+                )
+            pred = _val_predictions(result)
+            n_classes, n_groups = n_classes_groups(job.dataset, pred)
+            value = release_score(
+                pred,
+                cfg.score,
+                n_classes,
+                n_groups,
+                cfg.sigma_score if cfg.score_privacy == "noisy" else None,
+                cfg.loss_clip,
+                score_rng(cfg.seed, trial.number),
+            )
+            trial.set_user_attr("dpfair.score", value)
+            return value, result
+        except Exception as exc:
+            _log.warning("tuning trial %d failed (it counts as a run): %r", trial.number, exc)
+            with contextlib.suppress(Exception):
+                trial.set_user_attr("dpfair.error", f"{type(exc).__name__}: {exc}"[:2000])
+            with contextlib.suppress(Exception):  # already failed as stale: it stays FAIL
+                study.tell(trial, state=TrialState.FAIL)
+            if isinstance(exc, _AccountingMismatch):
+                raise
+            return None
+
+
+def _val_predictions(result: RunOutcome | Mapping[str, PredictionsLike]) -> PredictionsLike:
+    return result["val_predictions"] if isinstance(result, Mapping) else result.val_predictions
+
+
+def _default_train_fn(config: TrainConfig, dataset: GroupedDataset) -> TrainResult:
+    from dpfair.training import train
+
+    if hasattr(config, "progress"):
+        config = config.model_copy(update={"progress": False})
+    return train(config, dataset)
+
+
+def write_spec(job: TuningJob, path: str | Path) -> Path:
+    """Pickle ``job`` for ``python -m dpfair.tuning worker PATH INDEX``."""
+    path = Path(path)
+    path.write_bytes(pickle.dumps(job))
+    return path
+
+
+def spawn_workers(job: TuningJob, n: int) -> list[int]:
+    """Run ``n`` worker processes on ``job`` and wait for them; returns their exit codes."""
+    tmp = tempfile.mkdtemp(prefix="dpfair-tuning-")
+    spec = write_spec(job, Path(tmp) / "job.pkl")
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "dpfair.tuning", "worker", str(spec), str(i)])
+        for i in range(n)
+    ]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        _log.warning("tuning worker exit codes: %s", codes)
+    with contextlib.suppress(OSError):
+        spec.unlink()
+        os.rmdir(tmp)
+    return codes

@@ -1,0 +1,205 @@
+"""Searches in one process: errors before any training, the budget, the ledger of a search,
+resuming, every mode, and a search over dpfair.training.train."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from dpfair import tuning
+from dpfair.privacy import accounting
+from tests.tuning.conftest import (
+    BASE,
+    METHOD,
+    SPACE,
+    TRAIN,
+    cfg,
+    fast_event,
+    make_dataset,
+    never_train,
+    seed_with_k,
+)
+
+# --------------------------------------------------------------------- errors before training
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ({"space": {"lr": [0.1], "lrr": [1]}}, "'lrr' is not a hyperparameter.*did you mean"),
+        ({"space": {"lr": []}}, "space.lr: the list of values is empty"),
+        ({"eta": -1.0}, "eta must be a finite number > -1"),
+        ({"eta": -3.0}, "eta must be"),
+        ({"mu": 0.5}, r"mu \(the mean number of runs\) must be >= 1"),
+        ({"budget_epsilon": 0.5}, "would spend epsilon .* over the budget 0.5"),
+        ({"mode": "grid", "budget_epsilon": 100.0}, "grid mode has no privacy guarantee"),
+        ({"mode": "fixed"}, "mode 'fixed' needs n_runs"),
+        ({"workers": 2}, "several workers need storage"),
+        ({"typo_key": 1}, "tuning.typo_key"),
+    ],
+)
+def test_errors_before_any_training(tmp_path, override, match):
+    with pytest.raises(tuning.TuningError, match=match):
+        tuning.tune(
+            METHOD,
+            BASE,
+            make_dataset(),
+            cfg(tmp_path, **override),
+            never_train,
+            event_fn=fast_event,
+        )
+    assert not (tmp_path / "study.db").exists()  # refused before even creating the study
+
+
+def test_unknown_space_key_says_did_you_mean_and_the_allowed_names(tmp_path):
+    c = cfg(tmp_path, space={"lrr": [1]})
+    with pytest.raises(tuning.TuningError) as err:
+        tuning.prepare(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)
+    assert str(err.value) == (
+        "space.lrr: 'lrr' is not a hyperparameter of method 'dpsgd' or of training; did you "
+        "mean 'lr'?; allowed: clip, epochs, batch_size, lr, sigma"
+    )
+
+
+def test_budget_is_checked_before_any_run(tmp_path):
+    ds = make_dataset()
+    ok = cfg(tmp_path, mu=2.0, budget_epsilon=1e6)
+    job = tuning.prepare(METHOD, BASE, ds, ok, never_train, event_fn=fast_event)
+    assert job.epsilon_search > job.epsilon_training > 0
+    with pytest.raises(tuning.BudgetExceededError):
+        tuning.prepare(
+            METHOD,
+            BASE,
+            ds,
+            {**ok, "budget_epsilon": job.epsilon_search * 0.99},
+            never_train,
+            event_fn=fast_event,
+        )
+
+
+# ---------------------------------------------------------------------- in-process searches
+
+
+def test_tnb_search_ledger_and_resume(tmp_path):
+    ds = make_dataset()
+    seed = seed_with_k(3, 6, mu=4.0)
+    c = cfg(tmp_path, mu=4.0, seed=seed, heartbeat_interval=1)
+    seen = []
+    res = tuning.tune(
+        METHOD, BASE, ds, c, TRAIN, event_fn=fast_event, on_trial=lambda r, _: seen.append(r)
+    )
+    k = tuning.draw_k(tuning.TuningConfig(mu=4.0, seed=seed), 1)
+    assert [r["number"] for r in seen] == list(range(k)) and seen[0]["score"] is not None
+    assert res.K == k and res.n_runs == k
+    runs = [r for r in res.trials if r["ledger"] == "run"]
+    assert len(runs) == k and all(r["state"] == "COMPLETE" for r in runs)
+    assert all(r["tuning_privacy"] == "tnb" for r in res.trials)
+    assert res.tuning_privacy == "tnb" and res.score_privacy == "noisy"
+    assert res.best_score == max(r["score"] for r in runs)
+    assert res.best_config["lr"] == res.best_params["lr"]
+    assert res.best_config["method"]["clip"] == res.best_params["clip"]
+    ev = accounting.event_from_json(res.event_json)
+    assert isinstance(ev, dp_event.RepeatAndSelectDpEvent) and ev.mean == 4.0 and ev.shape == 0.0
+    assert res.epsilon_search == pytest.approx(accounting.epsilon(ev, 1e-5))
+    assert res.epsilon_search > res.epsilon_training
+    for r in runs:
+        assert accounting.event_from_json(r["event"]) == fast_event(BASE, ds)
+    assert res.best_result is not None
+    # resume: nothing new runs, K is read back
+    again = tuning.tune(METHOD, BASE, ds, c, never_train, event_fn=fast_event)
+    assert again.K == k and again.n_runs == k and len(again.trials) == len(res.trials)
+    # other settings on the same study: refused
+    with pytest.raises(tuning.TuningError, match="other tuning settings"):
+        tuning.tune(METHOD, BASE, ds, {**c, "mu": 5.0}, never_train, event_fn=fast_event)
+
+
+def test_grid_fixed_public_and_crashes(tmp_path):
+    ds = make_dataset()
+    res = tuning.tune(
+        METHOD, BASE, ds, cfg(tmp_path, mode="grid", study_name="g"), TRAIN, event_fn=fast_event
+    )
+    assert res.K == 6 and res.n_runs == 6 and res.tuning_privacy == "none"
+    assert res.epsilon_search == math.inf and res.event_json is None
+    assert {(r["params"]["lr"], r["params"]["clip"]) for r in res.trials} == {
+        (a, b) for a in SPACE["lr"] for b in SPACE["clip"]
+    }
+    assert all(r["tuning_privacy"] == "none" for r in res.trials)
+
+    c = cfg(
+        tmp_path,
+        mode="fixed",
+        n_runs=3,
+        study_name="f",
+        score="loss",
+        score_privacy="public_validation",
+        space={"lr": [0.1, 0.5], "crash": [True]},
+    )
+    res = tuning.tune(
+        METHOD, BASE, ds, c, TRAIN, event_fn=fast_event, allowed=["lr", "clip", "crash"]
+    )
+    # every run crashed: all 3 counted, none selected
+    assert res.n_runs == 3 and res.best_config is None
+    assert all(r["state"] == "FAIL" and "planned crash" in r["error"] for r in res.trials)
+    assert res.score_privacy == "public_validation" and res.tuning_privacy == "fixed"
+    ev = accounting.event_from_json(res.event_json)
+    assert ev == dp_event.SelfComposedDpEvent(fast_event(BASE, ds), 3)  # no score event
+
+
+def test_poisson_k_zero_runs_nothing(tmp_path):
+    seed = next(
+        s
+        for s in range(100)
+        if tuning.draw_k(tuning.TuningConfig(mode="poisson", mu=1.0, seed=s), 1) == 0
+    )
+    c = cfg(tmp_path, mode="poisson", mu=1.0, seed=seed)
+    res = tuning.tune(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)
+    assert res.K == 0 and res.n_runs == 0 and res.best_config is None and res.trials == []
+    ev = accounting.event_from_json(res.event_json)
+    assert ev.shape == math.inf and res.tuning_privacy == "poisson"
+
+
+# ----------------------------------------------------------- dpfair.training.train
+
+
+def test_with_dpfair_training(tmp_path):
+    try:
+        import torch
+
+        from dpfair.data.dataset import GroupedDataset, Split
+        from dpfair.privacy.methods import MethodConfig  # noqa: F401
+        from dpfair.training import TrainConfig
+    except ImportError as exc:
+        pytest.skip(f"dpfair.training not available yet: {exc}")
+    rng = np.random.default_rng(0)
+
+    def split(m):
+        x = torch.tensor(rng.normal(size=(m, 4)), dtype=torch.float32)
+        y = (x[:, 0] > 0).long()
+        g = torch.tensor(rng.random(m) < 0.3).long()
+        return Split(x, y, g)
+
+    ds = GroupedDataset("toy", split(300), split(100), split(100), ["a", "b"], ["g0", "g1"])
+    base = TrainConfig.model_validate(
+        {
+            "method": {"name": "dpsgd"},
+            "model": {"name": "logistic_regression"},
+            "epochs": 1,
+            "batch_size": 50,
+            "lr": 0.5,
+            "sigma": 1.0,
+            "delta": 1e-5,
+            "progress": False,
+            "device": "cpu",
+        }
+    )
+    c = cfg(tmp_path, mode="fixed", n_runs=2, space={"lr": [0.1, 1.0]}, study_name="real")
+    res = tuning.tune(base.method, base, ds, c)
+    assert res.n_runs == 2 and res.best_config is not None
+    assert res.privacy_guarantee == "proven"
+    assert all(r["privacy_guarantee"] == "proven" for r in res.trials)
+    assert res.best_result is not None and res.best_result.epsilon == pytest.approx(
+        res.epsilon_training
+    )

@@ -1,0 +1,79 @@
+"""The Optuna storage format: a study written by the single-module ``dpfair/tuning.py`` (the
+fixture ``fixtures/v1_study.db``, see ``fixtures/README.md``) resumes with this package, and a
+new study is written exactly as that version wrote it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+
+from dpfair.tuning import prepare, tune
+from dpfair.tuning.ledger import ledger_row
+from tests.tuning.conftest import (
+    BASE,
+    METHOD,
+    SPACE,
+    TRAIN,
+    fast_event,
+    make_dataset,
+    never_train,
+)
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+EXPECTED = json.loads((FIXTURES / "v1_study.json").read_text())
+
+
+def v1_settings(db: Path) -> dict:
+    """The settings the fixture was made with (make_v1_study.py)."""
+    return {
+        "mode": "tnb",
+        "mu": 3.0,
+        "study_name": "v1",
+        "heartbeat_interval": 1,
+        "seed": EXPECTED["seed"],
+        "space": SPACE,
+        "storage": f"sqlite:///{db}",
+    }
+
+
+def test_v1_study_resumes_with_the_same_k_and_ledger(tmp_path):
+    db = tmp_path / "study.db"
+    shutil.copy(FIXTURES / "v1_study.db", db)
+    written = optuna.load_study(study_name="v1", storage=f"sqlite:///{db}").get_trials()
+    assert [ledger_row(t, EXPECTED["K"], "tnb") for t in written] == EXPECTED["rows_written"]
+
+    res = tune(METHOD, BASE, make_dataset(), v1_settings(db), TRAIN, event_fn=fast_event)
+
+    want = EXPECTED["resumed"]
+    assert res.K == EXPECTED["K"] == 4 and res.n_runs == 4
+    assert res.trials[:2] == EXPECTED["rows_written"]  # the old runs, untouched
+    assert len(res.trials) == len(want["trials"])
+    # the runs of this session: the configurations, seeds and events the old code drew
+    for got, old in zip(res.trials[2:], want["trials"][2:], strict=True):
+        assert {**got, "host": None, "score": None} == {**old, "host": None, "score": None}
+        assert got["score"] == pytest.approx(old["score"], rel=1e-9)
+    assert res.best_trial == want["best_trial"] and res.best_params == want["best_params"]
+    assert res.best_score == pytest.approx(want["best_score"], rel=1e-9)
+    assert res.event_json == want["event_json"] and res.run_event_json == want["run_event_json"]
+    assert res.epsilon_search == pytest.approx(want["epsilon_search"], rel=1e-12)
+    assert res.epsilon_training == pytest.approx(want["epsilon_training"], rel=1e-12)
+    study = optuna.load_study(study_name="v1", storage=f"sqlite:///{db}")
+    assert study.user_attrs == EXPECTED["study_user_attrs"]
+
+
+def test_new_study_has_the_v1_attrs(tmp_path):
+    job = prepare(
+        METHOD,
+        BASE,
+        make_dataset(),
+        v1_settings(tmp_path / "new.db"),
+        never_train,
+        event_fn=fast_event,
+    )
+    assert job.k == EXPECTED["K"]
+    study = optuna.load_study(study_name="v1", storage=f"sqlite:///{tmp_path / 'new.db'}")
+    assert study.user_attrs == EXPECTED["study_user_attrs"]  # fingerprint, K, epsilons, event

@@ -1,0 +1,218 @@
+"""Workers: the excess-trial race, killed workers, several worker processes on the journal
+and PostgreSQL storages."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+import dpfair.tuning.worker as worker_module
+from dpfair import tuning
+from dpfair.tuning.ledger import is_run
+from dpfair.tuning.study import TrialSeededRandomSampler, distributions
+from tests.tuning.conftest import (
+    BASE,
+    METHOD,
+    SPACE,
+    TRAIN,
+    cfg,
+    check_exactly_k,
+    fast_event,
+    make_dataset,
+    never_train,
+    seed_with_k,
+    worker_env,
+)
+
+
+def test_excess_trial_is_not_a_run(tmp_path, monkeypatch):
+    """Race: a worker counted K-1 runs, but another worker claimed the last slot before its
+    ask. Its trial (number K) is marked excess and PRUNED without training."""
+    ds = make_dataset()
+    c = cfg(tmp_path, mode="fixed", n_runs=1, study_name="x")
+    job = tuning.prepare(METHOD, BASE, ds, c, never_train, event_fn=fast_event)
+    study = optuna.load_study(study_name="x", storage=c["storage"])
+    other = study.ask()  # another worker's run, number 0
+    study.tell(other, 0.5)
+    real_is_run = is_run
+    calls = {"n": 0}
+
+    def stale_count(t, k):  # the first count misses the other worker's claim
+        calls["n"] += 1
+        return False if calls["n"] == 1 else real_is_run(t, k)
+
+    monkeypatch.setattr(worker_module, "is_run", stale_count)
+    tuning.run_worker(job, 1)
+    monkeypatch.setattr(worker_module, "is_run", real_is_run)
+    res = tuning.finish(job)
+    assert res.n_runs == 1 and [r["ledger"] for r in res.trials] == ["run", "excess"]
+    assert res.trials[1]["state"] == "PRUNED" and res.trials[1]["config"] is None
+
+
+# ------------------------------------------------------------------ worker processes
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "journal"])
+def test_killed_worker_counts_and_resume(tmp_path, backend):
+    """SQLite: Optuna's RDB heartbeat; journal: dpfair's heartbeat attr (no Optuna heartbeat)."""
+    ds = make_dataset()
+    seed = seed_with_k(3, 5, mu=3.0)
+    base = {**BASE, "sleep": 60}
+    c = cfg(tmp_path, mu=3.0, seed=seed, heartbeat_interval=1, grace_period=2)
+    if backend == "journal":
+        c["storage"] = f"journal:{tmp_path / 'journal.log'}"
+    job = tuning.prepare(METHOD, base, ds, c, TRAIN, event_fn=fast_event)
+    k = job.k
+    spec = tuning.write_spec(job, tmp_path / "job.pkl")
+    marker = tmp_path / "started"
+    env = {**worker_env(), "DPFAIR_TEST_SLOW": "1", "DPFAIR_TEST_MARKER": str(marker)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpfair.tuning", "worker", str(spec), "0"], env=env
+    )
+    try:
+        deadline = time.time() + 90
+        while not marker.exists():
+            assert proc.poll() is None and time.time() < deadline, "worker did not start"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-trial
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # resume in this process (not slow): the killed trial fails as stale and counts
+    res = tuning.tune(METHOD, base, ds, c, TRAIN, event_fn=fast_event)
+    assert res.K == k
+    check_exactly_k(res)
+    killed = [r for r in res.trials if r["number"] == 0][0]
+    assert killed["state"] == "FAIL" and killed["failed_by"] == "stale"
+    assert killed["ledger"] == "run" and killed["worker"] == 0
+    assert sum(r["state"] == "COMPLETE" for r in res.trials) == k - 1
+
+
+def test_two_workers_journal(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", worker_env()["PYTHONPATH"])
+    ds = make_dataset()
+    c = cfg(
+        tmp_path,
+        mode="fixed",
+        n_runs=8,
+        workers=2,
+        study_name="j",
+        storage=f"journal:{tmp_path / 'journal.log'}",
+        heartbeat_interval=5,  # grace 10 s: no live worker is failed under load
+    )
+    res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
+    check_exactly_k(res)
+    assert res.K == 8 and all(r["state"] == "COMPLETE" for r in res.trials if r["ledger"] == "run")
+    # configurations depend on the trial number only (i.i.d., reproducible)
+    sampler = TrialSeededRandomSampler(0, 0)
+    dists = distributions(SPACE)
+    for r in res.trials:
+        t = SimpleNamespace(number=r["number"])
+        assert r["params"] == {
+            k: sampler.sample_independent(None, t, k, d) for k, d in dists.items()
+        }
+
+
+# ------------------------------------------------------------------ PostgreSQL server
+
+
+def _pg_bin() -> Path | None:
+    cands = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return cands[-1].parent if cands else None
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A throwaway PostgreSQL server on a loopback port (Debian's postgresql binaries).
+
+    As root, initdb refuses to run: the data directory is given to the ``postgres`` user and
+    the server runs through ``runuser -u postgres``.
+    """
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin "
+            "(apt-get install postgresql)"
+        )
+    as_user: list[str] = []
+    root = tempfile.mkdtemp(prefix="dpfair-pg-")
+    if os.geteuid() == 0:
+        runuser = shutil.which("runuser")
+        import pwd
+
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and no 'postgres' user to run the server")
+        if runuser is None:
+            pytest.skip("running as root and no runuser to drop privileges")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+        as_user = [runuser, "-u", "postgres", "--"]
+    data = os.path.join(root, "data")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def run(*cmd: str) -> None:
+        subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120)
+
+    run(str(bindir / "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
+    opts = f"-p {port} -h 127.0.0.1 -k {root} -c fsync=off"
+    run(
+        str(bindir / "pg_ctl"),
+        "-D",
+        data,
+        "-o",
+        opts,
+        "-l",
+        os.path.join(root, "log"),
+        "-w",
+        "-t",
+        "60",
+        "start",
+    )
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*as_user, str(bindir / "pg_ctl"), "-D", data, "-m", "immediate", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
+    monkeypatch.setenv("PYTHONPATH", worker_env()["PYTHONPATH"])
+    ds = make_dataset()
+    seed = seed_with_k(5, 9, mu=6.0, eta=1.0)
+    c = cfg(
+        tmp_path,
+        mu=6.0,
+        eta=1.0,
+        seed=seed,
+        workers=2,
+        study_name="pg",
+        storage=postgres_url,
+        heartbeat_interval=5,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
+    check_exactly_k(res)
+    assert res.K == tuning.draw_k(tuning.TuningConfig(mu=6.0, eta=1.0, seed=seed), 1)
+    assert {r["worker"] for r in res.trials if r["ledger"] == "run"} <= {0, 1}
+    assert optuna.load_study(study_name="pg", storage=postgres_url).user_attrs["dpfair.K"] == res.K
