@@ -52,10 +52,19 @@ def _ensure_builtin() -> None:
         importlib.import_module(f"dpfair.data.{mod}")
 
 
+def _builtin_rank(spec: DatasetSpec) -> int:
+    module = spec.loader.__module__
+    name = module.removeprefix("dpfair.data.")
+    if name != module and name in _BUILTIN_MODULES:
+        return _BUILTIN_MODULES.index(name)
+    return len(_BUILTIN_MODULES)
+
+
 def specs() -> dict[str, DatasetSpec]:
-    """All registered datasets, in registration order."""
+    """All registered datasets: the built-in ones in ``_BUILTIN_MODULES`` order (whichever
+    module happened to be imported first), then the others in registration order."""
     _ensure_builtin()
-    return dict(_REGISTRY)
+    return dict(sorted(_REGISTRY.items(), key=lambda item: _builtin_rank(item[1])))
 
 
 def available_datasets() -> list[str]:
