@@ -18,7 +18,11 @@ def mirror() -> Path:
     if path is None or not path.is_dir():
         if os.environ.get("CI"):
             pytest.fail("data mirror ../shared/datasets (or DPFAIR_DATA_MIRROR) is missing in CI")
-        pytest.skip("no data mirror (../shared/datasets or DPFAIR_DATA_MIRROR)")
+        pytest.skip(
+            "needs the data mirror (the adult, dutch, mnist and fashion_mnist raw files): set "
+            "DPFAIR_DATA_MIRROR to a folder with the layout of ../shared/datasets (md5 in its "
+            "SOURCES.md)"
+        )
     return path
 
 
