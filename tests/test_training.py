@@ -1,26 +1,32 @@
-"""Training loop: every method learns on tiny data, bit-for-bit reproducibility, empty Poisson
-batches, evaluation, callbacks, configuration errors."""
+"""Training loop: every registered method learns on tiny data, bit-for-bit reproducibility,
+empty Poisson batches, evaluation, callbacks, the run plan, configuration errors."""
 
 from __future__ import annotations
 
 import math
+import sys
 from functools import cache
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from dp_accounting import dp_event
 from pydantic import ValidationError
 from sklearn.datasets import load_digits
 
 from dpfair.data.dataset import GroupedDataset, Split
+from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
+from dpfair.privacy.methods import registered_methods
 from dpfair.training import (
     Predictions,
+    RunPlan,
     TrainConfig,
     TrainResult,
     evaluate,
     flat_metrics,
+    make_plan,
     metrics_from_predictions,
     poisson_batch,
     resolve_device,
@@ -86,9 +92,10 @@ def config(method: dict[str, Any], model: dict[str, Any] = LR, **kw: Any) -> Tra
     return TrainConfig.model_validate({"method": method, "model": model, **base, **kw})
 
 
-# Every method with settings that learn in a few tiny epochs; dpsgd_global scales gradients by
-# C0 / Z, so it gets a small Z and a learning rate Z times larger (LR_SCALE).
-METHODS: dict[str, dict[str, Any]] = {
+# Settings that learn in a few tiny epochs (a method not listed runs at its example());
+# dpsgd_global scales gradients by C0 / Z, so it gets a small Z and a learning rate Z times
+# larger (LR_SCALE).
+LEARNS: dict[str, dict[str, Any]] = {
     "nonprivate": {"name": "nonprivate"},
     "dpsgd": {"name": "dpsgd", "C": 1.0},
     "dpsgd_normalized": {"name": "dpsgd", "C": 1.0, "normalize": True},
@@ -103,6 +110,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "dp_sat": {"name": "dp_sat", "C": 1.0, "rho": 0.05},
     "fairlens": {"name": "fairlens", "C": 1.0},
 }
+#: every registered method, and dpsgd normalised.
+METHODS: dict[str, dict[str, Any]] = {
+    name: LEARNS.get(name) or spec.example().model_dump()
+    for name, spec in registered_methods().items()
+} | {"dpsgd_normalized": LEARNS["dpsgd_normalized"]}
 TWO_GROUPS_ONLY = {"fairlens"}
 LR_SCALE = {"dpsgd_global": 5.0}
 
@@ -209,7 +221,8 @@ def test_steps_mode_partial_epoch_and_eval_every() -> None:
 def test_result_fields_and_privacy() -> None:
     ds = gaussian_tabular()
     result = train(config(METHODS["dpsgd"], epochs=2, delta=1e-5), ds)
-    event = accounting.run_event(0.1, 1.0, 20, None)
+    event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.1, 20)
+    assert result.event == event
     assert result.epsilon == pytest.approx(accounting.epsilon(event, 1e-5))
     assert (result.sigma, result.count_sigma, result.steps) == (1.0, None, 20)
     assert result.privacy_guarantee
@@ -228,6 +241,7 @@ def test_result_fields_and_privacy() -> None:
 def test_nonprivate_reference_has_no_noise_and_infinite_epsilon() -> None:
     result = train(config(METHODS["nonprivate"], sigma=3.0), gaussian_tabular())
     assert result.sigma == 0.0 and math.isinf(result.epsilon)
+    assert result.event == dp_event.NonPrivateDpEvent() and result.privacy_guarantee == "none"
 
 
 def test_nonprivate_stats_only_on_request() -> None:
@@ -243,11 +257,40 @@ def test_target_epsilon_calibrates_sigma() -> None:
     assert result.epsilon == pytest.approx(3.0, rel=1e-3) and result.epsilon <= 3.0
 
 
-def test_target_epsilon_needs_count_noise_proportional_to_sigma() -> None:
+def test_target_epsilon_with_a_fixed_count_noise() -> None:
+    """A count noise that does not scale with σ calibrates; it bounds ε from below."""
     method = {"name": "dpsgd_global_adapt", "sigma2": 10.0}
-    cfg = config(method, sigma=None, target_epsilon=3.0, steps=5)
-    with pytest.raises(ValueError, match="scale with sigma"):
-        train(cfg, gaussian_tabular())
+    plan = make_plan(config(method, sigma=None, target_epsilon=3.0, steps=5), 500, 2)
+    assert plan.epsilon == pytest.approx(3.0, rel=1e-3) and plan.epsilon <= 3.0
+    gradient, counts = dp_event.GaussianDpEvent(plan.sigma), dp_event.GaussianDpEvent(10.0)
+    assert plan.step_event == dp_event.ComposedDpEvent([gradient, counts])
+    floor = accounting.epsilon(accounting.run_event(counts, 0.1, 5), 1e-6)
+    below = config(method, sigma=None, target_epsilon=0.9 * floor, steps=5)
+    with pytest.raises(PrivacyError, match="no sigma <= 1e7 reaches epsilon"):
+        make_plan(below, 500, 2)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_the_plan_is_what_train_reports(name: str) -> None:
+    """make_plan (no model, no data) gives the result's q, steps, σ, event and ε; a
+    target_epsilon gives the same plan as the σ it calibrates to."""
+    ds = gaussian_tabular()
+    cfg = config(METHODS[name], {"name": "mlp", "hidden": [4]}, steps=6)
+    plan = make_plan(cfg, len(ds.train), ds.n_groups)
+    assert isinstance(plan, RunPlan) and plan.method == cfg.method
+    result = train(cfg, ds)
+    assert (result.sample_rate, result.steps, result.steps_per_epoch, result.sigma) == (
+        plan.sample_rate, plan.steps, plan.steps_per_epoch, plan.sigma)
+    assert result.event == plan.event and result.epsilon == plan.epsilon
+    assert result.privacy_guarantee == plan.privacy_guarantee
+    assert plan.event == accounting.run_event(plan.step_event, plan.sample_rate, plan.steps)
+    if not cfg.method.is_private:
+        assert plan.event == dp_event.NonPrivateDpEvent() and plan.epsilon == math.inf
+        return
+    target = config(METHODS[name], sigma=None, target_epsilon=plan.epsilon, steps=6)
+    calibrated = make_plan(target, len(ds.train), ds.n_groups)
+    assert calibrated.sigma == pytest.approx(plan.sigma, rel=1e-5)
+    assert calibrated.epsilon <= plan.epsilon
 
 
 def test_registry_digits_end_to_end() -> None:
@@ -272,6 +315,19 @@ def test_callbacks() -> None:
 
     train(config(METHODS["dpsgd"], progress=True), gaussian_tabular(), callbacks=[Recorder()])
     assert seen == [("epoch", 1), ("epoch", 2), ("epoch", 3), ("end", 30)]
+
+
+def test_progress_bar_only_when_on_and_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpfair.training.progress import progress_bar
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert type(progress_bar(True, "run", 3)).__name__ == "_Silent"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert type(progress_bar(False, "run", 3)).__name__ == "_Silent"
+    with progress_bar(True, "run", 3) as bar:
+        bar.advance()
+        bar.status("epoch 1")
+    assert type(bar).__name__ == "_RichBar"
 
 
 def test_metrics_absent_group_is_nan() -> None:

@@ -12,7 +12,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpfair.diagnostics.hvp import FlatModel, LossFn
 from dpfair.privacy.gradients import make_engine
-from dpfair.privacy.methods.clipping import Dpsgd
+from dpfair.privacy.methods.dpsgd import Dpsgd
 
 PRIVACY = "non-private"
 

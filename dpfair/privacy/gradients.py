@@ -52,6 +52,11 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def global_norm(tensors: list[Tensor]) -> Tensor:
+    """The L2 norm of ``tensors`` taken together as one vector."""
+    return torch.stack([t.square().sum() for t in tensors]).sum().sqrt()
+
+
 def _per_sample_losses(losses: Tensor, batch_size: int) -> Tensor:
     if losses.shape != (batch_size,):
         raise ValueError(

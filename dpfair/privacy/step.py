@@ -73,7 +73,7 @@ class PrivateStep:
         self.sizes = [p.numel() for p in self.params]
         self.n_params = sum(self.sizes)
         # nonprivate needs no per-sample gradient: one ordinary backward of the mean loss
-        self.plain = method.privacy_guarantee == "none"
+        self.plain = not method.is_private
         self.engine = None if self.plain else method.per_sample_gradients(model, engine)
 
     def __call__(self, x: Tensor, y: Tensor, g: Tensor, generator: torch.Generator) -> StepInfo:

@@ -1,4 +1,5 @@
-"""The clipping rules: sensitivity, hand-computed values, presets, count noise, Zhao's toy."""
+"""The clipping rules: sensitivity and count noise of every registered method, hand-computed
+values, presets, step events, Zhao's toy."""
 
 from __future__ import annotations
 
@@ -6,41 +7,41 @@ import math
 
 import pytest
 import torch
+from dp_accounting import dp_event
 from pydantic import TypeAdapter, ValidationError
 from scipy import stats
 
 from dpfair.privacy.methods import (
     Adaptive,
     Dpsgd,
+    DpsgdConfig,
     DpsgdF,
     DpsgdGlobal,
     MethodConfig,
     NaiveReweight,
     build_method,
+    registered_methods,
 )
 
 DTYPE = torch.float64
 CONFIGS = TypeAdapter(MethodConfig)
 INF, NAN = math.inf, math.nan
-#: every method with a proven sensitivity (fairlens is heuristic, nonprivate has no noise),
-#: at settings that make the rules bite: small bounds, several groups, few samples.
-PRIVATE = {
-    "dpsgd": {"C": 0.7},
-    "dpsgd_normalized": {"name": "dpsgd", "C": 0.7, "normalize": True},
-    "dpsgd_f": {"C0": 0.7},
-    "naive_reweight": {"C0": 0.7},
-    "dpsgd_global": {"C0": 0.7, "Z": 1.5},
-    "adaptive": {"C0": 0.7, "tau": 1.2},
-    "adaclip": {"C0": 0.7},
-    "dpsgd_global_adapt": {"C0": 0.7, "Z0": 1.5, "tau": 0.8},
-    "bounded_adaptive": {"C0": 0.7, "C_LB": 0.5},
-    "bam": {"C": 0.7},
-    "dp_sat": {"C": 0.7},
-}
+#: every registered method at its example (small bounds: the rules bite), and dpsgd normalised.
+EXAMPLES = {name: spec.example() for name, spec in registered_methods().items()}
+EXAMPLES["dpsgd_normalized"] = DpsgdConfig(C=0.7, normalize=True)
+#: those with a proven sensitivity (fairlens is heuristic, nonprivate has no noise).
+PRIVATE = sorted(key for key, cfg in EXAMPLES.items() if cfg.privacy_guarantee == "proven")
 
 
-def config(key: str):
-    return CONFIGS.validate_python({"name": key, **PRIVATE[key]})
+def built(key: str, *, n_groups: int = 3, sigma: float = 0.5, expected_batch_size: float = 10):
+    """The method of ``EXAMPLES[key]``, several groups, few samples."""
+    return build_method(
+        EXAMPLES[key], n_groups=n_groups, sigma=sigma, expected_batch_size=expected_batch_size
+    )
+
+
+#: the methods that make a noisy count release.
+RELEASES_COUNTS = sorted(key for key in PRIVATE if built(key).count_sigma is not None)
 
 
 def rng(seed: int = 0) -> torch.Generator:
@@ -62,12 +63,12 @@ def special_gradients(kind: str, b: int = 12, d: int = 5) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", ["random", "huge", "tiny", "zero", "nan", "inf"])
-@pytest.mark.parametrize("key", sorted(PRIVATE))
+@pytest.mark.parametrize("key", PRIVATE)
 def test_removing_one_sample_moves_the_update_by_at_most_s(key, kind):
     grads = special_gradients(kind)
     groups = torch.tensor([0, 1, 2, 0, 0, 1, 0, 0, 1, 0, 0, 0])
     norms = grads.norm(dim=1)
-    method = build_method(config(key), n_groups=3, sigma=0.5, expected_batch_size=10)
+    method = built(key)
     for seed in range(3):  # released state from real noisy counts (dpsgd_f: C_k; adaptive: C_t)
         method.step_rule(norms, groups, rng(seed))
     full = method.rule(norms, groups)
@@ -81,15 +82,38 @@ def test_removing_one_sample_moves_the_update_by_at_most_s(key, kind):
         assert change <= full.sensitivity * (1 + 1e-9), (j, change, full.sensitivity)
 
 
-@pytest.mark.parametrize("key", ["dpsgd_f", "naive_reweight", "adaptive"])
+@pytest.mark.parametrize("key", RELEASES_COUNTS)
 def test_released_counts_have_sensitivity_one(key):
     norms = torch.tensor([0.1, 2.0, INF, 0.5, 3.0, 0.7, 0.69], dtype=DTYPE)
     groups = torch.tensor([0, 1, 1, 2, 0, 0, 1])
-    method = build_method(config(key), n_groups=3, sigma=1.0, expected_batch_size=7)
+    method = built(key, sigma=1.0, expected_batch_size=7)
     counts = method.counts(norms, groups)
     for j in range(len(norms)):
         keep = torch.arange(len(norms)) != j
         assert (counts - method.counts(norms[keep], groups[keep])).norm() <= 1
+
+
+@pytest.mark.parametrize("key", RELEASES_COUNTS)
+def test_count_noise_is_the_count_gaussian_of_the_step_event(key):
+    """The step event names the noise actually drawn: Gaussian(σ) for the sum (checked in
+    test_step), then Gaussian(σ_count) for the counts, whose residuals are N(0, σ_count²)."""
+    sigma = 0.9
+    method = built(key, sigma=sigma)
+    event = method.step_event(sigma)
+    assert isinstance(event, dp_event.ComposedDpEvent)
+    gradient, count = event.events
+    assert gradient == dp_event.GaussianDpEvent(sigma)
+    norms = torch.linspace(0.0, 2.0, 30, dtype=DTYPE)
+    groups = torch.arange(30) % 3
+    exact = method.counts(norms, groups)
+    released: list[torch.Tensor] = []
+    method.update = released.append  # the noisy counts, before the rule's own rounding
+    gen = rng(12)
+    for _ in range(2000):
+        method.release(norms, groups, gen)
+    z = ((torch.stack(released) - exact) / count.noise_multiplier).flatten().numpy()
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert z.std() == pytest.approx(1.0, rel=0.05)
 
 
 # ---------------------------------------------------------------- hand-computed rules
@@ -208,7 +232,7 @@ def test_presets_resolve_to_the_adaptive_rule():
 def test_configs_reject_unknown_fields_and_methods():
     with pytest.raises(ValidationError):
         CONFIGS.validate_python({"name": "dpsgd", "clip": 1.0})
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match="unknown method 'dpsgd_magic'; did you mean"):
         CONFIGS.validate_python({"name": "dpsgd_magic"})
     with pytest.raises(ValueError, match="two groups"):
         build_method(
@@ -230,6 +254,27 @@ def test_privacy_labels():
     assert label("nonprivate") == ("none", None)
     assert label("dpsgd") == ("proven", None)
     assert label("naive_reweight") == ("proven", 10.0)
+
+
+def test_step_events():
+    def event(name, sigma=1.0):
+        method = build_method(
+            CONFIGS.validate_python({"name": name}), n_groups=2, sigma=sigma, expected_batch_size=10
+        )
+        return method.step_event(sigma)
+
+    gaussian = dp_event.GaussianDpEvent
+    assert event("dpsgd") == event("fairlens") == event("bam") == gaussian(1.0)
+    assert event("nonprivate") == event("nonprivate", 0.0) == dp_event.NonPrivateDpEvent()
+    assert event("dpsgd_f", 0.5) == dp_event.ComposedDpEvent([gaussian(0.5), gaussian(5.0)])
+    fixed = {"name": "adaclip", "sigma_count": 3.0}
+    adaclip = build_method(
+        CONFIGS.validate_python(fixed), n_groups=2, sigma=0.5, expected_batch_size=10
+    )
+    assert adaclip.step_event(0.5) == dp_event.ComposedDpEvent([gaussian(0.5), gaussian(3.0)])
+    assert event("dpsgd", 0.0) == dp_event.NonPrivateDpEvent()  # no noise: in the clear
+    with pytest.raises(ValueError, match="sigma must be >= 0"):
+        event("dpsgd", -1.0)
 
 
 # -------------------------------------------------------------- count noise distribution

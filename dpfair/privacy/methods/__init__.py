@@ -1,36 +1,48 @@
-"""DP training methods behind one interface (DESIGN.md section 4); see ``base.Method``."""
+"""DP training methods behind one interface (DESIGN.md section 4); see ``base.Method``.
 
-from dpfair.privacy.methods.adaptive import Adaptive
-from dpfair.privacy.methods.base import Method, StepRule
-from dpfair.privacy.methods.clipping import Dpsgd, NonPrivate
-from dpfair.privacy.methods.config import (
+Each method is one module of this package with its config, its rule and its registration
+(:mod:`dpfair.privacy.methods.registry`); ``MethodConfig`` is the discriminated union of every
+registered config, found by importing every module here. The names below are the built-in
+methods', importable from here for convenience.
+"""
+
+from dpfair.privacy.methods.adaptive import Adaptive, AdaptiveConfig
+from dpfair.privacy.methods.adaptive_presets import (
     AdaclipConfig,
-    AdaptiveConfig,
-    BamConfig,
     BoundedAdaptiveConfig,
-    DpSatConfig,
-    DpsgdConfig,
-    DpsgdFConfig,
     DpsgdGlobalAdaptConfig,
-    DpsgdGlobalConfig,
-    FairLensConfig,
-    MethodConfig,
-    NaiveReweightConfig,
-    NonPrivateConfig,
-    build_method,
 )
-from dpfair.privacy.methods.fairlens import FairLens
-from dpfair.privacy.methods.global_scaling import DpsgdGlobal
-from dpfair.privacy.methods.group import DpsgdF, NaiveReweight
-from dpfair.privacy.methods.sharpness import Bam, DpSat
+from dpfair.privacy.methods.bam import Bam, BamConfig
+from dpfair.privacy.methods.base import Method, PrivacyGuarantee, StepRule
+from dpfair.privacy.methods.dp_sat import DpSat, DpSatConfig
+from dpfair.privacy.methods.dpsgd import Dpsgd, DpsgdConfig
+from dpfair.privacy.methods.dpsgd_f import DpsgdF, DpsgdFConfig
+from dpfair.privacy.methods.dpsgd_global import DpsgdGlobal, DpsgdGlobalConfig
+from dpfair.privacy.methods.fairlens import FairLens, FairLensConfig
+from dpfair.privacy.methods.naive_reweight import NaiveReweight, NaiveReweightConfig
+from dpfair.privacy.methods.nonprivate import NonPrivate, NonPrivateConfig
+from dpfair.privacy.methods.registry import (
+    COUNT_SIGMA_FACTOR,
+    BuildContext,
+    MethodSpec,
+    build_method,
+    method_config_union,
+    register_method,
+    registered_methods,
+)
+
+#: ``Annotated[Union[<every registered config>], Field(discriminator="name")]``.
+MethodConfig = method_config_union()
 
 __all__ = [
+    "COUNT_SIGMA_FACTOR",
     "AdaclipConfig",
     "Adaptive",
     "AdaptiveConfig",
     "Bam",
     "BamConfig",
     "BoundedAdaptiveConfig",
+    "BuildContext",
     "DpSat",
     "DpSatConfig",
     "Dpsgd",
@@ -44,10 +56,15 @@ __all__ = [
     "FairLensConfig",
     "Method",
     "MethodConfig",
+    "MethodSpec",
     "NaiveReweight",
     "NaiveReweightConfig",
     "NonPrivate",
     "NonPrivateConfig",
+    "PrivacyGuarantee",
     "StepRule",
     "build_method",
+    "method_config_union",
+    "register_method",
+    "registered_methods",
 ]

@@ -1,13 +1,21 @@
-"""Adaptive clipping, unified (Zhao Alg. 2): AdaClip, DPSGD-Global-Adapt, bounded adaptive."""
+"""Adaptive clipping, unified (Zhao Alg. 2); its presets are in ``adaptive_presets``.
+
+Defaults: Zhao 4 and App. A.3 (``gamma = 0.5, tau = 2.5, eta_C = 0.2``, initial bound 1,
+``sigma_count = 10 sigma``).
+"""
 
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
+from typing import Literal
 
 import torch
+from pydantic import Field, NonNegativeFloat, PositiveFloat
 from torch import Tensor
 
 from dpfair.privacy.methods.base import Method, State
+from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
 
 
 class Adaptive(Method):
@@ -52,3 +60,48 @@ class Adaptive(Method):
 
     def state(self) -> State:
         return {"C": self.C, "b_released": self.b_released}
+
+
+class AdaptiveFamily(MethodSpec):
+    """A config that is a setting of :class:`Adaptive`: it builds :meth:`adaptive`'s rule."""
+
+    method_class = Adaptive
+
+    @abstractmethod
+    def adaptive(self) -> AdaptiveConfig:
+        """The same method as an :class:`AdaptiveConfig`."""
+
+    def build(self, ctx: BuildContext) -> Adaptive:
+        a = self.adaptive()
+        return Adaptive(
+            s=a.s,
+            C0=a.C0,
+            eta_C=a.eta_C,
+            gamma=a.gamma,
+            tau=a.tau,
+            C_LB=a.C_LB,
+            sigma_count=ctx.count_sigma(a.sigma_count),
+            expected_batch_size=ctx.expected_batch_size,
+            name=self.name,
+        )
+
+
+@register_method
+class AdaptiveConfig(AdaptiveFamily):
+    """Zhao Alg. 2; ``C0`` is the initial clip bound, ``C_LB = 0`` the unbounded rule."""
+
+    name: Literal["adaptive"] = "adaptive"
+    s: PositiveFloat = 1.0
+    C0: PositiveFloat = 1.0
+    eta_C: PositiveFloat = 0.2
+    gamma: float = Field(0.5, ge=0.0, le=1.0)
+    tau: PositiveFloat = 2.5
+    C_LB: NonNegativeFloat = 0.0
+    sigma_count: PositiveFloat | None = None
+
+    def adaptive(self) -> AdaptiveConfig:
+        return self
+
+    @classmethod
+    def example(cls) -> AdaptiveConfig:
+        return cls(C0=0.7, tau=1.2)

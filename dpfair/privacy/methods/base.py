@@ -7,6 +7,9 @@ per step (counts with L2 sensitivity 1, noise std ``count_sigma``) that updates 
 either before clipping (Xu's DPSGD-F: counts -> C_k -> clip) or after it (adaptive clipping:
 clip at C_t, then the count sets C_{t+1}). Methods that change how ``g_i`` itself is formed
 (BAM, DP-SAT, FairLens) override the single hook :meth:`Method.per_sample_gradients`.
+
+What one step releases is described as data by :meth:`Method.step_event` (a dp_accounting
+``DpEvent``); :func:`dpfair.privacy.accounting.run_event` turns it into the run's event.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
+from dp_accounting import dp_event
 from torch import Tensor, nn
 
 from dpfair.privacy.gradients import EngineKind, PerSampleGradients, make_engine
@@ -31,6 +35,11 @@ class StepRule:
 
     weights: Tensor
     sensitivity: float
+
+
+def group_counts(mask: Tensor, groups: Tensor, n_groups: int, dtype: torch.dtype) -> Tensor:
+    """``#{i in group k : mask_i}`` for every group ``k``: one sample moves one entry by 1."""
+    return torch.bincount(groups[mask], minlength=n_groups)[:n_groups].to(dtype)
 
 
 class Method(ABC):
@@ -50,6 +59,28 @@ class Method(ABC):
         self.name = name
         #: noise std of the side release (counts), ``None`` for a method without one.
         self.count_sigma = count_sigma
+
+    @property
+    def is_private(self) -> bool:
+        """False only for the non-private baseline (``privacy_guarantee == "none"``)."""
+        return self.privacy_guarantee != "none"
+
+    def step_event(self, sigma: float) -> dp_event.DpEvent:
+        """What one step releases, on one Poisson-sampled batch (DESIGN.md section 4).
+
+        The noisy sum ``sum_i w_i g_i + N(0, sigma^2 S^2 I)`` is ``GaussianDpEvent(sigma)``
+        (unit sensitivity after dividing by ``S``); a count release adds
+        ``GaussianDpEvent(count_sigma)`` (L2 sensitivity 1), composed with it. A zero noise
+        (``sigma = 0``) releases in the clear: ``NonPrivateDpEvent``.
+        """
+        if not sigma >= 0:
+            raise ValueError(f"sigma must be >= 0, got {sigma}")
+        noises = [float(sigma)] + ([] if self.count_sigma is None else [float(self.count_sigma)])
+        if min(noises) == 0:
+            return dp_event.NonPrivateDpEvent()
+        if len(noises) == 1:
+            return dp_event.GaussianDpEvent(noises[0])
+        return dp_event.ComposedDpEvent([dp_event.GaussianDpEvent(s) for s in noises])
 
     # -- the clipping rule -----------------------------------------------------------------
 

@@ -11,11 +11,16 @@ at ``C`` does not bound the sensitivity: ``privacy_guarantee = "heuristic"``.
 ``u = g_{B_a} - g_{B_b} = grad sum_i alpha_i l_i`` and ``v = gbar_B - g_B = grad sum_i beta_i l_i``
 with the clip factors held fixed,
 ``grad <u, v> = H_alpha v + H_beta u``, one double backward.
+
+Defaults: Tran via Esipova (``gamma1 = gamma2 = 1``).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import NonNegativeFloat, PositiveFloat
 from torch import Tensor, nn
 
 from dpfair.privacy.gradients import (
@@ -25,7 +30,8 @@ from dpfair.privacy.gradients import (
     make_engine,
     trainable_parameters,
 )
-from dpfair.privacy.methods.clipping import Dpsgd
+from dpfair.privacy.methods.dpsgd import Dpsgd
+from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
 
 
 def _positive_probability(outputs: Tensor) -> Tensor:
@@ -127,3 +133,23 @@ class FairLens(Dpsgd):
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
         return RegularisedGradients(make_engine(model, kind), self.C, self.gamma1, self.gamma2)
+
+
+@register_method
+class FairLensConfig(MethodSpec):
+    """FairLens for two groups (R1 and R2 compare group 0 with group 1)."""
+
+    method_class = FairLens
+    name: Literal["fairlens"] = "fairlens"
+    C: PositiveFloat = 1.0
+    gamma1: NonNegativeFloat = 1.0
+    gamma2: NonNegativeFloat = 1.0
+
+    def build(self, ctx: BuildContext) -> FairLens:
+        if ctx.n_groups != 2:
+            raise ValueError(f"fairlens is defined for two groups, got n_groups={ctx.n_groups}")
+        return FairLens(self.C, self.gamma1, self.gamma2)
+
+    @classmethod
+    def example(cls) -> FairLensConfig:
+        return cls(C=0.7)

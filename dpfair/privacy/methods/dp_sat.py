@@ -1,63 +1,29 @@
-"""Sharpness-aware gradient formers, both clipped at C like DPSGD (DESIGN.md section 4).
+"""DP-SAT (Park et al.): DPSGD clipping of per-sample gradients at one ascended point shared by
+all samples, along the previous *private* gradient: ``g_i = grad l_i(theta + rho g~_{t-1} /
+|g~_{t-1}|)``, on any path. Using only the released gradient is post-processing, so the
+sensitivity argument of DPSGD holds.
 
-* BAM (Knolle et al., Alg. 2 line 4; Eq. 14): a per-sample ascent step,
-  ``g_i = grad l_i(theta + lam grad l_i(theta) / |grad l_i(theta)|)``, on the materialised path.
-* DP-SAT (Park et al.): one ascent step shared by all samples along the previous *private*
-  gradient, ``g_i = grad l_i(theta + rho g~_{t-1} / |g~_{t-1}|)``, on any path. Using only the
-  released gradient is post-processing, so the sensitivity argument of DPSGD holds.
+Defaults: Knolle Table 2 (CIFAR-10: ``rho = 0.086``).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import NonNegativeFloat, PositiveFloat
 from torch import Tensor, nn
 
 from dpfair.privacy.gradients import (
     EngineKind,
     LossFn,
-    Materialized,
-    PerSampleFn,
     PerSampleGradients,
+    global_norm,
     make_engine,
     trainable_parameters,
 )
-from dpfair.privacy.methods.clipping import Dpsgd
-
-
-def _global_norm(tensors: list[Tensor]) -> Tensor:
-    return torch.stack([t.square().sum() for t in tensors]).sum().sqrt()
-
-
-class AscentMaterialized(Materialized):
-    """Materialised per-sample gradients taken after a per-sample SAM ascent of radius ``lam``."""
-
-    def __init__(self, lam: float) -> None:
-        super().__init__()
-        self.lam = lam
-
-    def per_sample_fn(self, grad_value: PerSampleFn) -> PerSampleFn:
-        def ascended(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> tuple[dict, Tensor]:
-            g, loss = grad_value(p, xi, yi)
-            scale = self.lam / _global_norm(list(g.values())).clamp(
-                min=torch.finfo(loss.dtype).tiny
-            )
-            g_at, _ = grad_value({n: p[n] + scale * g[n] for n in p}, xi, yi)
-            return g_at, loss
-
-        return ascended
-
-
-class Bam(Dpsgd):
-    """Bias-aware minimisation (Knolle Alg. 2): DPSGD clipping of per-sample ascended gradients."""
-
-    def __init__(self, C: float, lam: float, *, name: str = "bam") -> None:
-        super().__init__(C, name=name)
-        self.lam = lam
-
-    def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
-        if kind == "fast":
-            raise ValueError("bam forms per-sample ascended gradients: materialised path only")
-        return AscentMaterialized(self.lam)
+from dpfair.privacy.methods.dpsgd import Dpsgd
+from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
 
 
 class SharedAscent(PerSampleGradients):
@@ -94,7 +60,7 @@ class SharedAscent(PerSampleGradients):
         self.inner.add_weighted_grad(weights, into)
 
     def observe(self, private_grad: list[Tensor]) -> None:
-        norm = _global_norm(private_grad)
+        norm = global_norm(private_grad)
         if torch.isfinite(norm) and norm > 0:
             self.direction = [(self.rho / norm) * g.detach() for g in private_grad]
 
@@ -108,3 +74,18 @@ class DpSat(Dpsgd):
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
         return SharedAscent(make_engine(model, kind), self.rho)
+
+
+@register_method
+class DpSatConfig(MethodSpec):
+    method_class = DpSat
+    name: Literal["dp_sat"] = "dp_sat"
+    C: PositiveFloat = 1.0
+    rho: NonNegativeFloat = 0.086
+
+    def build(self, ctx: BuildContext) -> DpSat:
+        return DpSat(self.C, self.rho)
+
+    @classmethod
+    def example(cls) -> DpSatConfig:
+        return cls(C=0.7)

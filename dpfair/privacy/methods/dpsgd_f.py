@@ -1,15 +1,15 @@
-"""Xu et al. (2021): per-group clip bounds (DPSGD-F, Alg. 2) and the naive reweighting (Alg. 3)."""
+"""DPSGD-F (Xu et al. 2021, Alg. 2): per-group clip bounds set from noisy counts."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import PositiveFloat
 from torch import Tensor
 
-from dpfair.privacy.methods.base import Method, State
-
-
-def _group_counts(mask: Tensor, groups: Tensor, n_groups: int, dtype: torch.dtype) -> Tensor:
-    return torch.bincount(groups[mask], minlength=n_groups)[:n_groups].to(dtype)
+from dpfair.privacy.methods.base import Method, State, group_counts
+from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
 
 
 class DpsgdF(Method):
@@ -46,8 +46,8 @@ class DpsgdF(Method):
         above = norms > self.C0
         return torch.cat(
             [
-                _group_counts(above, groups, self.n_groups, norms.dtype),
-                _group_counts(~above, groups, self.n_groups, norms.dtype),
+                group_counts(above, groups, self.n_groups, norms.dtype),
+                group_counts(~above, groups, self.n_groups, norms.dtype),
             ]
         )
 
@@ -73,42 +73,23 @@ class DpsgdF(Method):
         }
 
 
-class NaiveReweight(Method):
-    """Xu's naive baseline (Alg. 3): ``w_i = theta_k min(1, C0 / |g_i|)``, ``S = C0 max_k theta_k``.
+@register_method
+class DpsgdFConfig(MethodSpec):
+    """``sigma1`` is Xu's count noise; ``None`` is ``10 sigma`` (Xu 6.1.3)."""
 
-    Release (line 5): ``b~_k = b_k + N(0, sigma1^2)``; line 7: ``theta_k = (B / K) / b~_k``.
-    The paper leaves ``b~_k <= 0`` open; we floor and clamp ``b~_k >= 1`` (a count, and
-    ``theta_k`` must stay positive and finite for the sensitivity to hold).
-    """
+    method_class = DpsgdF
+    name: Literal["dpsgd_f"] = "dpsgd_f"
+    C0: PositiveFloat = 1.0
+    sigma1: PositiveFloat | None = None
 
-    releases_before_clipping = True
-
-    def __init__(
-        self,
-        C0: float,
-        sigma1: float,
-        *,
-        n_groups: int,
-        expected_batch_size: float,
-        name: str = "naive_reweight",
-    ) -> None:
-        super().__init__(name, count_sigma=sigma1)
-        self.C0, self.n_groups, self.expected_batch_size = C0, n_groups, expected_batch_size
-        self.theta = torch.ones(n_groups, dtype=torch.float64)
-        self.released = torch.zeros(n_groups, dtype=torch.float64)
-
-    def counts(self, norms: Tensor, groups: Tensor) -> Tensor:
-        return _group_counts(
-            torch.ones_like(groups, dtype=torch.bool), groups, self.n_groups, norms.dtype
+    def build(self, ctx: BuildContext) -> DpsgdF:
+        return DpsgdF(
+            self.C0,
+            ctx.count_sigma(self.sigma1),
+            n_groups=ctx.n_groups,
+            expected_batch_size=ctx.expected_batch_size,
         )
 
-    def update(self, noisy_counts: Tensor) -> None:
-        self.released = noisy_counts.floor().clamp(min=1).to(torch.float64).cpu()
-        self.theta = (self.expected_batch_size / self.n_groups) / self.released
-
-    def _weights(self, norms: Tensor, groups: Tensor) -> tuple[Tensor, float]:
-        theta = self.theta.to(device=norms.device, dtype=norms.dtype)[groups]
-        return theta * (self.C0 / norms).clamp(max=1.0), self.C0 * float(self.theta.max())
-
-    def state(self) -> State:
-        return {"theta_k": self.theta.tolist(), "b_released": self.released.tolist()}
+    @classmethod
+    def example(cls) -> DpsgdFConfig:
+        return cls(C0=0.7)

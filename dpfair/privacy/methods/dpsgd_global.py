@@ -1,0 +1,55 @@
+"""DPSGD-Global (Bu et al.; Esipova Alg. 2 without the red parts): one global scale C0 / Z.
+
+Defaults: Esipova App. B (Adult: ``Z = 50``). DPSGD-Global-Adapt is an adaptive preset
+(:mod:`dpfair.privacy.methods.adaptive_presets`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import PositiveFloat, model_validator
+from torch import Tensor
+
+from dpfair.privacy.methods.base import Method, State
+from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+
+
+def _check(C0: float, Z: float) -> None:
+    if Z < C0:
+        raise ValueError(f"dpsgd_global needs Z >= C0, got Z={Z}, C0={C0}")
+
+
+class DpsgdGlobal(Method):
+    """``w_i = C0 / Z`` if ``|g_i| <= Z`` else 0 (Esipova Alg. 2, gamma_i); ``S = C0``."""
+
+    def __init__(self, C0: float, Z: float, *, name: str = "dpsgd_global") -> None:
+        _check(C0, Z)
+        super().__init__(name)
+        self.C0, self.Z = C0, Z
+
+    def _weights(self, norms: Tensor, groups: Tensor) -> tuple[Tensor, float]:
+        return (norms <= self.Z).to(norms.dtype) * (self.C0 / self.Z), self.C0
+
+    def state(self) -> State:
+        return {"Z": self.Z}
+
+
+@register_method
+class DpsgdGlobalConfig(MethodSpec):
+    method_class = DpsgdGlobal
+    name: Literal["dpsgd_global"] = "dpsgd_global"
+    C0: PositiveFloat = 1.0
+    Z: PositiveFloat = 50.0
+
+    @model_validator(mode="after")
+    def _z_bounds_c0(self) -> DpsgdGlobalConfig:
+        _check(self.C0, self.Z)
+        return self
+
+    def build(self, ctx: BuildContext) -> DpsgdGlobal:
+        return DpsgdGlobal(self.C0, self.Z)
+
+    @classmethod
+    def example(cls) -> DpsgdGlobalConfig:
+        return cls(C0=0.7, Z=1.5)

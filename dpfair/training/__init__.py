@@ -1,0 +1,34 @@
+"""Training: a run's configuration, its plan, the Poisson-sampled loop and evaluation.
+
+``make_plan`` fixes what a run does before anything runs (q, steps, σ, the privacy event and
+its ε); ``train`` runs it. The modules, bottom to top: ``config``, ``evaluation``, ``plan``,
+``result``, ``progress`` (rich, loaded only when a bar is shown), ``loop``.
+"""
+
+from dpfair.training.config import TrainConfig
+from dpfair.training.evaluation import (
+    Predictions,
+    evaluate,
+    flat_metrics,
+    metrics_from_predictions,
+    predict,
+)
+from dpfair.training.loop import poisson_batch, resolve_device, train
+from dpfair.training.plan import RunPlan, make_plan
+from dpfair.training.result import Callback, TrainResult
+
+__all__ = [
+    "Callback",
+    "Predictions",
+    "RunPlan",
+    "TrainConfig",
+    "TrainResult",
+    "evaluate",
+    "flat_metrics",
+    "make_plan",
+    "metrics_from_predictions",
+    "poisson_batch",
+    "predict",
+    "resolve_device",
+    "train",
+]

@@ -1,0 +1,215 @@
+"""The Poisson-sampled training loop and device selection (DESIGN.md sections 2, 4 and 5).
+
+One step: every training example joins the batch independently with probability
+``q = batch_size / n_train`` (so the realised batch size is random and may be 0); the private
+step (:class:`dpfair.privacy.step.PrivateStep`) sets every parameter's ``.grad`` to the
+method's noised, weighted sum divided by the *expected* batch size, and the optimizer steps.
+The optimizer only post-processes the private gradient, so SGD, momentum, weight decay and
+Adam all keep the guarantee. An epoch is ``ceil(n_train / batch_size)`` steps, the count
+:func:`dpfair.privacy.accounting.steps_for_epochs` accounts for (and Opacus runs). q, the
+steps, σ and the run's privacy event are fixed first, by :func:`dpfair.training.make_plan`.
+
+Randomness: the seed is split (numpy ``SeedSequence``) into a model-initialisation seed, used
+with ``torch.manual_seed`` inside ``torch.random.fork_rng`` so the caller's global RNG is left
+alone, and the seed of one ``torch.Generator`` on the training device that draws every batch
+and every noise sample. The same seed gives bit-identical parameters on the same device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpfair.data.dataset import GroupedDataset
+from dpfair.models import build_model
+from dpfair.privacy import accounting
+from dpfair.privacy.methods import Method, build_method
+from dpfair.privacy.step import PrivateStep
+from dpfair.training.config import TrainConfig
+from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
+from dpfair.training.plan import RunPlan, make_plan
+from dpfair.training.progress import progress_bar
+from dpfair.training.result import Callback, TrainResult
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else CPU; asking for absent CUDA is an error."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of a Poisson sample: each of ``n`` examples kept with probability ``sample_rate``
+    (possibly none)."""
+    keep = torch.rand(n, generator=generator, device=generator.device) < sample_rate
+    return keep.nonzero().flatten()
+
+
+def _seeds(seed: int) -> tuple[int, int]:
+    """Independent seeds for model initialisation and for the training generator."""
+    init, run = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    return int(init), int(run)
+
+
+def _init_model(config: TrainConfig, dataset: GroupedDataset, seed: int) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(config.model, dataset.input_shape, dataset.n_classes)
+
+
+def _optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(
+        params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+
+
+def _nanmean(values: list[float]) -> float:
+    """Mean of the finite values (an empty Poisson batch has a NaN loss); NaN if none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def _group_epsilons(epsilon: float, trajectory: list[dict[str, Any]]) -> list[float] | None:
+    """Per-group ε of DPSGD-F (Xu 5.2) from its per-group bounds ``C_k``; None for others."""
+    if not trajectory or "C_k" not in trajectory[0] or not math.isfinite(epsilon):
+        return None
+    return accounting.group_epsilons(epsilon, [entry["C_k"] for entry in trajectory])
+
+
+def train(
+    config: TrainConfig, dataset: GroupedDataset, callbacks: Sequence[Callback] = ()
+) -> TrainResult:
+    """Train ``config.model`` on ``dataset.train`` with ``config.method``; evaluate on test
+    every ``eval_every`` epochs and after the last step; call ``callbacks`` along the way."""
+    started = time.perf_counter()
+    if len(dataset.train) == 0 or len(dataset.test) == 0:
+        raise ValueError(f"dataset {dataset.name!r} has an empty training or test split")
+    plan = make_plan(config, len(dataset.train), dataset.n_groups)
+    device = resolve_device(config.device)
+    init_seed, run_seed = _seeds(config.seed)
+    method = build_method(
+        config.method, n_groups=dataset.n_groups, sigma=plan.sigma,
+        expected_batch_size=float(config.batch_size),
+    )
+    model = _init_model(config, dataset, init_seed).to(device)
+    optimizer = _optimizer(config, model)
+    step = PrivateStep(
+        model, method, sigma=plan.sigma, expected_batch_size=float(config.batch_size),
+        engine=config.engine,
+    )
+    generator = torch.Generator(device=device)
+    generator.manual_seed(run_seed)
+    data = dataset.train
+    x, y, g = data.x.to(device), data.y.to(device), data.g.to(device)
+    log = _Log()
+    n_epochs = math.ceil(plan.steps / plan.steps_per_epoch)
+    model.train()
+    with progress_bar(config.progress, f"{method.name} on {dataset.name}", plan.steps) as bar:
+        for t in range(1, plan.steps + 1):
+            idx = poisson_batch(plan.n_train, plan.sample_rate, generator)
+            optimizer.zero_grad(set_to_none=True)
+            info = step(x[idx], y[idx], g[idx], generator)
+            optimizer.step()
+            log.step(t, info.state, info.nonprivate_batch_loss)
+            bar.advance()
+            if t % plan.steps_per_epoch and t != plan.steps:
+                continue
+            epoch = math.ceil(t / plan.steps_per_epoch)
+            log.epoch(epoch, t, config.nonprivate_stats)
+            if epoch % config.eval_every == 0 or epoch == n_epochs:
+                entry = log.evaluate(model, dataset, epoch, t, config.eval_batch_size)
+                bar.status(f"epoch {epoch}: test acc {entry['test']['accuracy']:.3f}")
+                for cb in callbacks:
+                    cb.on_epoch_end(epoch, entry)
+    result = _result(config, dataset, plan, method, model, log, started)
+    for cb in callbacks:
+        cb.on_train_end(result)
+    return result
+
+
+@dataclass
+class _Log:
+    """What the loop records: history, clip trajectory, non-private stats, last test outputs."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    clip_trajectory: list[dict[str, Any]] = field(default_factory=list)
+    nonprivate_stats: list[dict[str, Any]] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    test_predictions: Predictions | None = None
+
+    def step(self, t: int, state: dict[str, Any], batch_loss: float) -> None:
+        if state:
+            self.clip_trajectory.append({"step": t, **state})
+        self.epoch_losses.append(batch_loss)
+
+    def epoch(self, epoch: int, t: int, keep_nonprivate: bool) -> None:
+        if keep_nonprivate:
+            loss = _nanmean(self.epoch_losses)
+            self.nonprivate_stats.append({"epoch": epoch, "step": t, "train_loss": loss})
+        self.epoch_losses = []
+
+    def evaluate(
+        self, model: nn.Module, dataset: GroupedDataset, epoch: int, t: int, batch_size: int
+    ) -> dict[str, Any]:
+        self.test_predictions = predict(model, dataset.test, batch_size)
+        test = metrics_from_predictions(self.test_predictions, dataset.n_classes, dataset.n_groups)
+        self.history.append({"epoch": epoch, "step": t, "test": test})
+        return self.history[-1]
+
+
+def _result(
+    config: TrainConfig,
+    dataset: GroupedDataset,
+    plan: RunPlan,
+    method: Method,
+    model: nn.Module,
+    log: _Log,
+    started: float,
+) -> TrainResult:
+    """Assemble the result after the last step (whose epoch is always evaluated)."""
+    val_pred = predict(model, dataset.val, config.eval_batch_size)
+    val_metrics = None
+    if len(dataset.val):
+        val_metrics = metrics_from_predictions(val_pred, dataset.n_classes, dataset.n_groups)
+    assert log.test_predictions is not None
+    return TrainResult(
+        config=config,
+        model_state={k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        input_shape=dataset.input_shape,
+        n_classes=dataset.n_classes,
+        n_groups=dataset.n_groups,
+        history=log.history,
+        test_metrics=log.history[-1]["test"],
+        val_metrics=val_metrics,
+        test_predictions=log.test_predictions,
+        val_predictions=val_pred,
+        method=method.name,
+        privacy_guarantee=plan.privacy_guarantee,
+        sigma=plan.sigma,
+        count_sigma=method.count_sigma,
+        sample_rate=plan.sample_rate,
+        n_train=plan.n_train,
+        steps=plan.steps,
+        steps_per_epoch=plan.steps_per_epoch,
+        event=plan.event,
+        epsilon=plan.epsilon,
+        delta=plan.delta,
+        group_epsilons=_group_epsilons(plan.epsilon, log.clip_trajectory),
+        clip_trajectory=log.clip_trajectory,
+        nonprivate_stats=log.nonprivate_stats,
+        wall_time_s=time.perf_counter() - started,
+        device=str(next(model.parameters()).device),
+    )

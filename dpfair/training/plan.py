@@ -1,0 +1,108 @@
+"""What one run does, fixed before any data is touched (STYLE.md section 3).
+
+:func:`make_plan` derives from a :class:`TrainConfig` and the training set's size the sample
+rate ``q = batch_size / n_train``, the step count ``T`` (``steps``, or ``epochs * ceil(n / B)``,
+:func:`~dpfair.privacy.accounting.steps_for_epochs`), the noise multiplier σ (given, or the
+smallest reaching ``target_epsilon``), the method's one-step event at σ and the run event
+``SelfComposed(PoissonSampled(q, step), T)`` (:func:`~dpfair.privacy.accounting.run_event`).
+It builds no model and reads no data, so tuning and tracking report ``plan.event``: what was
+planned is what is accounted.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from dp_accounting import dp_event
+
+from dpfair.errors import ConfigError
+from dpfair.privacy import accounting
+from dpfair.privacy.methods import MethodSpec, PrivacyGuarantee, build_method
+from dpfair.training.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's privacy-relevant numbers: ``epsilon`` is ``event``'s at ``delta``; a
+    non-private run has σ = 0 and ``event = NonPrivateDpEvent()`` (ε = ∞)."""
+
+    n_train: int
+    sample_rate: float
+    steps_per_epoch: int
+    steps: int
+    sigma: float
+    method: MethodSpec
+    step_event: dp_event.DpEvent
+    event: dp_event.DpEvent
+    privacy_guarantee: PrivacyGuarantee
+    epsilon: float
+    delta: float
+
+
+def _step_event(
+    method: MethodSpec, n_groups: int, expected_batch_size: float, sigma: float
+) -> dp_event.DpEvent:
+    built = build_method(
+        method, n_groups=n_groups, sigma=sigma, expected_batch_size=expected_batch_size
+    )
+    return built.step_event(sigma)
+
+
+@functools.lru_cache(maxsize=1024)
+def _calibrated_sigma(
+    method: MethodSpec,
+    n_groups: int,
+    expected_batch_size: float,
+    target_epsilon: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+) -> float:
+    """The smallest σ whose run event reaches ``target_epsilon`` (cached: a search plans many
+    runs of one configuration)."""
+
+    def make_event(sigma: float) -> dp_event.DpEvent:
+        step = _step_event(method, n_groups, expected_batch_size, sigma)
+        return accounting.run_event(step, sample_rate, steps)
+
+    return accounting.noise_for_epsilon(target_epsilon, make_event, delta)
+
+
+def make_plan(config: TrainConfig, n_train: int, n_groups: int) -> RunPlan:
+    """The plan of ``train(config, dataset)`` for a training split of ``n_train`` examples in
+    ``n_groups`` groups (module docstring); raises before anything runs."""
+    if n_train <= 0:
+        raise ConfigError(f"the training split is empty (n_train={n_train})")
+    if config.batch_size > n_train:
+        raise ConfigError(
+            f"batch_size {config.batch_size} exceeds the {n_train} training examples "
+            "(sample rate would be > 1)"
+        )
+    q = config.batch_size / n_train
+    per_epoch = accounting.steps_for_epochs(1, n_train, config.batch_size)
+    steps = config.steps if config.steps is not None else config.epochs * per_epoch
+    expected = float(config.batch_size)
+    if not config.method.is_private:
+        sigma = 0.0
+    elif config.sigma is not None:
+        sigma = config.sigma
+    else:
+        sigma = _calibrated_sigma(
+            config.method, n_groups, expected, config.target_epsilon, q, steps, config.delta
+        )
+    step = _step_event(config.method, n_groups, expected, sigma)
+    event = accounting.run_event(step, q, steps)
+    return RunPlan(
+        n_train=n_train,
+        sample_rate=q,
+        steps_per_epoch=per_epoch,
+        steps=steps,
+        sigma=sigma,
+        method=config.method,
+        step_event=step,
+        event=event,
+        privacy_guarantee=config.method.privacy_guarantee,
+        epsilon=accounting.epsilon(event, config.delta),
+        delta=config.delta,
+    )

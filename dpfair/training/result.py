@@ -1,0 +1,70 @@
+"""What a training run produced (:class:`TrainResult`) and the hooks that watch it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from dp_accounting import dp_event
+from torch import nn
+
+from dpfair.models import build_model
+from dpfair.privacy.methods import PrivacyGuarantee
+from dpfair.training.config import TrainConfig
+from dpfair.training.evaluation import Predictions
+
+
+@dataclass
+class TrainResult:
+    """Everything a run produced; ``model_state`` is on the CPU.
+
+    Private: the model, ``clip_trajectory`` (clip bounds are computed from noisy releases) and
+    test metrics/predictions (the test split is not the training data). ``nonprivate_stats``
+    (training-batch loss, computed from the raw batch) is *not* private; it is only recorded
+    when ``TrainConfig.nonprivate_stats`` is set. ``event`` is the planned run event
+    (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``.
+    """
+
+    config: TrainConfig
+    model_state: dict[str, torch.Tensor]
+    input_shape: tuple[int, ...]
+    n_classes: int
+    n_groups: int
+    history: list[dict[str, Any]]
+    test_metrics: dict[str, Any]
+    val_metrics: dict[str, Any] | None
+    test_predictions: Predictions
+    val_predictions: Predictions
+    method: str
+    privacy_guarantee: PrivacyGuarantee
+    sigma: float
+    count_sigma: float | None
+    sample_rate: float
+    n_train: int
+    steps: int
+    steps_per_epoch: int
+    event: dp_event.DpEvent
+    epsilon: float
+    delta: float
+    group_epsilons: list[float] | None
+    clip_trajectory: list[dict[str, Any]]
+    nonprivate_stats: list[dict[str, Any]]
+    wall_time_s: float
+    device: str
+
+    def load_model(self) -> nn.Module:
+        """A fresh CPU model holding the trained parameters."""
+        model = build_model(self.config.model, self.input_shape, self.n_classes)
+        model.load_state_dict(self.model_state)
+        return model
+
+
+class Callback(Protocol):
+    """Hooks called by :func:`dpfair.training.train` (e.g. MLflow logging)."""
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, Any]) -> None:
+        """After each evaluated epoch, with its history entry (epoch, step, test metrics)."""
+
+    def on_train_end(self, result: TrainResult) -> None:
+        """Once, with the finished result."""
