@@ -257,10 +257,10 @@ def train_and_log(
              parent_run_id=parent_run_id, tags=tags) as run_id:
         log_params(tracking, run_id, config.model_dump(mode="json"))
         result = train(config, dataset, callbacks=[_EpochLogger(tracking, run_id, dataset)])
-        event = accounting.run_event(result.sample_rate, result.sigma, result.steps,
-                                     result.count_sigma) if result.sigma > 0 else None
+        event = result.event
+        private = not isinstance(event, dp_event.NonPrivateDpEvent)
         eps_tuning = result.epsilon
-        if tuned is not None and tuned.search_event_json and event is not None:
+        if tuned is not None and tuned.search_event_json and private:
             search = accounting.event_from_json(tuned.search_event_json)
             eps_tuning = accounting.epsilon(dp_event.ComposedDpEvent([search, event]),
                                             result.delta)
@@ -277,7 +277,7 @@ def train_and_log(
         log_metrics(tracking, run_id, metrics)
         set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
                                     "dpfair.device": result.device})
-        if event is not None:
+        if private:
             log_text(tracking, run_id, accounting.event_to_json(event), "dp_event.json")
         trajectory = _trajectory(result)
         if trajectory:

@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["combine_run_events", "planned_run_event", "result_event", "search_event"]
 
 
-def search_event(cfg: TuningConfig, run: dp_event.DpEvent | None) -> dp_event.DpEvent | None:
-    """The event of the whole search given the per-run training event (None: no guarantee)."""
-    if run is None or cfg.mode == "grid":
+def search_event(cfg: TuningConfig, run: dp_event.DpEvent) -> dp_event.DpEvent | None:
+    """The event of the whole search given the per-run training event; None when the search
+    has no guarantee (grid mode, or non-private runs)."""
+    if isinstance(run, dp_event.NonPrivateDpEvent) or cfg.mode == "grid":
         return None
     per_run = run
     if cfg.score_privacy == "noisy":
@@ -47,59 +48,25 @@ def search_event(cfg: TuningConfig, run: dp_event.DpEvent | None) -> dp_event.Dp
     return dp_event.RepeatAndSelectDpEvent(per_run, float(cfg.mu), shape)
 
 
-def planned_run_event(config: TrainConfig, dataset: GroupedDataset) -> dp_event.DpEvent | None:
-    """The training event of ``dpfair.training.train(config, dataset)``, before training.
-
-    q = batch_size / n_train, T = steps or epochs·ceil(n/B), σ given or calibrated to
-    ``target_epsilon``, σ_count from the method (:func:`dpfair.privacy.methods.build_method`).
-    ``nonprivate`` → None.
+def planned_run_event(config: TrainConfig, dataset: GroupedDataset) -> dp_event.DpEvent:
+    """The training event of ``dpfair.training.train(config, dataset)``, before training: its
+    :func:`dpfair.training.make_plan` event, in the reduced form the ledger holds
+    (:func:`dpfair.privacy.accounting.reduced`; studies stored before keep their fingerprints).
     """
-    from dpfair.privacy.methods import build_method
+    from dpfair.training import make_plan
 
-    if config.method.name == "nonprivate":
-        return None
-    n = len(dataset.train)
-    batch = config.batch_size
-    q = batch / n
-    steps = config.steps if config.steps is not None else config.epochs * math.ceil(n / batch)
-
-    def count_sigma(s: float) -> float | None:
-        method = build_method(
-            config.method, n_groups=dataset.n_groups, sigma=s, expected_batch_size=float(batch)
-        )
-        return method.count_sigma
-
-    sigma = config.sigma
-    if sigma is None:
-        ratio = count_sigma(1.0)
-        sigma = _calibrate(config.target_epsilon, q, steps, config.delta, ratio)
-    return accounting.run_event(q, sigma, steps, count_sigma(sigma))
+    return accounting.reduced(make_plan(config, len(dataset.train), dataset.n_groups).event)
 
 
-_CALIBRATION_CACHE: dict[tuple[float, float, int, float, float | None], float] = {}
+def result_event(result: RunOutcome) -> dp_event.DpEvent:
+    """The training event a finished run reports (``result.event``), in the reduced form."""
+    return accounting.reduced(result.event)
 
 
-def _calibrate(target: float, q: float, steps: int, delta: float, ratio: float | None) -> float:
-    key = (target, q, steps, delta, ratio)
-    if key not in _CALIBRATION_CACHE:
-        _CALIBRATION_CACHE[key] = accounting.noise_for_epsilon(target, q, steps, delta, ratio)
-    return _CALIBRATION_CACHE[key]
-
-
-def result_event(result: RunOutcome) -> dp_event.DpEvent | None:
-    """The training event a finished run reports: ``result.event`` if it has one, else built
-    from a :class:`dpfair.training.TrainResult`'s sample_rate, sigma, steps, count_sigma."""
-    if hasattr(result, "event"):
-        return result.event
-    if getattr(result, "method", None) == "nonprivate" or not getattr(result, "sigma", 0):
-        return None
-    return accounting.run_event(result.sample_rate, result.sigma, result.steps, result.count_sigma)
-
-
-def combine_run_events(events: Sequence[dp_event.DpEvent | None]) -> dp_event.DpEvent | None:
-    """One per-run event covering every configuration's (module doc); None if any is None."""
-    if any(e is None for e in events):
-        return None
+def combine_run_events(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
+    """One per-run event covering every configuration's (module doc); non-private if any is."""
+    if any(isinstance(e, dp_event.NonPrivateDpEvent) for e in events):
+        return dp_event.NonPrivateDpEvent()
     distinct: dict[str, dp_event.DpEvent] = {}
     for e in events:
         distinct.setdefault(accounting.event_to_json(e), e)

@@ -73,7 +73,7 @@ class TuningJob:
     storage_desc: str
     k: int = 0
     run_event_json: str | None = None
-    planned: dict[str, str | None] = field(default_factory=dict)  # params json -> event json
+    planned: dict[str, str] = field(default_factory=dict)  # params json -> event json
     search_event_json: str | None = None
     epsilon_training: float = math.inf
     epsilon_search: float = math.inf

@@ -52,7 +52,7 @@ class ReportsEvent(Protocol):
     """A ``train_fn`` result that reports its training event itself (not a TrainResult)."""
 
     @property
-    def event(self) -> DpEvent | None: ...
+    def event(self) -> DpEvent: ...
 
     @property
     def val_predictions(self) -> PredictionsLike: ...
@@ -63,6 +63,6 @@ RunOutcome: TypeAlias = "TrainResult | ReportsEvent"
 #: ``train_fn(config, dataset)``: one training run.
 TrainFn: TypeAlias = "Callable[[RunConfig, DatasetLike], RunOutcome]"
 #: ``event_fn(config, dataset)``: the training event of a run, predicted before it runs.
-EventFn: TypeAlias = "Callable[[RunConfig, DatasetLike], DpEvent | None]"
+EventFn: TypeAlias = "Callable[[RunConfig, DatasetLike], DpEvent]"
 #: ``on_trial(row, result)``: called after each completed run with its ledger row.
 OnTrial: TypeAlias = "Callable[[LedgerRow, RunOutcome], None]"

@@ -260,10 +260,10 @@ def _plan_events(
     train_cfg_base: RunConfig,
     dataset: DatasetLike,
     event_of: EventFn,
-) -> tuple[dict[str, str | None], dp_event.DpEvent | None]:
+) -> tuple[dict[str, str], dp_event.DpEvent]:
     """Every configuration's predicted training event (JSON, by :func:`params_key`; this also
     validates every config) and the per-run event covering them all."""
-    planned: dict[str, str | None] = {}
+    planned: dict[str, str] = {}
     events = []
     for params in grid:
         try:

@@ -51,7 +51,8 @@ def fast_steps(config: dict, n: int) -> int:
 
 def fast_event(config: dict, dataset) -> dp_event.DpEvent:
     n = len(dataset.train.y)
-    return accounting.run_event(config["batch_size"] / n, config["sigma"], fast_steps(config, n))
+    step = dp_event.GaussianDpEvent(config["sigma"])
+    return accounting.run_event(step, config["batch_size"] / n, fast_steps(config, n))
 
 
 def fast_train(config: dict, dataset) -> SimpleNamespace:

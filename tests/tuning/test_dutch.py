@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from dp_accounting import dp_event
 
 from dpfair.data import load_dataset
 from dpfair.privacy import accounting
@@ -54,8 +55,10 @@ def test_private_search_on_dutch(dutch, tmp_path, method, space):
     assert 0.5 < result.best_score <= 1.0 + 5 * cfg.sigma_score / len(dutch.val)
     # epsilon of one training equals the accountant's; the search costs more
     steps = accounting.steps_for_epochs(1, len(dutch.train), 512)
-    count_sigma = 10.0 if method["name"] == "bounded_adaptive" else None
-    event = accounting.run_event(512 / len(dutch.train), 1.0, steps, count_sigma)
+    gradient = dp_event.GaussianDpEvent(1.0)
+    step = (dp_event.ComposedDpEvent([gradient, dp_event.GaussianDpEvent(10.0)])
+            if method["name"] == "bounded_adaptive" else gradient)
+    event = accounting.run_event(step, 512 / len(dutch.train), steps)
     assert result.epsilon_training == pytest.approx(accounting.epsilon(event, 1e-6), rel=1e-9)
     assert math.isfinite(result.epsilon_search)
     assert result.epsilon_search > result.epsilon_training

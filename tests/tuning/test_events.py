@@ -98,7 +98,7 @@ def oracle_poisson(orders, rdp, mu, delta):
 
 def search_eps(q, sigma, steps, sigma_score, mode, eta, mu, delta, orders):
     c = tuning.TuningConfig(mode=mode, eta=eta, mu=mu, sigma_score=sigma_score)
-    event = tuning.search_event(c, accounting.run_event(q, sigma, steps))
+    event = tuning.search_event(c, accounting.run_event(dp_event.GaussianDpEvent(sigma), q, steps))
     return accounting.epsilon(event, delta, orders=orders)
 
 
@@ -127,7 +127,8 @@ def test_default_orders_and_fixed_mode():
     q, sigma, steps, ss, delta = 0.02, 1.0, 500, 8.0, 1e-5
     orders = accounting.DEFAULT_ORDERS
     per_run = dp_event.ComposedDpEvent(
-        [accounting.run_event(q, sigma, steps), accounting.score_release_event(ss)]
+        [accounting.run_event(dp_event.GaussianDpEvent(sigma), q, steps),
+         accounting.score_release_event(ss)]
     )
     rdp = accounting.rdp_curve(per_run, orders)  # plain RDP accountant, no tuning code
     want = oracle_tnb(orders, rdp, 1.0, 10.0, delta)
@@ -135,7 +136,7 @@ def test_default_orders_and_fixed_mode():
         want, rel=1e-6
     )
     c = tuning.TuningConfig(mode="fixed", n_runs=7, sigma_score=ss)
-    ev = tuning.search_event(c, accounting.run_event(q, sigma, steps))
+    ev = tuning.search_event(c, accounting.run_event(dp_event.GaussianDpEvent(sigma), q, steps))
     assert accounting.epsilon(ev, delta) == pytest.approx(oracle_to_eps(orders, 7 * rdp, delta))
     # grid: no guarantee
     assert tuning.search_event(tuning.TuningConfig(mode="grid"), per_run) is None
@@ -156,3 +157,23 @@ def test_varying_batch_size_uses_max_of_events(tmp_path):
     a, b = (fast_event({**BASE, "batch_size": bs}, ds) for bs in (20, 80))
     want = np.maximum(accounting.rdp_curve(a), accounting.rdp_curve(b))
     assert np.allclose(accounting.rdp_curve(run), want)
+
+
+def test_a_nonprivate_run_gives_a_nonprivate_search_with_no_guarantee():
+    from dpfair.data import load_dataset
+    from dpfair.training import TrainConfig
+    from dpfair.tuning import events
+
+    data = load_dataset("synthetic")
+    config = TrainConfig(method={"name": "nonprivate"}, model={"name": "logistic_regression"},
+                         epochs=1, batch_size=32)
+    run = tuning.planned_run_event(config, data)
+    assert isinstance(run, dp_event.NonPrivateDpEvent)
+    dpsgd = TrainConfig(method={"name": "dpsgd"}, model={"name": "logistic_regression"},
+                        epochs=1, batch_size=32, sigma=1.0)
+    private = tuning.planned_run_event(dpsgd, data)
+    assert isinstance(private, dp_event.SelfComposedDpEvent)
+    combined = events.combine_run_events([private, run])
+    assert isinstance(combined, dp_event.NonPrivateDpEvent)
+    assert tuning.search_event(tuning.TuningConfig(), combined) is None
+    assert accounting.epsilon(combined, 1e-5) == math.inf
