@@ -4,7 +4,8 @@ Public API::
 
     load_dataset(name, options=None) -> GroupedDataset
     available_datasets() -> list[str]
-    prepare(name, options=None, out_dir="data/prepared") -> dict     # summary
+    prepare(name, options=None, out_dir="data/prepared", *, exact_counts=False) -> dict
+        # the summary: public facts only unless exact_counts (then marked not private)
     load_prepared(path) -> GroupedDataset
     data_version(name, lock_path="dvc.lock") -> str | None
 """

@@ -1,9 +1,10 @@
 """Prepared datasets on disk (the DVC ``prepare`` stage's outputs) and their data version.
 
 ``prepare(name, options, out_dir)`` writes ``<out_dir>/<name>/arrays.npz`` (x/y/g of each split,
-class and group names, meta) and ``<out_dir>/<name>/summary.json`` (row counts per split, class
-and group). Both are written into a temporary directory beside the target which then replaces
-the target by rename: on any error nothing (not even a partial file) is left.
+class and group names, meta) and ``<out_dir>/<name>/summary.json`` (public facts only, see
+``summarize``; the DVC stage records it as a metric). Both are written into a temporary directory
+beside the target which then replaces the target by rename: on any error nothing (not even a
+partial file) is left.
 
 The npz is byte-for-byte deterministic (stored uncompressed, fixed zip timestamps), so the same
 data gives the same md5 on every machine -- the data version DVC records in ``dvc.lock`` and
@@ -15,6 +16,7 @@ gives bit-identical float32 tensors at a quarter of the size.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import uuid
@@ -38,26 +40,47 @@ SPLITS = ("train", "val", "test")
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-def summarize(ds: GroupedDataset) -> dict[str, Any]:
-    """Row counts per split, per class and per group (JSON-ready)."""
+PUBLIC_SUMMARY = "public facts only: shape, names, split sizes; no per-class or per-group counts"
+EXACT_COUNTS = "exact counts: not private (opt-in)"
 
-    def counts(t: torch.Tensor, names: list[str]) -> dict[str, int]:
-        c = torch.bincount(t, minlength=len(names)).tolist() if len(t) else [0] * len(names)
-        return {name: int(n) for name, n in zip(names, c, strict=True)}
 
+def summarize(ds: GroupedDataset, *, exact_counts: bool = False) -> dict[str, Any]:
+    """What may be published about ``ds`` (JSON-ready): by default public facts only.
+
+    Public: the dataset name, input shape, number of features (flattened input size),
+    ``n_classes``, ``n_groups``, class and group names, and the row count of each split (so the
+    split fractions). The training-set size n is treated as public, as DP-SGD accounting does:
+    the sample rate q = B/n enters the accountant and is reported (Abadi et al. 2016, Sec. 3.1).
+
+    Private: the per-class and per-group counts of every split. On the training split they are
+    the statistics DPSGD-F releases only with Gaussian noise (Xu et al. 2021, Alg. 2, lines
+    5-11: noisy per-group counts); a practitioner's validation and test splits are private data
+    too. They are added (``per_class`` / ``per_group``: split -> name -> rows) only when
+    ``exact_counts`` is True, and the record then says ``"privacy": EXACT_COUNTS``; otherwise
+    it says ``PUBLIC_SUMMARY``.
+    """
     splits = ds.splits()
-    return {
+    summary: dict[str, Any] = {
         "dataset": ds.name,
         "input_shape": list(ds.input_shape),
+        "n_features": math.prod(ds.input_shape),
         "n_classes": ds.n_classes,
         "n_groups": ds.n_groups,
         "rows": {**{k: len(s) for k, s in splits.items()},
                  "total": sum(len(s) for s in splits.values())},
-        "per_class": {k: counts(s.y, ds.class_names) for k, s in splits.items()},
-        "per_group": {k: counts(s.g, ds.group_names) for k, s in splits.items()},
         "class_names": list(ds.class_names),
         "group_names": list(ds.group_names),
+        "privacy": EXACT_COUNTS if exact_counts else PUBLIC_SUMMARY,
     }
+    if exact_counts:
+        summary["per_class"] = {k: _counts(s.y, ds.class_names) for k, s in splits.items()}
+        summary["per_group"] = {k: _counts(s.g, ds.group_names) for k, s in splits.items()}
+    return summary
+
+
+def _counts(t: torch.Tensor, names: list[str]) -> dict[str, int]:
+    c = torch.bincount(t, minlength=len(names)).tolist() if len(t) else [0] * len(names)
+    return {name: int(n) for name, n in zip(names, c, strict=True)}
 
 
 def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -105,12 +128,14 @@ def _arrays(ds: GroupedDataset) -> dict[str, np.ndarray]:
     return out
 
 
-def write_prepared(ds: GroupedDataset, out_dir: str | Path) -> dict[str, Any]:
-    """Write ``ds`` to ``<out_dir>/<ds.name>/`` atomically; return its summary."""
+def write_prepared(
+    ds: GroupedDataset, out_dir: str | Path, *, exact_counts: bool = False
+) -> dict[str, Any]:
+    """Write ``ds`` to ``<out_dir>/<ds.name>/`` atomically; return its summary (``summarize``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / ds.name
-    summary = summarize(ds)
+    summary = summarize(ds, exact_counts=exact_counts)
     tmp = out_dir / f".{ds.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()  # mode from the umask, unlike mkdtemp's 0700
     try:
@@ -143,9 +168,15 @@ def prepare(
     name: str,
     options: Mapping[str, Any] | BaseModel | None = None,
     out_dir: str | Path = "data/prepared",
+    *,
+    exact_counts: bool = False,
 ) -> dict[str, Any]:
-    """Load dataset ``name`` with ``options`` and write it under ``<out_dir>/<name>/``."""
-    return write_prepared(load_dataset(name, options), out_dir)
+    """Load dataset ``name`` with ``options`` and write it under ``<out_dir>/<name>/``.
+
+    Returns the summary written to ``summary.json``: public facts only unless ``exact_counts``
+    (then also the exact per-class / per-group counts, marked not private; see ``summarize``).
+    """
+    return write_prepared(load_dataset(name, options), out_dir, exact_counts=exact_counts)
 
 
 def load_prepared(path: str | Path) -> GroupedDataset:

@@ -7,6 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from dpfair.cli import app
+from dpfair.data import load_dataset, summarize
 
 runner = CliRunner()
 
@@ -28,7 +29,12 @@ def test_data_prepare_prints_summary(tmp_path):
     summary = json.loads((tmp_path / "synthetic" / "summary.json").read_text())
     assert summary["rows"]["total"] == 400
     assert "train" in result.output and f"{summary['rows']['train']:,}" in result.output
-    assert "minority" in result.output
+    assert "minority" in result.output  # group names are public
+    assert "per_group" not in summary and "per_class" not in summary
+    exact = summarize(load_dataset("synthetic", {"n": 400}), exact_counts=True)
+    for split in ("train", "val", "test"):  # no exact count is printed
+        for name, n in (*exact["per_group"][split].items(), *exact["per_class"][split].items()):
+            assert f"{name}: {n:,}" not in result.output
 
 
 def test_bad_params_exit_2_without_traceback(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from dpfair.data import data_version
+from dpfair.data.prepared import PUBLIC_SUMMARY
 from dpfair.data.sources import md5sum
 
 FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".dvc/config")
@@ -36,13 +37,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _dvc(cwd: Path, *args: str) -> str:
+def _dvc(cwd: Path, *args: str, quiet: bool = False) -> str:
+    """dvc's output (stdout and stderr; stdout only when ``quiet``); fails on an error."""
     proc = subprocess.run(
         [sys.executable, "-m", "dvc", *args], cwd=cwd, env=_env(),
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout + proc.stderr
+    return proc.stdout if quiet else proc.stdout + proc.stderr
 
 
 @pytest.fixture
@@ -75,6 +77,15 @@ def test_repro_adult_dutch_then_noop(workspace):
         summary = json.loads((arrays.parent / "summary.json").read_text())
         assert summary["rows"]["total"] == total
     assert data_version("mnist", lock) is None  # not reproduced
+
+    # the summaries are DVC metrics: public facts only, no exact per-group / per-class counts
+    shown = _dvc(workspace, "metrics", "show", "--json", quiet=True)
+    files = json.loads(shown)[""]["data"]  # "": the workspace (no git revisions)
+    for name in ("adult", "dutch"):
+        assert files[f"data/prepared/{name}/summary.json"]["data"]["privacy"] == PUBLIC_SUMMARY
+    assert "per_group" not in shown and "per_class" not in shown
+    table = _dvc(workspace, "metrics", "show")
+    assert "rows.train" in table and "per_group" not in table and "per_class" not in table
 
     out = _dvc(workspace, "repro", "prepare@adult", "prepare@dutch")
     assert "Stage 'prepare@adult' didn't change, skipping" in out

@@ -9,29 +9,76 @@ import pytest
 import torch
 import yaml
 
-from dpfair.data import DataError, data_version, load_dataset, load_prepared, prepare
+from dpfair.data import (
+    DataError,
+    data_version,
+    load_dataset,
+    load_prepared,
+    prepare,
+    summarize,
+)
 from dpfair.data import prepared as prepare_mod
+from dpfair.data.prepared import EXACT_COUNTS, PUBLIC_SUMMARY
 from dpfair.data.sources import md5sum
 from dpfair.errors import ConfigError
 
 SMALL = {"n": 300, "n_features": 3}
+PUBLIC_KEYS = ("dataset", "input_shape", "n_features", "n_classes", "n_groups", "rows",
+               "class_names", "group_names", "privacy")
 
 
-def test_prepare_writes_arrays_and_summary(tmp_path):
+def test_prepare_writes_arrays_and_public_summary(tmp_path):
     summary = prepare("synthetic", SMALL, tmp_path)
     out = tmp_path / "synthetic"
     assert sorted(p.name for p in out.iterdir()) == ["arrays.npz", "summary.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["synthetic"]  # no temp dirs left
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == summary
-    assert summary["rows"] == {"train": 216, "val": 24, "test": 60, "total": 300}
-    assert summary["input_shape"] == [3]
+    assert summary == {
+        "dataset": "synthetic",
+        "input_shape": [3],
+        "n_features": 3,
+        "n_classes": 2,
+        "n_groups": 2,
+        "rows": {"train": 216, "val": 24, "test": 60, "total": 300},
+        "class_names": ["0", "1"],
+        "group_names": ["majority", "minority"],
+        "privacy": PUBLIC_SUMMARY,
+    }
+    assert "no per-class or per-group counts" in summary["privacy"]
+
+
+def test_public_summary_of_images():
+    ds = load_dataset("digits")
+    summary = summarize(ds)
+    assert summary["input_shape"] == [1, 8, 8] and summary["n_features"] == 64
+    assert summary["class_names"] == ds.class_names and summary["n_classes"] == 10
+    assert summary["group_names"] == ds.group_names
+    assert sorted(summary) == sorted(PUBLIC_KEYS)  # nothing beyond the public facts
+    assert summary["rows"]["train"] == len(ds.train)
+
+
+def test_exact_counts_are_opt_in_and_marked_not_private(tmp_path):
+    summary = prepare("synthetic", SMALL, tmp_path, exact_counts=True)
+    assert json.loads((tmp_path / "synthetic" / "summary.json").read_text()) == summary
+    assert summary["privacy"] == EXACT_COUNTS == "exact counts: not private (opt-in)"
     ds = load_dataset("synthetic", SMALL)
+    assert sorted(summary) == sorted((*PUBLIC_KEYS, "per_class", "per_group"))
+    assert {k: v for k, v in summary.items() if k in PUBLIC_KEYS} == {
+        **summarize(ds), "privacy": EXACT_COUNTS
+    }
     for split, s in ds.splits().items():
         assert summary["per_class"][split] == {
             "0": int((s.y == 0).sum()), "1": int((s.y == 1).sum())
         }
-        assert summary["per_group"][split]["minority"] == int(s.g.sum())
+        assert summary["per_group"][split] == {
+            "majority": int((s.g == 0).sum()), "minority": int(s.g.sum())
+        }
+    # the arrays do not depend on what the summary holds
+    prepare("synthetic", SMALL, tmp_path / "public")
+    assert md5sum(tmp_path / "public" / "synthetic" / "arrays.npz") == md5sum(
+        tmp_path / "synthetic" / "arrays.npz"
+    )
 
 
 def test_load_prepared_roundtrip(tmp_path):
