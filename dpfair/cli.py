@@ -93,28 +93,38 @@ def resolve_params(path: Path | None) -> Params:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    """Rows per split with the per-class and per-group counts."""
-    table = Table(title=f"{summary['dataset']}  (input shape {tuple(summary['input_shape'])})")
+    """Rows per split; per-class / per-group counts only when the summary holds them (opt-in)."""
+    exact = "per_class" in summary and "per_group" in summary
+    table = Table(
+        title=f"{summary['dataset']}  (input shape {tuple(summary['input_shape'])}, "
+        f"{summary['n_features']:,} features)",
+    )
     table.add_column("split")
     table.add_column("rows", justify="right")
-    table.add_column("per class")
-    table.add_column("per group")
+    if exact:
+        table.add_column("per class")
+        table.add_column("per group")
     for split in ("train", "val", "test"):
-        table.add_row(
-            split,
-            f"{summary['rows'][split]:,}",
-            ", ".join(f"{k}: {v:,}" for k, v in summary["per_class"][split].items()),
-            ", ".join(f"{k}: {v:,}" for k, v in summary["per_group"][split].items()),
-        )
-    table.add_row("total", f"{summary['rows']['total']:,}", "", "", style="bold")
+        counts = [
+            ", ".join(f"{k}: {v:,}" for k, v in summary[key][split].items())
+            for key in ("per_class", "per_group")
+        ] if exact else []
+        table.add_row(split, f"{summary['rows'][split]:,}", *counts)
+    table.add_row("total", f"{summary['rows']['total']:,}", *[""] * (2 if exact else 0),
+                  style="bold")
     return table
 
 
-def prepare_and_show(name: str, params: Params, out: Path) -> dict[str, Any]:
+def prepare_and_show(
+    name: str, params: Params, out: Path, *, exact_counts: bool = False
+) -> dict[str, Any]:
     from dpfair.data.prepared import prepare
 
-    summary = prepare(name, params.dataset(name), out)
+    summary = prepare(name, params.dataset(name), out, exact_counts=exact_counts)
     console.print(summary_table(summary))
+    console.print(f"classes: {', '.join(summary['class_names'])}")
+    console.print(f"groups: {', '.join(summary['group_names'])}")
+    console.print(f"summary.json: {summary['privacy']}")
     console.print(f"written to {out / name}")
     return summary
 
@@ -142,9 +152,17 @@ def data_prepare(
     out: Annotated[Path, typer.Option("--out", "-o", help="output root")] = Path(
         "data/prepared"
     ),
+    exact_counts: Annotated[
+        bool,
+        typer.Option(
+            "--exact-counts",
+            help="also write and print exact per-class and per-group counts of every split "
+            "(NOT private: the summary is marked so)",
+        ),
+    ] = False,
 ) -> None:
     """Preprocess dataset NAME with its options from params.yaml and write it under OUT/NAME."""
-    prepare_and_show(name, resolve_params(params), out)
+    prepare_and_show(name, resolve_params(params), out, exact_counts=exact_counts)
 
 
 MethodOption = Annotated[

@@ -87,3 +87,14 @@ def test_tune_over_budget_is_a_clean_error_before_any_run(tmp_path, monkeypatch)
     assert "tuning error:" in result.output and "over the budget 0.01" in result.output
     assert "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_data_prepare_exact_counts_is_an_explicit_opt_in_marked_not_private(tmp_path):
+    out = runner.invoke(
+        app, ["data", "prepare", "digits", "--exact-counts", "--out", str(tmp_path)]
+    )
+    assert out.exit_code == 0, out.output
+    assert "not private" in out.output
+    summary = json.loads((tmp_path / "digits" / "summary.json").read_text())
+    assert summary["privacy"].startswith("exact counts: not private")
+    assert sum(summary["per_group"]["train"].values()) == summary["rows"]["train"]
