@@ -15,9 +15,10 @@ from dpfair.training.evaluation import (
 )
 from dpfair.training.loop import poisson_batch, resolve_device, train
 from dpfair.training.plan import RunPlan, make_plan
-from dpfair.training.result import Callback, TrainResult
+from dpfair.training.result import REPLAYABLE_NOISE, Callback, TrainResult
 
 __all__ = [
+    "REPLAYABLE_NOISE",
     "Callback",
     "Predictions",
     "RunPlan",

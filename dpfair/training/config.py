@@ -14,6 +14,11 @@ class TrainConfig(BaseModel):
     """One training run. Give exactly one of ``epochs``/``steps``; a private method needs
     exactly one of ``sigma`` (noise multiplier) and ``target_epsilon`` (σ is then the smallest
     reaching it at ``delta``). ``nonprivate`` ignores both and reports σ = 0, ε = ∞.
+
+    Randomness (DESIGN.md section 5, "Secret randomness"): ``seed`` fixes the initialisation;
+    Poisson batches, gradient noise and count noise come from OS entropy unless
+    ``reproducible`` (then from ``seed``, and the run is labelled
+    :data:`dpfair.training.REPLAYABLE_NOISE`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -30,7 +35,18 @@ class TrainConfig(BaseModel):
     sigma: float | None = Field(None, ge=0.0, description="noise multiplier")
     target_epsilon: PositiveFloat | None = None
     delta: float = Field(1e-6, gt=0.0, lt=1.0)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(
+        0,
+        ge=0,
+        description="fixes model initialisation (a public choice); the batches and the "
+        "noise are drawn from it only when reproducible",
+    )
+    reproducible: bool = Field(
+        False,
+        description="draw batches and noise from seed (research, tests): anyone who knows the "
+        "seed can replay the noise, so ε does not protect the release; by default they come "
+        "from OS entropy that is never stored",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     engine: Literal["auto", "fast", "materialized"] = "auto"
     eval_every: PositiveInt = Field(1, description="evaluate on the test split every N epochs")

@@ -9,15 +9,22 @@ Adam all keep the guarantee. An epoch is ``ceil(n_train / batch_size)`` steps, t
 :func:`dpfair.privacy.accounting.steps_for_epochs` accounts for (and Opacus runs). q, the
 steps, σ and the run's privacy event are fixed first, by :func:`dpfair.training.make_plan`.
 
-Randomness: the seed is split (numpy ``SeedSequence``) into a model-initialisation seed, used
-with ``torch.manual_seed`` inside ``torch.random.fork_rng`` so the caller's global RNG is left
-alone, and the seed of one ``torch.Generator`` on the training device that draws every batch
-and every noise sample. The same seed gives bit-identical parameters on the same device.
+Randomness (DESIGN.md section 5, "Secret randomness"): the seed is split (numpy
+``SeedSequence``) into a model-initialisation seed, used with ``torch.manual_seed`` inside
+``torch.random.fork_rng`` so the caller's global RNG is left alone, and a run seed. One
+``torch.Generator`` on the training device draws every batch and every noise sample (gradient
+and count noise). By default it is reseeded before every step from OS entropy
+(:func:`secrets.randbits`) that is kept nowhere, so nothing a run logs or returns replays its
+noise; a fresh seed per step because torch's CPU generator keeps only 32 bits of a seed.
+With ``TrainConfig.reproducible`` it is seeded once with the run seed: the same seed gives
+bit-identical parameters on the same device, and the noise is replayable
+(:data:`~dpfair.training.result.REPLAYABLE_NOISE`). The initialisation is the seed's in both.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,9 +63,14 @@ def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> tor
 
 
 def _seeds(seed: int) -> tuple[int, int]:
-    """Independent seeds for model initialisation and for the training generator."""
+    """Independent seeds for model initialisation and for the reproducible training generator."""
     init, run = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
     return int(init), int(run)
+
+
+def _reseed_secretly(generator: torch.Generator) -> None:
+    """Seed ``generator`` from OS entropy; the seed is kept nowhere (module doc)."""
+    generator.manual_seed(secrets.randbits(64))
 
 
 def _init_model(config: TrainConfig, dataset: GroupedDataset, seed: int) -> nn.Module:
@@ -111,7 +123,8 @@ def train(
         engine=config.engine,
     )
     generator = torch.Generator(device=device)
-    generator.manual_seed(run_seed)
+    if config.reproducible:
+        generator.manual_seed(run_seed)
     data = dataset.train
     x, y, g = data.x.to(device), data.y.to(device), data.g.to(device)
     log = _Log()
@@ -119,6 +132,8 @@ def train(
     model.train()
     with progress_bar(config.progress, f"{method.name} on {dataset.name}", plan.steps) as bar:
         for t in range(1, plan.steps + 1):
+            if not config.reproducible:
+                _reseed_secretly(generator)
             idx = poisson_batch(plan.n_train, plan.sample_rate, generator)
             optimizer.zero_grad(set_to_none=True)
             info = step(x[idx], y[idx], g[idx], generator)
@@ -212,4 +227,5 @@ def _result(
         nonprivate_stats=log.nonprivate_stats,
         wall_time_s=time.perf_counter() - started,
         device=str(next(model.parameters()).device),
+        reproducible=plan.reproducible,
     )

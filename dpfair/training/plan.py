@@ -25,7 +25,9 @@ from dpfair.training.config import TrainConfig
 @dataclass(frozen=True)
 class RunPlan:
     """A run's privacy-relevant numbers: ``epsilon`` is ``event``'s at ``delta``; a
-    non-private run has σ = 0 and ``event = NonPrivateDpEvent()`` (ε = ∞)."""
+    non-private run has σ = 0 and ``event = NonPrivateDpEvent()`` (ε = ∞). ``reproducible``:
+    the batches and noise will be drawn from the configured seed, so ``epsilon`` does not
+    protect what the run releases (:data:`dpfair.training.REPLAYABLE_NOISE`)."""
 
     n_train: int
     sample_rate: float
@@ -38,6 +40,7 @@ class RunPlan:
     privacy_guarantee: PrivacyGuarantee
     epsilon: float
     delta: float
+    reproducible: bool
 
 
 def _step_event(
@@ -105,4 +108,5 @@ def make_plan(config: TrainConfig, n_train: int, n_groups: int) -> RunPlan:
         privacy_guarantee=config.method.privacy_guarantee,
         epsilon=accounting.epsilon(event, config.delta),
         delta=config.delta,
+        reproducible=config.reproducible,
     )

@@ -14,6 +14,11 @@ from dpfair.privacy.methods import PrivacyGuarantee
 from dpfair.training.config import TrainConfig
 from dpfair.training.evaluation import Predictions
 
+#: How every output of a ``reproducible`` run (or search) is labelled: its batches and noise
+#: are drawn from the logged seed, so anyone can replay them and tell whether a record was in
+#: the training data (DESIGN.md section 5, "Secret randomness").
+REPLAYABLE_NOISE = "noise replayable from the logged seed: ε does not protect this release"
+
 
 @dataclass
 class TrainResult:
@@ -24,6 +29,10 @@ class TrainResult:
     (training-batch loss, computed from the raw batch) is *not* private; it is only recorded
     when ``TrainConfig.nonprivate_stats`` is set. ``event`` is the planned run event
     (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``.
+
+    No field determines the noise: by default the batches and noise come from OS entropy that
+    is kept nowhere. ``reproducible`` (from the config) says they were drawn from
+    ``config.seed`` instead; label such a result :data:`REPLAYABLE_NOISE`.
     """
 
     config: TrainConfig
@@ -52,6 +61,7 @@ class TrainResult:
     nonprivate_stats: list[dict[str, Any]]
     wall_time_s: float
     device: str
+    reproducible: bool
 
     def load_model(self) -> nn.Module:
         """A fresh CPU model holding the trained parameters."""
