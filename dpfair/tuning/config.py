@@ -29,7 +29,14 @@ Scalar: TypeAlias = str | int | float | bool | None
 
 class TuningConfig(BaseModel):
     """How to search (modes, K and the score release: see :mod:`dpfair.tuning`). Every bad
-    value is an error before any training."""
+    value is an error before any training.
+
+    Randomness (DESIGN.md section 5): ``seed`` fixes the data-independent public draws (which
+    hyperparameters trial n gets, and its training seed, which fixes the initialisation), so
+    they are the same on every worker and resume. K, the score noise and the runs' batches and
+    noise come from OS entropy unless ``reproducible``; then from ``seed``, and the search is
+    labelled :data:`dpfair.training.REPLAYABLE_NOISE`.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -47,7 +54,17 @@ class TuningConfig(BaseModel):
     loss_clip: PositiveFloat = Field(10.0, description="per-example loss clipped to [0, L]")
     storage: str | None = None
     study_name: str | None = None
-    seed: int = Field(0, ge=0)
+    seed: int = Field(
+        0,
+        ge=0,
+        description="seeds the public draws: each trial's configuration and its "
+        "training seed (initialisation); K and the score noise only when reproducible",
+    )
+    reproducible: bool = Field(
+        False,
+        description="draw K and the score noise from seed and train every run reproducibly "
+        "(research, tests): the search can be replayed, so ε does not protect what it releases",
+    )
     budget_epsilon: PositiveFloat | None = None
     delta: float | None = Field(None, gt=0.0, lt=1.0, description="None: the training delta")
     workers: PositiveInt = 1

@@ -5,6 +5,10 @@ A job is pickled into the SPEC file of worker processes, so ``train_fn``, ``even
 ``on_trial`` are module-level functions or strings ``"module:function"`` /
 ``"/path/file.py:function"`` (:func:`resolve`). The fingerprint (settings and events of the
 search, as JSON) is stored in the study and must match when a study is resumed.
+
+A run's training seed (:func:`seed_of_run`) is public randomness: it fixes the
+initialisation, is the same on every worker and resume, and is logged; the run's batches and
+noise are drawn from it only in a ``reproducible`` search (:func:`make_config`).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ __all__ = [
 ]
 
 SEED_STREAM = 83  # "S": the SeedSequence stream of a run's training seed
-_NOT_TUNABLE = frozenset({"method", "model", "seed", "delta", "name"})
+_NOT_TUNABLE = frozenset({"method", "model", "seed", "delta", "name", "reproducible"})
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -103,6 +107,9 @@ class TuningResult:
     storage: str
     privacy_guarantee: str | None = None  # "heuristic" if any run reported so (fairlens)
     best_result: RunOutcome | None = field(default=None, repr=False)
+    #: K, the scores and the runs' noise were drawn from the tuning seed: label the search's
+    #: outputs :data:`dpfair.training.REPLAYABLE_NOISE`.
+    reproducible: bool = False
 
 
 def _fields(obj: MethodSpec | RunConfig) -> list[str]:
@@ -120,17 +127,25 @@ def dump(obj: MethodSpec | RunConfig) -> dict[str, object]:
 
 def allowed_names(method_cfg: MethodSpec, train_cfg_base: RunConfig) -> list[str]:
     """Hyperparameters a space may name: the method's fields, then the training config's
-    (excluding method, model, seed, delta, name)."""
+    (excluding method, model, seed, delta, name, reproducible)."""
     names = [n for n in _fields(method_cfg) if n not in _NOT_TUNABLE]
     names += [n for n in _fields(train_cfg_base) if n not in _NOT_TUNABLE and n not in names]
     return names
 
 
 def make_config(
-    method_cfg: MethodSpec, train_cfg_base: RunConfig, params: Mapping[str, Scalar], seed: int
+    method_cfg: MethodSpec,
+    train_cfg_base: RunConfig,
+    params: Mapping[str, Scalar],
+    seed: int,
+    *,
+    reproducible: bool,
 ) -> RunConfig:
     """The run config: ``params`` set on the method (its fields) or the training config, the
-    method placed in it and ``seed`` set; pydantic configs are re-validated."""
+    method placed in it, ``seed`` set, and ``reproducible`` (the search's: a reproducible search
+    trains reproducibly, a default one with secret noise) set where the training config has
+    that field (a :class:`~dpfair.training.TrainConfig` does); pydantic configs are
+    re-validated."""
     method_fields = set(_fields(method_cfg))
     method = dump(method_cfg)
     train = dump(train_cfg_base)
@@ -142,6 +157,8 @@ def make_config(
     train["method"] = method
     if "seed" in _fields(train_cfg_base) or isinstance(train_cfg_base, Mapping):
         train["seed"] = seed
+    if "reproducible" in _fields(train_cfg_base):
+        train["reproducible"] = reproducible
     if isinstance(train_cfg_base, BaseModel):
         return type(train_cfg_base).model_validate(train)
     return train
@@ -160,7 +177,7 @@ def params_key(params: Mapping[str, Scalar]) -> str:
 
 def seed_of_run(seed: int, number: int) -> int:
     """The training seed of trial ``number``: ``SeedSequence([seed, 83, number])``, so it does
-    not depend on which worker ran the trial."""
+    not depend on which worker ran the trial (public: see the module doc)."""
     return int(np.random.SeedSequence([seed, SEED_STREAM, number]).generate_state(1)[0] >> 1)
 
 
@@ -189,10 +206,18 @@ def resolve(fn: F | str) -> F:
 
 def fingerprint(job: TuningJob) -> str:
     """The settings and events of the search as JSON (stored as ``dpfair.fingerprint``: a
-    study is resumed only with the same)."""
+    study is resumed only with the same).
+
+    A default (secret-randomness) search adds ``"secret_randomness": true``; a reproducible
+    one adds nothing, so it has the fingerprint every study written before that option had
+    (they all drew K and the scores from the seed) and resumes them unchanged, while a secret
+    search refuses a study whose K is replayable and a reproducible one a secret study.
+    """
     c = job.cfg
+    secret = {} if c.reproducible else {"secret_randomness": True}
     return json.dumps(
         {
+            **secret,
             "mode": c.mode,
             "eta": c.eta,
             "mu": c.mu,

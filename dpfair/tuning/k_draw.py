@@ -6,8 +6,11 @@
 * ``poisson``: K ~ Poisson(μ) (Theorem 6); K may be 0 (probability e^-μ).
 * ``fixed``: K = ``n_runs``; ``grid``: K = the number of grid points.
 
-K is drawn with ``numpy.random.default_rng(SeedSequence([seed, 75]))`` (inverse CDF for TNB,
-``Generator.poisson`` for Poisson) when the study is created; a resumed study reads it back.
+K is drawn (inverse CDF for TNB, ``Generator.poisson`` for Poisson) when the study is created
+and kept in the study (the private working state); a resumed study reads it back, never redraws
+it. The generator is seeded from OS entropy (``SeedSequence()``), so K cannot be recomputed
+from any setting; with ``TuningConfig.reproducible`` it is
+``numpy.random.default_rng(SeedSequence([seed, 75]))``.
 """
 
 from __future__ import annotations
@@ -63,12 +66,14 @@ def sample_tnb(
 
 
 def draw_k(cfg: TuningConfig, n_grid: int) -> int:
-    """The number of runs: drawn for tnb/poisson (seeded, see the module doc), else fixed."""
+    """The number of runs: drawn for tnb/poisson (secret or seeded, see the module doc), else
+    fixed."""
     if cfg.mode == "fixed":
         return int(cfg.n_runs or 0)
     if cfg.mode == "grid":
         return n_grid
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, K_STREAM]))
+    entropy = np.random.SeedSequence([cfg.seed, K_STREAM] if cfg.reproducible else None)
+    rng = np.random.default_rng(entropy)
     if cfg.mode == "poisson":
         return int(rng.poisson(cfg.mu))
     return int(sample_tnb(cfg.eta, cfg.mu, rng))

@@ -9,7 +9,9 @@ accuracy are post-processing of the noisy table (cells clamped at 0; a class/gro
 count is 0 is skipped). For ``loss`` each example contributes ``(min(ℓ_i, L)/L, 1)/√2`` (norm
 ≤ 1, L = ``loss_clip``): the noisy sum gives the mean clipped loss ``L·v0/v1``. With
 ``score_privacy: public_validation`` the validation split is declared public and the exact
-score is used. The noise of trial n is drawn from ``SeedSequence([seed, 78, n])``.
+score is used. The noise of a trial is drawn from OS entropy (``SeedSequence()``, kept
+nowhere); with ``TuningConfig.reproducible``, that of trial n from
+``SeedSequence([seed, 78, n])``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from dpfair.tuning.config import TuningConfig
     from dpfair.tuning.protocols import DatasetLike, PredictionsLike
 
 __all__ = ["NOISE_STREAM", "n_classes_groups", "release_score", "score_rng"]
@@ -34,9 +37,11 @@ def _field(predictions: PredictionsLike, name: str) -> ArrayLike:
     return predictions[name] if isinstance(predictions, Mapping) else getattr(predictions, name)
 
 
-def score_rng(seed: int, trial_number: int) -> np.random.Generator:
-    """The generator of trial ``trial_number``'s score noise (same on every worker)."""
-    return np.random.default_rng(np.random.SeedSequence([seed, NOISE_STREAM, trial_number]))
+def score_rng(cfg: TuningConfig, trial_number: int) -> np.random.Generator:
+    """The generator of trial ``trial_number``'s score noise: fresh OS entropy, or with
+    ``cfg.reproducible`` seeded by (seed, trial number), the same on every worker."""
+    entropy = [cfg.seed, NOISE_STREAM, trial_number] if cfg.reproducible else None
+    return np.random.default_rng(np.random.SeedSequence(entropy))
 
 
 def n_classes_groups(dataset: DatasetLike, predictions: PredictionsLike) -> tuple[int, int]:

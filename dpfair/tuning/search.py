@@ -119,7 +119,7 @@ def prepare(
         delta = float(dump(train_cfg_base).get("delta", 1e-6) or 1e-6)
     event_of = resolve(event_fn) if event_fn is not None else planned_run_event
     grid = _grid(cfg)
-    planned, run = _plan_events(grid, method_cfg, train_cfg_base, dataset, event_of)
+    planned, run = _plan_events(grid, method_cfg, train_cfg_base, dataset, event_of, cfg)
     search = search_event(cfg, run)
     eps_train = accounting.epsilon(run, delta)
     eps_search = accounting.epsilon(search, delta) if search is not None else math.inf
@@ -182,6 +182,7 @@ def finish(
             job.train_cfg_base,
             best_params,
             best_t.user_attrs.get("dpfair.seed", seed_of_run(cfg.seed, best_t.number)),
+            reproducible=cfg.reproducible,
         )
     return TuningResult(
         best_config=best_config,
@@ -203,6 +204,7 @@ def finish(
         storage=job.storage_desc,
         privacy_guarantee=guarantee(trials, job.k),
         best_result=best_result,
+        reproducible=cfg.reproducible,
     )
 
 
@@ -260,6 +262,7 @@ def _plan_events(
     train_cfg_base: RunConfig,
     dataset: DatasetLike,
     event_of: EventFn,
+    cfg: TuningConfig,
 ) -> tuple[dict[str, str], dp_event.DpEvent]:
     """Every configuration's predicted training event (JSON, by :func:`params_key`; this also
     validates every config) and the per-run event covering them all."""
@@ -267,7 +270,9 @@ def _plan_events(
     events = []
     for params in grid:
         try:
-            config = make_config(method_cfg, train_cfg_base, params, seed=0)
+            config = make_config(
+                method_cfg, train_cfg_base, params, seed=0, reproducible=cfg.reproducible
+            )
         except Exception as exc:
             raise TuningError(f"configuration {params} is invalid: {exc}") from exc
         ev = event_of(config, dataset)

@@ -15,14 +15,18 @@ seeded only by the worker index would repeat the same configuration stream after
 and on every machine.) Mode ``grid`` uses ``GridSampler``: trial number n evaluates grid point
 n, so several workers never duplicate a point.
 
-The study's user attrs hold K (``dpfair.K``), drawn once when the study is created, and the
-search's fingerprint, epsilons, delta, event and privacy labels.
+The study's user attrs hold K (``dpfair.K``), drawn once when the study is created (from OS
+entropy unless ``reproducible``: :mod:`~dpfair.tuning.k_draw`), and the search's
+fingerprint, epsilons, delta, event and privacy labels. They are the private working state.
+The configuration draws above are data-independent public randomness, seeded from ``seed`` in
+every mode so that workers and resumes agree.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 import zlib
 from collections.abc import Mapping, Sequence
@@ -145,31 +149,48 @@ def _json_float(x: float) -> float | str:
 
 
 def open_study(job: TuningJob, storage: optuna.storages.BaseStorage, n_grid: int) -> int:
-    """Create the job's study in ``storage`` (drawing K) or reopen it (reading K back, after
-    checking the fingerprint); returns K. ``n_grid``: the number of points of the space."""
+    """Create the job's study in ``storage`` and draw K, or reopen it and read K back (after
+    checking the fingerprint); returns K. ``n_grid``: the number of points of the space.
+
+    Creating a study is atomic in every storage, and only its creator draws K and writes the
+    attrs (K last): a secret K differs between processes, so one that finds the study just
+    created by another (``tune`` started on several machines at once) waits up to ``grace``
+    seconds for that K instead of writing its own.
+    """
     cfg = job.cfg
     direction = "minimize" if cfg.score == "loss" else "maximize"
-    study = optuna.create_study(
-        storage=storage, study_name=job.study_name, direction=direction, load_if_exists=True
-    )
-    fp = fingerprint(job)
-    attrs = study.user_attrs
-    if "dpfair.K" in attrs:
-        if attrs.get("dpfair.fingerprint") != fp:
-            raise TuningError(
-                f"study {job.study_name!r} in {job.storage_desc} was created with other tuning "
-                "settings or another run event; resume it with the same settings or use a new "
-                "study_name"
-            )
-        return int(attrs["dpfair.K"])
-    # Deterministic given the seed: two processes creating the study at once write the same
-    # values.
-    study.set_user_attr("dpfair.fingerprint", fp)
+    try:
+        study = optuna.create_study(storage=storage, study_name=job.study_name, direction=direction)
+    except optuna.exceptions.DuplicatedStudyError:
+        return _read_k(job, storage)
+    study.set_user_attr("dpfair.fingerprint", fingerprint(job))
     study.set_user_attr("dpfair.tuning_privacy", cfg.tuning_privacy)
     study.set_user_attr("dpfair.score_privacy", cfg.score_privacy)
     study.set_user_attr("dpfair.epsilon_search", _json_float(job.epsilon_search))
     study.set_user_attr("dpfair.epsilon_training", _json_float(job.epsilon_training))
     study.set_user_attr("dpfair.delta", job.delta)
     study.set_user_attr("dpfair.event", job.search_event_json)
-    study.set_user_attr("dpfair.K", draw_k(cfg, n_grid))
-    return int(study.user_attrs["dpfair.K"])
+    k = draw_k(cfg, n_grid)
+    study.set_user_attr("dpfair.K", k)
+    return k
+
+
+def _read_k(job: TuningJob, storage: optuna.storages.BaseStorage) -> int:
+    """K of the existing study, once its creator has written it (see :func:`open_study`)."""
+    study_id = storage.get_study_id_from_name(job.study_name)
+    deadline = time.monotonic() + job.cfg.grace
+    while "dpfair.K" not in (attrs := storage.get_study_user_attrs(study_id)):
+        if time.monotonic() > deadline:
+            raise TuningError(
+                f"study {job.study_name!r} in {job.storage_desc} exists but holds no K (not "
+                "created by dpfair, or its creation was interrupted); delete it or use a new "
+                "study_name. Nothing was run."
+            )
+        time.sleep(0.1)
+    if attrs.get("dpfair.fingerprint") != fingerprint(job):
+        raise TuningError(
+            f"study {job.study_name!r} in {job.storage_desc} was created with other tuning "
+            "settings (reproducible included) or another run event; resume it with the same "
+            "settings or use a new study_name"
+        )
+    return int(attrs["dpfair.K"])

@@ -116,7 +116,9 @@ def _run(
     trial.set_user_attr("dpfair.pid", os.getpid())
     with Heartbeat(study._storage, trial._trial_id, cfg.heartbeat_interval):
         try:
-            config = make_config(job.method_cfg, job.train_cfg_base, params, seed)
+            config = make_config(
+                job.method_cfg, job.train_cfg_base, params, seed, reproducible=cfg.reproducible
+            )
             trial.set_user_attr("dpfair.config", config_json(config))
             result = train_fn(config, job.dataset)
             event_json = accounting.event_to_json(result_event(result))
@@ -139,7 +141,7 @@ def _run(
                 n_groups,
                 cfg.sigma_score if cfg.score_privacy == "noisy" else None,
                 cfg.loss_clip,
-                score_rng(cfg.seed, trial.number),
+                score_rng(cfg, trial.number),
             )
             trial.set_user_attr("dpfair.score", value)
             return value, result

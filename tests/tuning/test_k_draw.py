@@ -1,4 +1,4 @@
-"""The number of runs K: its distribution and the per-study seeded draw."""
+"""The number of runs K: its distribution, the secret per-study draw and the seeded one."""
 
 from __future__ import annotations
 
@@ -10,15 +10,19 @@ import pytest
 from dpfair import tuning
 
 
+@pytest.mark.parametrize("reproducible", [False, True])
 @pytest.mark.parametrize("eta, mu", [(0.0, 10.0), (1.0, 5.0), (-0.5, 20.0), (2.0, 3.0)])
-def test_k_mean_matches_mu(eta, mu):
+def test_k_mean_matches_mu(eta, mu, reproducible):
     rng = np.random.default_rng(1234)
     ks = tuning.sample_tnb(eta, mu, rng, size=40_000)
     assert ks.min() >= 1
     se = ks.std(ddof=1) / math.sqrt(ks.size)
     assert abs(ks.mean() - mu) < 5 * se
-    # draw_k over many seeds (the per-study draw) has the same mean
-    many = [tuning.draw_k(tuning.TuningConfig(eta=eta, mu=mu, seed=s), 1) for s in range(1500)]
+    # draw_k over many studies (secret, or seeded over many seeds) has the same mean
+    many = [
+        tuning.draw_k(tuning.TuningConfig(eta=eta, mu=mu, seed=s, reproducible=reproducible), 1)
+        for s in range(1500)
+    ]
     assert abs(np.mean(many) - mu) < 5 * np.std(many, ddof=1) / math.sqrt(len(many))
 
 
@@ -27,3 +31,23 @@ def test_poisson_k_mean():
         tuning.draw_k(tuning.TuningConfig(mode="poisson", mu=6.0, seed=s), 1) for s in range(3000)
     ]
     assert abs(np.mean(many) - 6.0) < 5 * math.sqrt(6.0 / len(many))
+
+
+def test_secret_k_is_not_a_function_of_the_seed():
+    """P(K = k) < 0.3 for TNB(0, mu=10) and Poisson(10): 20 equal draws have probability
+    < 1e-10."""
+    c = tuning.TuningConfig(mu=10.0, seed=0)
+    assert len({tuning.draw_k(c, 1) for _ in range(20)}) > 1
+    p = tuning.TuningConfig(mode="poisson", mu=10.0, seed=0)
+    assert len({tuning.draw_k(p, 1) for _ in range(20)}) > 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 18])
+def test_reproducible_k_is_the_seeded_stream(seed):
+    """K of SeedSequence([seed, 75]), as every study before the option drew it."""
+    tnb = tuning.TuningConfig(eta=0.5, mu=7.0, seed=seed, reproducible=True)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 75]))
+    assert tuning.draw_k(tnb, 1) == tuning.draw_k(tnb, 1) == tuning.sample_tnb(0.5, 7.0, rng)
+    poisson = tuning.TuningConfig(mode="poisson", mu=6.0, seed=seed, reproducible=True)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 75]))
+    assert tuning.draw_k(poisson, 1) == rng.poisson(6.0)

@@ -1,4 +1,5 @@
-"""The released selection score: exact values and the noise of the contingency table."""
+"""The released selection score: exact values, the noise of the contingency table and where
+that noise comes from."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from dpfair import tuning
+from dpfair.tuning.score import score_rng
 
 
 def test_release_score_noise_and_sensitivity():
@@ -27,3 +29,13 @@ def test_release_score_noise_and_sensitivity():
     rng = np.random.default_rng(0)
     noisy = [tuning.release_score(pred, "accuracy", 2, 2, 0.01, 10.0, rng) for _ in range(50)]
     assert np.mean(noisy) == pytest.approx(4 / 6, abs=0.01) and np.std(noisy) > 0
+
+
+def test_score_noise_is_secret_unless_reproducible():
+    secret = tuning.TuningConfig(seed=3)
+    assert not np.array_equal(
+        score_rng(secret, 5).normal(size=4), score_rng(secret, 5).normal(size=4)
+    )
+    seeded = tuning.TuningConfig(seed=3, reproducible=True)
+    want = np.random.default_rng(np.random.SeedSequence([3, 78, 5])).normal(size=4)
+    assert np.array_equal(score_rng(seeded, 5).normal(size=4), want)

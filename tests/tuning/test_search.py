@@ -3,6 +3,7 @@ resuming, every mode, and a search over dpfair.training.train."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -18,6 +19,7 @@ from tests.tuning.conftest import (
     TRAIN,
     cfg,
     fast_event,
+    fast_train,
     make_dataset,
     never_train,
     seed_with_k,
@@ -86,18 +88,18 @@ def test_budget_is_checked_before_any_run(tmp_path):
 def test_tnb_search_ledger_and_resume(tmp_path):
     ds = make_dataset()
     seed = seed_with_k(3, 6, mu=4.0)
-    c = cfg(tmp_path, mu=4.0, seed=seed, heartbeat_interval=1)
+    c = cfg(tmp_path, mu=4.0, seed=seed, heartbeat_interval=1, reproducible=True)
     seen = []
     res = tuning.tune(
         METHOD, BASE, ds, c, TRAIN, event_fn=fast_event, on_trial=lambda r, _: seen.append(r)
     )
-    k = tuning.draw_k(tuning.TuningConfig(mu=4.0, seed=seed), 1)
+    k = tuning.draw_k(tuning.TuningConfig(mu=4.0, seed=seed, reproducible=True), 1)
     assert [r["number"] for r in seen] == list(range(k)) and seen[0]["score"] is not None
     assert res.K == k and res.n_runs == k
     runs = [r for r in res.trials if r["ledger"] == "run"]
     assert len(runs) == k and all(r["state"] == "COMPLETE" for r in runs)
     assert all(r["tuning_privacy"] == "tnb" for r in res.trials)
-    assert res.tuning_privacy == "tnb" and res.score_privacy == "noisy"
+    assert res.tuning_privacy == "tnb" and res.score_privacy == "noisy" and res.reproducible
     assert res.best_score == max(r["score"] for r in runs)
     assert res.best_config["lr"] == res.best_params["lr"]
     assert res.best_config["method"]["clip"] == res.best_params["clip"]
@@ -111,9 +113,10 @@ def test_tnb_search_ledger_and_resume(tmp_path):
     # resume: nothing new runs, K is read back
     again = tuning.tune(METHOD, BASE, ds, c, never_train, event_fn=fast_event)
     assert again.K == k and again.n_runs == k and len(again.trials) == len(res.trials)
-    # other settings on the same study: refused
-    with pytest.raises(tuning.TuningError, match="other tuning settings"):
-        tuning.tune(METHOD, BASE, ds, {**c, "mu": 5.0}, never_train, event_fn=fast_event)
+    # other settings on the same study (secret randomness included): refused
+    for other in ({**c, "mu": 5.0}, {**c, "reproducible": False}):
+        with pytest.raises(tuning.TuningError, match="other tuning settings"):
+            tuning.tune(METHOD, BASE, ds, other, never_train, event_fn=fast_event)
 
 
 def test_grid_fixed_public_and_crashes(tmp_path):
@@ -152,13 +155,45 @@ def test_poisson_k_zero_runs_nothing(tmp_path):
     seed = next(
         s
         for s in range(100)
-        if tuning.draw_k(tuning.TuningConfig(mode="poisson", mu=1.0, seed=s), 1) == 0
+        if tuning.draw_k(tuning.TuningConfig(mode="poisson", mu=1.0, seed=s, reproducible=True), 1)
+        == 0
     )
-    c = cfg(tmp_path, mode="poisson", mu=1.0, seed=seed)
+    c = cfg(tmp_path, mode="poisson", mu=1.0, seed=seed, reproducible=True)
     res = tuning.tune(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)
     assert res.K == 0 and res.n_runs == 0 and res.best_config is None and res.trials == []
     ev = accounting.event_from_json(res.event_json)
     assert ev.shape == math.inf and res.tuning_privacy == "poisson"
+
+
+def test_secret_randomness_by_default(tmp_path):
+    """Fresh studies with one seed draw their own K; the same runs (configurations and
+    training seeds are public, seeded draws) get other score noise. Reproducible: the seeded
+    streams, K of SeedSequence([seed, 75]) and scores of SeedSequence([seed, 78, n])."""
+    ds = make_dataset()
+
+    def prepare(name, **kw):
+        c = cfg(tmp_path, study_name=name, mu=10.0, **kw)
+        return tuning.prepare(METHOD, BASE, ds, c, never_train, event_fn=fast_event)
+
+    def search(name, **kw):
+        c = cfg(tmp_path, study_name=name, mode="fixed", n_runs=3, seed=5, **kw)
+        return tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
+
+    jobs = [prepare(f"s{i}") for i in range(20)]
+    assert len({job.k for job in jobs}) > 1  # P(20 equal) < 1e-10, see test_k_draw
+    # K is kept in the study (the private working state) and read back
+    assert all(prepare(job.study_name).k == job.k for job in jobs)
+    a, b = search("a"), search("b")
+    assert not a.reproducible
+    assert [r["config"] for r in a.trials] == [r["config"] for r in b.trials]
+    assert all(x["score"] != y["score"] for x, y in zip(a.trials, b.trials, strict=True))
+    c, d = search("c", reproducible=True), search("d", reproducible=True)
+    assert c.reproducible and [r["config"] for r in c.trials] == [r["config"] for r in a.trials]
+    for row, other in zip(c.trials, d.trials, strict=True):
+        rng = np.random.default_rng(np.random.SeedSequence([5, 78, row["number"]]))
+        pred = fast_train(json.loads(row["config"]), ds).val_predictions
+        want = tuning.release_score(pred, "macro_accuracy", 2, 2, 10.0, 10.0, rng)
+        assert row["score"] == other["score"] == want
 
 
 # ----------------------------------------------------------- dpfair.training.train
@@ -198,6 +233,11 @@ def test_with_dpfair_training(tmp_path):
     c = cfg(tmp_path, mode="fixed", n_runs=2, space={"lr": [0.1, 1.0]}, study_name="real")
     res = tuning.tune(base.method, base, ds, c)
     assert res.n_runs == 2 and res.best_config is not None
+    # a default search trains with secret noise, a reproducible one reproducibly
+    assert not res.reproducible and not res.best_config.reproducible
+    assert res.best_result is not None and not res.best_result.reproducible
+    seeded = tuning.tune(base.method, base, ds, {**c, "study_name": "seeded", "reproducible": True})
+    assert seeded.best_config.reproducible and seeded.best_result.reproducible
     assert res.privacy_guarantee == "proven"
     assert all(r["privacy_guarantee"] == "proven" for r in res.trials)
     assert res.best_result is not None and res.best_result.epsilon == pytest.approx(

@@ -1,16 +1,20 @@
 """The Optuna storage format: a study written by the single-module ``dpfair/tuning.py`` (the
-fixture ``fixtures/v1_study.db``, see ``fixtures/README.md``) resumes with this package, and a
-new study is written exactly as that version wrote it."""
+fixture ``fixtures/v1_study.db``, see ``fixtures/README.md``) resumes with this package in
+reproducible mode, and a new reproducible study is written exactly as that version wrote it;
+a default study adds one fingerprint key. Creating a study: one K, whoever opens it."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
 import pytest
 
+from dpfair.errors import TuningError
 from dpfair.tuning import prepare, tune
 from dpfair.tuning.ledger import ledger_row
 from tests.tuning.conftest import (
@@ -18,6 +22,7 @@ from tests.tuning.conftest import (
     METHOD,
     SPACE,
     TRAIN,
+    cfg,
     fast_event,
     make_dataset,
     never_train,
@@ -28,8 +33,10 @@ EXPECTED = json.loads((FIXTURES / "v1_study.json").read_text())
 
 
 def v1_settings(db: Path) -> dict:
-    """The settings the fixture was made with (make_v1_study.py)."""
+    """The settings the fixture was made with (make_v1_study.py): that code drew K and the
+    scores from the seed, as ``reproducible`` does."""
     return {
+        "reproducible": True,
         "mode": "tnb",
         "mu": 3.0,
         "study_name": "v1",
@@ -77,3 +84,46 @@ def test_new_study_has_the_v1_attrs(tmp_path):
     assert job.k == EXPECTED["K"]
     study = optuna.load_study(study_name="v1", storage=f"sqlite:///{tmp_path / 'new.db'}")
     assert study.user_attrs == EXPECTED["study_user_attrs"]  # fingerprint, K, epsilons, event
+
+
+def test_fingerprint_marks_only_secret_randomness(tmp_path):
+    """A reproducible study keeps the v1 fingerprint; a default one adds one key."""
+    secret = prepare(
+        METHOD,
+        BASE,
+        make_dataset(),
+        {**v1_settings(tmp_path / "new.db"), "reproducible": False},
+        never_train,
+        event_fn=fast_event,
+    )
+    attrs = optuna.load_study(study_name="v1", storage=f"sqlite:///{tmp_path / 'new.db'}")
+    stored = json.loads(attrs.user_attrs["dpfair.fingerprint"])
+    assert stored == {
+        **json.loads(EXPECTED["study_user_attrs"]["dpfair.fingerprint"]),
+        "secret_randomness": True,
+    }
+    assert attrs.user_attrs["dpfair.K"] == secret.k
+
+
+def test_concurrent_creators_agree_on_one_secret_k(tmp_path):
+    """Only the process that created the study draws K; the others wait and read it."""
+    c = cfg(tmp_path, mu=10.0, storage=f"journal:{tmp_path / 'journal.log'}")
+    start = threading.Barrier(6)
+
+    def open_study(_: int) -> int:
+        start.wait()
+        return prepare(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event).k
+
+    with ThreadPoolExecutor(6) as pool:
+        ks = list(pool.map(open_study, range(6)))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log"))
+    )
+    assert ks == [optuna.load_study(study_name="t", storage=storage).user_attrs["dpfair.K"]] * 6
+
+
+def test_a_study_without_k_is_refused(tmp_path):
+    c = cfg(tmp_path, grace_period=1)
+    optuna.create_study(study_name="t", storage=c["storage"])  # not by dpfair: no attrs
+    with pytest.raises(TuningError, match="exists but holds no K"):
+        prepare(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)

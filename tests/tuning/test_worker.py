@@ -70,7 +70,7 @@ def test_killed_worker_counts_and_resume(tmp_path, backend):
     ds = make_dataset()
     seed = seed_with_k(3, 5, mu=3.0)
     base = {**BASE, "sleep": 60}
-    c = cfg(tmp_path, mu=3.0, seed=seed, heartbeat_interval=1, grace_period=2)
+    c = cfg(tmp_path, mu=3.0, seed=seed, heartbeat_interval=1, grace_period=2, reproducible=True)
     if backend == "journal":
         c["storage"] = f"journal:{tmp_path / 'journal.log'}"
     job = tuning.prepare(METHOD, base, ds, c, TRAIN, event_fn=fast_event)
@@ -112,7 +112,7 @@ def test_two_workers_journal(tmp_path, monkeypatch):
         study_name="j",
         storage=f"journal:{tmp_path / 'journal.log'}",
         heartbeat_interval=5,  # grace 10 s: no live worker is failed under load
-    )
+    )  # not reproducible: the configuration draws are public randomness, seeded all the same
     res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
     check_exactly_k(res)
     assert res.K == 8 and all(r["state"] == "COMPLETE" for r in res.trials if r["ledger"] == "run")
@@ -208,11 +208,14 @@ def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
         study_name="pg",
         storage=postgres_url,
         heartbeat_interval=5,
+        reproducible=True,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
     check_exactly_k(res)
-    assert res.K == tuning.draw_k(tuning.TuningConfig(mu=6.0, eta=1.0, seed=seed), 1)
+    assert res.K == tuning.draw_k(
+        tuning.TuningConfig(mu=6.0, eta=1.0, seed=seed, reproducible=True), 1
+    )
     assert {r["worker"] for r in res.trials if r["ledger"] == "run"} <= {0, 1}
     assert optuna.load_study(study_name="pg", storage=postgres_url).user_attrs["dpfair.K"] == res.K
