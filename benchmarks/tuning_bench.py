@@ -2,9 +2,9 @@
 
 For each method, the same private search (DESIGN.md section 6) is run twice, once with one
 worker in this process and once with two worker processes sharing an Optuna journal file in a
-temporary directory. Both runs use the same tuning seed, so they draw the same K and the same
-configurations (draws are reseeded per trial number): the two runs do the same work and their
-wall times compare the worker counts directly.
+temporary directory. Both runs use the same tuning seed in ``reproducible`` mode, so they draw
+the same K and the same configurations (draws are reseeded per trial number): the two runs do
+the same work and their wall times compare the worker counts directly.
 
 Setting: Dutch (sex groups), softmax/logistic regression (``{"name": "logistic_regression"}``),
 Zhao et al.'s normalised clipping (``dpsgd`` with ``normalize: true``, her constant baseline)
@@ -131,6 +131,7 @@ def run_search(
         storage=f"journal:{journal}",
         study_name=study_name,
         seed=args.seed,
+        reproducible=True,  # the same K for every worker count (see report)
         workers=workers,
     )
     base = TrainConfig.model_validate({**train_base, "method": METHODS[method]})
@@ -220,8 +221,8 @@ speed-up is bounded by the load (load average, 1/5/15 min, at start {meta['load_
 at end {meta['load_end']}; with 2 cores, above 2 means other work competed for them).
 
 **Search.** `tnb` mode, η = {args.eta}, μ = {args.mu}: K ~ truncated negative binomial, drawn
-once per study from tuning seed {args.seed} (both worker counts use the same seed, hence the
-same K and the same configurations: trial n's draw depends only on (seed, n)). Each run draws
+once per study from tuning seed {args.seed} (`reproducible: true`, so both worker counts draw
+the same K; the configurations depend only on (seed, n) in every mode). Each run draws
 every hyperparameter uniformly with replacement from the grid; selection by macro accuracy on
 the validation split, released with Gaussian noise (σ_score = 10, the default `score_privacy:
 noisy`), composed into the run event. Storage: Optuna journal file in a temporary directory
@@ -322,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": "cpu",
         "progress": False,
     }
-    k = draw_k(TuningConfig(mode="tnb", eta=args.eta, mu=args.mu, seed=args.seed), 1)
+    k = draw_k(
+        TuningConfig(mode="tnb", eta=args.eta, mu=args.mu, seed=args.seed, reproducible=True), 1
+    )
     print(f"K = {k} (eta {args.eta}, mu {args.mu}, seed {args.seed})", flush=True)
     records: list[RunRecord] = []
     with tempfile.TemporaryDirectory(prefix="dpfair-tuning-bench-") as tmp:
