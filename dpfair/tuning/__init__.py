@@ -1,8 +1,8 @@
 """DP hyperparameter optimisation on Optuna, with the search itself accounted (DESIGN.md
 section 6).
 
-Modes (``TuningConfig.mode``; K, the number of runs, is drawn once per study,
-:mod:`~dpfair.tuning.k_draw`):
+Modes (``TuningConfig.mode``; K, the number of runs, is drawn once per study from OS entropy,
+or from the seed with ``reproducible``, :mod:`~dpfair.tuning.k_draw`):
 
 * ``tnb`` (default): K ~ truncated negative binomial TNB(η, γ) with mean μ (Papernot &
   Steinke, ICLR 2022, Theorem 2). Privacy: ``RepeatAndSelectDpEvent(run ∘ score, μ, η)``.
