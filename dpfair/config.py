@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import get_spec, specs
 from dpfair.errors import ConfigError, format_validation_error  # both re-exported
-from dpfair.sections import ExperimentSection, PipelineSection, TuningSection
+from dpfair.sections import BudgetSection, ExperimentSection, PipelineSection, TuningSection
 from dpfair.settings import DEFAULT_PARAMS, TrackingConfig  # DEFAULT_PARAMS re-exported
 
 # ---------------------------------------------------------------------------------------------
@@ -58,6 +58,7 @@ class Params(Section):
     datasets: DatasetsSection = Field(default_factory=DatasetsSection)  # type: ignore[valid-type]
     experiment: ExperimentSection = Field(default_factory=ExperimentSection)
     tuning: TuningSection = Field(default_factory=TuningSection)
+    budget: BudgetSection = Field(default_factory=BudgetSection)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
 

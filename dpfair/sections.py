@@ -1,4 +1,4 @@
-"""The params.yaml sections of the pipeline: ``experiment``, ``tuning``, ``tracking``, ``pipeline``.
+"""The params.yaml sections of the pipeline: ``experiment``, ``tuning``, ``budget``, ``pipeline``.
 
 Each section reuses the model of the module that owns the fact (``TrainConfig``,
 ``MethodConfig``, ``ModelConfig``, ``TuningConfig``, ``TrackingConfig``): nothing is declared
@@ -13,6 +13,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     create_model,
@@ -65,6 +66,11 @@ class ExperimentSection(BaseModel):
         None, description="the two group names of the named gap (default: all groups)"
     )
     baseline: str = "dpsgd"
+    nonprivate_reference: bool = Field(
+        True,
+        description="train the non-private reference on every seed (the privacy cost π needs "
+        "it); its test metrics are released without any DP guarantee (budget section)",
+    )
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -106,14 +112,23 @@ class ExperimentSection(BaseModel):
         return TrainConfig(method=method, model=self.model, seed=seed, **settings)
 
 
+#: What a search releases (DESIGN.md section 5, "Tuning"): ``selected``, the selected
+#: configuration and its outputs (the RepeatAndSelect bound covers exactly that), or
+#: ``all_trials``, every trial's hyperparameters and score and K (then ε is the composition of
+#: all K runs and their score releases).
+ReleaseMode = Literal["selected", "all_trials"]
+
+
 class TuningSection(BaseModel):
-    """``tuning:`` TuningConfig's settings shared by all methods, and a search space per tuned
-    method (methods without a space train with their fixed hyperparameters)."""
+    """``tuning:`` TuningConfig's settings shared by all methods, a search space per tuned
+    method (methods without a space train with their fixed hyperparameters), and ``release``:
+    what a search publishes (:data:`ReleaseMode`)."""
 
     model_config = _STRICT
     config_key_noun: ClassVar[str] = "key"
 
     spaces: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+    release: ReleaseMode = "selected"
     settings: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -122,7 +137,8 @@ class TuningSection(BaseModel):
         if isinstance(data, dict) and "settings" not in data:
             data = dict(data)
             spaces = data.pop("spaces", {})
-            return {"spaces": spaces, "settings": data}
+            fixed = {"release": data.pop("release")} if "release" in data else {}
+            return {"spaces": spaces, **fixed, "settings": data}
         return data
 
     @model_validator(mode="after")
@@ -139,6 +155,32 @@ class TuningSection(BaseModel):
         return TuningConfig(
             **{"study_name": study_name, **self.settings}, space=self.spaces[label]
         )
+
+
+class BudgetSection(BaseModel):
+    """``budget:`` the most a pipeline run may release (DESIGN.md section 5, "Budget").
+
+    It covers every release of the run together: each method's search, each final model on
+    each seed (all trained on the same data, so they compose) and any noisy statistic. The
+    spend is planned and checked before anything trains (:mod:`dpfair.release`). Releases
+    without a DP guarantee (a heuristic method such as FairLens, the non-private reference)
+    have no ε to count, so they are refused unless allowed here.
+    """
+
+    model_config = _STRICT
+
+    epsilon: PositiveFloat | None = Field(
+        None, description="the most ε the run may release (None: no limit; still reported)"
+    )
+    delta: float | None = Field(
+        None, gt=0.0, lt=1.0, description="δ of every ε reported (None: experiment.train.delta)"
+    )
+    allow_heuristic: bool = Field(
+        False, description="run methods without a proven guarantee (released with no ε)"
+    )
+    allow_nonprivate_reference: bool = Field(
+        False, description="release the non-private reference's test metrics (no guarantee)"
+    )
 
 
 class ScheduleSection(BaseModel):

@@ -142,3 +142,28 @@ def test_format_validation_error_is_reusable():
     text = format_validation_error(err.value, Methods, prefix=("experiment",))
     assert "experiment.methods.dpsgd.lrr: unknown key 'lrr'; did you mean 'lr'?" in text
     assert "experiment.methods.dpsgd.lr: Input should be greater than 0 (got -1.0)" in text
+
+
+def test_budget_and_release_sections():
+    """``budget`` refuses releases without guarantee by default; ``tuning.release`` picks what
+    a search publishes; the repo's params.yaml is a demo that allows both, with a budget."""
+    default = Params()
+    assert default.budget.epsilon is None and default.budget.delta is None
+    assert not default.budget.allow_heuristic and not default.budget.allow_nonprivate_reference
+    assert default.tuning.release == "selected" and default.experiment.nonprivate_reference
+    params = parse_params({"tuning": {"release": "all_trials", "mode": "fixed", "n_runs": 2},
+                           "budget": {"epsilon": 3, "delta": 1e-6}})
+    assert params.tuning.release == "all_trials" and "release" not in params.tuning.settings
+    assert params.tuning.settings == {"mode": "fixed", "n_runs": 2}
+    assert (params.budget.epsilon, params.budget.delta) == (3.0, 1e-6)
+    assert "tuning.release: Input should be 'selected' or 'all_trials' (got 'every')" in _error(
+        {"tuning": {"release": "every"}})
+    assert "budget.epsilon: Input should be greater than 0" in _error({"budget": {"epsilon": 0}})
+    assert "budget.allow_heuristc: unknown key" in _error({"budget": {"allow_heuristc": True}})
+
+
+def test_repo_params_budget_covers_the_demo(repo_root):
+    params = load_params(repo_root / "params.yaml")
+    assert params.budget.epsilon is not None
+    assert params.budget.allow_nonprivate_reference and params.budget.allow_heuristic
+    assert params.tuning.release == "selected"

@@ -1,0 +1,349 @@
+"""What a pipeline run releases and the ε that covers it (DESIGN.md section 5).
+
+Per method a run releases its search (a tuned method: the selected configuration, or with
+``tuning.release: all_trials`` every trial, its score and K) and, on each seed, a trained model
+with its test metrics. All of them are computed from the same training data, so they compose:
+a method's release is ``ComposedDpEvent([search, run_1, ..., run_S])`` and the run's total is
+the composition of every method's release, evaluated by the accountant
+(:func:`dpfair.privacy.accounting.epsilon`), never a sum of epsilons. The events are known
+before anything trains (``make_plan`` for a final run, the search's ``prepare``), so the
+spend is planned, itemised and checked against ``budget`` first (:func:`check_budget`).
+
+A tuned method's final runs train the selected configuration, which the search releases, so
+their event must hold whichever configuration is selected: it is the search's per-run bound
+over its space (:func:`dpfair.tuning.events.combine_run_events`; the selected configuration's
+own event whenever the space leaves σ, q and the steps alone).
+
+Releases without a guarantee carry no ε: the non-private reference and heuristic methods
+(``privacy_guarantee`` not ``"proven"``, e.g. FairLens). They are left out of the total, shown
+with a label instead of a number, and refused unless the budget allows them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dp_accounting import dp_event
+
+from dpfair.errors import PrivacyError
+from dpfair.privacy import accounting
+from dpfair.training import REPLAYABLE_NOISE
+from dpfair.tuning.events import search_event
+
+if TYPE_CHECKING:
+    from dpfair.privacy.methods import PrivacyGuarantee
+    from dpfair.sections import BudgetSection, ReleaseMode
+    from dpfair.tuning.config import TuningConfig
+    from dpfair.tuning.job import TuningResult
+
+__all__ = [
+    "EPSILON_METHOD",
+    "EPSILON_RUN",
+    "HEURISTIC",
+    "NONPRIVATE_REFERENCE",
+    "PRIVATE_LEDGER_STATUS",
+    "SECRET_NOISE",
+    "TEST_METRICS_NOTE",
+    "MethodRelease",
+    "ReleasePlan",
+    "SearchRelease",
+    "check_budget",
+    "epsilon_cells",
+    "epsilon_text",
+    "method_release",
+    "release_plan",
+    "search_release",
+    "write_ledger",
+]
+
+HEURISTIC = "heuristic — no DP guarantee"
+NONPRIVATE_REFERENCE = "non-private reference: no DP guarantee"
+EPSILON_RUN = "ε one training run"
+EPSILON_METHOD = "ε released for this method (search + all seeds)"
+TEST_METRICS_NOTE = (
+    "Test metrics come from held-out test data that ε does not cover: they are released "
+    "without noise, and a practitioner's test split is private data too."
+)
+PRIVATE_LEDGER_STATUS = (
+    "private working state: not for release; releasing it voids the ε of the search"
+)
+#: How a run with secret randomness (the default) is labelled; see REPLAYABLE_NOISE.
+SECRET_NOISE = "secret: batches and noise drawn from OS entropy that is never stored"
+_NOT_TUNED = "not tuned"
+
+
+@dataclass(frozen=True)
+class SearchRelease:
+    """What a method's search releases: ``event`` (None: no guarantee, a grid search),
+    ``run_event`` (the per-run bound over the space, the event of each final run) and a
+    label saying which bound ``event`` is."""
+
+    event: dp_event.DpEvent | None
+    run_event: dp_event.DpEvent
+    label: str
+    reproducible: bool
+
+
+@dataclass(frozen=True)
+class MethodRelease:
+    """Everything a run releases for method ``label``, with its ε at the plan's ``delta``:
+    ``epsilon_run`` of one final training run, ``epsilon_search`` of the search (None: not
+    tuned), ``epsilon`` of all of it composed (``inf`` without a guarantee)."""
+
+    label: str
+    guarantee: PrivacyGuarantee
+    seeds: tuple[int, ...]
+    run_events: tuple[dp_event.DpEvent, ...]
+    search: SearchRelease | None
+    reproducible: bool
+    delta: float
+    epsilon_run: float
+    epsilon_search: float | None
+    epsilon: float
+
+    @property
+    def has_epsilon(self) -> bool:
+        """Whether an ε describes this release (a proven method; else it has a label)."""
+        return self.guarantee == "proven"
+
+    @property
+    def tuning(self) -> str:
+        return self.search.label if self.search is not None else _NOT_TUNED
+
+    @property
+    def event(self) -> dp_event.DpEvent:
+        """The composition of everything released for the method."""
+        search = [] if self.search is None else [self.search.event or dp_event.NonPrivateDpEvent()]
+        return dp_event.ComposedDpEvent([*search, *self.run_events])
+
+    @property
+    def no_epsilon_label(self) -> str:
+        """What is shown instead of ε when there is none (else empty)."""
+        return {"none": NONPRIVATE_REFERENCE, "heuristic": HEURISTIC}.get(self.guarantee, "")
+
+    @property
+    def epsilon_note(self) -> str:
+        """What this method's ε means, or why it has none (an MLflow tag, a results note)."""
+        if self.guarantee == "none":
+            return (f"{NONPRIVATE_REFERENCE} (trained without noise): its test metrics are "
+                    "released without any guarantee and are not in the total")
+        if self.guarantee == "heuristic":
+            return (f"{HEURISTIC} (privacy_guarantee 'heuristic': its sensitivity is not "
+                    "bounded by its clip norm): no ε is reported and it is not in the total")
+        seeds = ", ".join(str(s) for s in self.seeds)
+        return (f"epsilon: this training run alone, at its delta; epsilon_method_release: "
+                f"{EPSILON_METHOD} (search: {self.tuning}; seeds {seeds}) at δ = {self.delta:g}")
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """Every method's release and the run's total: ``epsilon_total`` of ``event_total``, the
+    composition of the releases that have a guarantee, at ``delta``."""
+
+    methods: dict[str, MethodRelease]
+    delta: float
+    event_total: dp_event.DpEvent
+    epsilon_total: float
+
+    @property
+    def without_guarantee(self) -> list[MethodRelease]:
+        return [m for m in self.methods.values() if not m.has_epsilon]
+
+    @property
+    def reproducible(self) -> bool:
+        return any(m.reproducible for m in self.methods.values())
+
+    @property
+    def total_label(self) -> str:
+        """The row label of the run's total ε, naming the releases it does not cover."""
+        missing = ["non-private reference" if m.guarantee == "none" else m.label
+                   for m in self.without_guarantee]
+        label = "run total: private releases composed"
+        if missing:
+            label += f" (released without guarantee, not covered: {', '.join(missing)})"
+        return label
+
+    def notes(self) -> list[str]:
+        """What the results say once about what ε covers (results.md, the MLflow run's
+        description): the columns, the total, what has no guarantee, the test metrics."""
+        seeds = ", ".join(str(s) for s in next(iter(self.methods.values())).seeds)
+        notes = [
+            f"Privacy (DESIGN.md section 5): '{EPSILON_RUN}' is the ε of one final model; "
+            f"'{EPSILON_METHOD}' composes the method's search with its final models on seeds "
+            f"{seeds}; the last row composes every private release of this run (RDP "
+            f"accountant, not a sum of epsilons). Every ε is at δ = {self.delta:g}.",
+            *(f"{m.label}: {m.epsilon_note}" for m in self.without_guarantee),
+            TEST_METRICS_NOTE,
+        ]
+        if self.reproducible:
+            notes.append(f"Reproducible run: {REPLAYABLE_NOISE}.")
+        return notes
+
+    def itemised(self) -> list[str]:
+        """One line per method and one for the total: the spend, as the budget sees it."""
+        lines = []
+        for m in self.methods.values():
+            if not m.has_epsilon:
+                lines.append(f"{m.label}: {m.no_epsilon_label} (no ε; not in the total)")
+                continue
+            search = (f"search ε {_fmt(m.epsilon_search)} ({m.tuning}); "
+                      if m.epsilon_search is not None else "not tuned; ")
+            seeds = ", ".join(str(s) for s in m.seeds)
+            lines.append(f"{m.label}: {search}seeds {seeds}: ε {_fmt(m.epsilon_run)} each "
+                         f"(one training run); composed: ε {_fmt(m.epsilon)}")
+        lines.append(f"total, composition of every private release: ε {_fmt(self.epsilon_total)} "
+                     f"at δ = {self.delta:g}")
+        if self.reproducible:
+            lines.append(f"reproducible: {REPLAYABLE_NOISE}")
+        return lines
+
+
+def _fmt(eps: float | None) -> str:
+    return "∞" if eps is None or not math.isfinite(eps) else f"{eps:.3g}"
+
+
+def search_release(
+    cfg: TuningConfig, run_event: dp_event.DpEvent, k: int, release: ReleaseMode
+) -> SearchRelease:
+    """The release of a search with settings ``cfg``, per-run event ``run_event`` and K = ``k``.
+
+    ``selected``: :func:`dpfair.tuning.events.search_event` (the bound of ``cfg.mode``, e.g.
+    RepeatAndSelect, Papernot & Steinke 2022 Thm. 2; it covers only the selected run, so K and
+    the other trials stay private). ``all_trials``: every run and its score are public, so the
+    bound is their composition, ``SelfComposed(run ∘ score, K)`` (the same function in mode
+    ``fixed`` with ``n_runs = K``); a grid search has no guarantee either way.
+    """
+    scores = " and their noisy score releases" if cfg.score_privacy == "noisy" else ""
+    if release == "all_trials" and cfg.mode != "grid":
+        fixed = cfg.model_copy(update={"mode": "fixed", "n_runs": k})
+        event = search_event(fixed, run_event)
+        label = f"all {k} trials released: composition of the {k} runs{scores}"
+    else:
+        event = search_event(cfg, run_event)
+        label = {
+            "tnb": f"RepeatAndSelect, TNB η={cfg.eta:g} μ={cfg.mu:g}: only the selected "
+                   "configuration released",
+            "poisson": f"RepeatAndSelect, Poisson μ={cfg.mu:g}: only the selected "
+                       "configuration released",
+            "fixed": f"best of {cfg.n_runs} runs: composition of the {cfg.n_runs} runs{scores}",
+            "grid": "grid search: no DP guarantee",
+        }[cfg.mode]
+    return SearchRelease(event=event, run_event=run_event, label=label,
+                         reproducible=cfg.reproducible)
+
+
+def method_release(
+    label: str,
+    guarantee: PrivacyGuarantee,
+    seeds: Sequence[int],
+    run_events: Sequence[dp_event.DpEvent],
+    search: SearchRelease | None,
+    reproducible: bool,
+    delta: float,
+) -> MethodRelease:
+    """A method's release (``run_events``: one per seed) with its epsilons at ``delta``; a
+    method without a proven guarantee gets none (``inf``). ``reproducible``: its runs draw
+    their noise from the seed (the non-private reference has no noise to replay)."""
+    release = MethodRelease(
+        label=label, guarantee=guarantee, seeds=tuple(seeds), run_events=tuple(run_events),
+        search=search, delta=delta, epsilon_run=math.inf,
+        reproducible=guarantee != "none" and (reproducible or bool(search and search.reproducible)),
+        epsilon_search=None if search is None else math.inf, epsilon=math.inf,
+    )
+    if not release.has_epsilon:
+        return release
+    return replace(
+        release,
+        epsilon_run=max(accounting.epsilon(e, delta) for e in run_events),
+        epsilon_search=None if search is None else accounting.epsilon(
+            search.event or dp_event.NonPrivateDpEvent(), delta),
+        epsilon=accounting.epsilon(release.event, delta),
+    )
+
+
+def release_plan(methods: Sequence[MethodRelease], delta: float) -> ReleasePlan:
+    """The run's releases and their total ε (the composition of those with a guarantee)."""
+    private = [m.event for m in methods if m.has_epsilon]
+    total = dp_event.ComposedDpEvent(private)
+    eps = accounting.epsilon(total, delta) if private else 0.0
+    return ReleasePlan(methods={m.label: m for m in methods}, delta=delta, event_total=total,
+                       epsilon_total=eps)
+
+
+def check_budget(plan: ReleasePlan, budget: BudgetSection) -> None:
+    """Refuse (``PrivacyError``, itemising the spend) a run that releases more than
+    ``budget`` allows: a total ε over ``budget.epsilon``, or a release without guarantee
+    that the budget does not allow. Called before anything trains."""
+    refused = []
+    for m in plan.without_guarantee:
+        if m.guarantee == "heuristic" and not budget.allow_heuristic:
+            refused.append(f"{m.label} has no DP guarantee ({HEURISTIC}); allow it with "
+                           "budget.allow_heuristic: true")
+        if m.guarantee == "none" and not budget.allow_nonprivate_reference:
+            refused.append(f"the non-private reference {m.label!r} releases test metrics of a "
+                           "model trained without noise; allow it with "
+                           "budget.allow_nonprivate_reference: true or drop it with "
+                           "experiment.nonprivate_reference: false")
+    if budget.epsilon is not None and not plan.epsilon_total <= budget.epsilon:
+        refused.append(f"the total ε {_fmt(plan.epsilon_total)} exceeds budget.epsilon "
+                       f"{budget.epsilon:g} (δ = {plan.delta:g}): lower mu, the seeds or the "
+                       "epochs, raise sigma, or tune fewer methods")
+    if refused:
+        raise PrivacyError(
+            "the run would release more than the budget allows; nothing was trained.\n  "
+            + "\n  ".join(refused) + "\nplanned spend:\n  " + "\n  ".join(plan.itemised())
+        )
+
+
+def epsilon_cells(m: MethodRelease) -> tuple[str, str]:
+    """The two ε cells of method ``m`` in a results table: one training run, and everything
+    released for the method (a label instead of a number when there is no guarantee)."""
+    if not m.has_epsilon:
+        return m.no_epsilon_label, m.no_epsilon_label
+    if m.search is not None and m.search.event is None:
+        return epsilon_text(m.epsilon_run), f"∞ ({m.search.label})"
+    return epsilon_text(m.epsilon_run), epsilon_text(m.epsilon)
+
+
+def epsilon_text(eps: float) -> str:
+    """An ε as a results table shows it: two decimals, ``∞`` when unbounded."""
+    return f"{eps:.2f}" if math.isfinite(eps) else "∞"
+
+
+def write_ledger(result: TuningResult, release: ReleaseMode) -> Path:
+    """Write the search's ledger (every trial, its score and hyperparameters, K) as JSON next
+    to its Optuna storage (the working directory for a server storage) and return its path.
+
+    ``selected``: ``<study>.ledger.PRIVATE.json``, private working state whose top-level
+    ``status`` says so: the search's ε covers only the selected configuration, so this file
+    must never be published (nor logged to MLflow). ``all_trials``: ``<study>.ledger.json``,
+    part of the release (its ε is the composition of all K runs).
+    """
+    storage = result.storage
+    folder = Path.cwd()
+    for prefix in ("journal:", "sqlite:///"):
+        if storage.startswith(prefix) and storage[len(prefix):] != ":memory:":
+            folder = Path(storage[len(prefix):]).resolve().parent
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", result.study_name)
+    private = release == "selected"
+    path = folder / f"{name}.ledger{'.PRIVATE' if private else ''}.json"
+    status = PRIVATE_LEDGER_STATUS if private else (
+        "released: every trial of the search; its ε is the composition of all K runs")
+    payload = {
+        "status": status,
+        "study": result.study_name,
+        "storage": storage,
+        "K": result.K,
+        "best_trial": result.best_trial,
+        "best_score": result.best_score,
+        "reproducible": result.reproducible,
+        "trials": result.trials,
+    }
+    path.write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
+    return path
