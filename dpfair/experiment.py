@@ -1,33 +1,47 @@
 """The steps of the experiment pipeline as plain functions (DESIGN.md section 7).
 
-``flows/experiment.py`` only orchestrates these: prepare the data (DVC stage) -> tune each
-method that has a search space -> train every method on every seed plus the non-private
-reference -> fairness tables, significance tests and figures -> MLflow. Every step logs into
-its own MLflow run through explicit run ids, so steps may run in threads or processes.
+``flows/experiment.py`` only orchestrates these: prepare the data (DVC stage) -> plan what
+the run releases and check it against the budget, before anything trains
+(:func:`plan_release`, :mod:`dpfair.release`) -> tune each method that has a search space ->
+train every method on every seed plus the non-private reference -> fairness tables,
+significance tests and figures (:mod:`dpfair.summary`) -> MLflow. Every step logs into its
+own MLflow run through explicit run ids, so steps may run in threads or processes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 import yaml
 from dp_accounting import dp_event
 
-from dpfair import fairness, report
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
+from dpfair.errors import PrivacyError
 from dpfair.fairness import GroupMetrics
 from dpfair.privacy import accounting
+from dpfair.release import (
+    SECRET_NOISE,
+    MethodRelease,
+    ReleasePlan,
+    SearchRelease,
+    check_budget,
+    method_release,
+    release_plan,
+    search_release,
+    write_ledger,
+)
+from dpfair.sections import ReleaseMode
 from dpfair.tracking import (
     TrackingConfig,
     log_file,
@@ -38,8 +52,16 @@ from dpfair.tracking import (
     run,
     set_tags,
 )
-from dpfair.training import TrainConfig, TrainResult, flat_metrics, train
-from dpfair.tuning import TuningResult, tune
+from dpfair.training import (
+    REPLAYABLE_NOISE,
+    TrainConfig,
+    TrainResult,
+    flat_metrics,
+    make_plan,
+    train,
+)
+from dpfair.tuning import TuningConfig, TuningResult, tune
+from dpfair.tuning import prepare as prepare_search
 
 REFERENCE = "nonprivate"
 
@@ -53,7 +75,8 @@ class PreparedData:
 
 @dataclass
 class RunRecord:
-    """What a final training leaves for the summary (plain data: crosses process borders)."""
+    """What a final training leaves for the summary (plain data: crosses process borders).
+    ``epsilon``: of this training run alone (``inf`` for a release without guarantee)."""
 
     label: str
     seed: int
@@ -62,34 +85,19 @@ class RunRecord:
     history: dict[int, dict[str, float]]
     clip_trajectory: dict[str, list[float]]
     epsilon: float
-    epsilon_with_tuning: float
     privacy_guarantee: str
     tuning_privacy: str
 
 
 @dataclass
 class TuneRecord:
+    """What a search leaves for the final runs: the selected configuration (and no K, no
+    score: those stay in the private ledger unless ``tuning.release: all_trials``)."""
+
     label: str
     run_id: str
     best_config: dict[str, Any] | None
-    epsilon_search: float
     tuning_privacy: str
-    search_event_json: str | None
-    k: int
-
-
-@dataclass
-class Summary:
-    table: pd.DataFrame
-    significance: pd.DataFrame
-    figures: dict[str, str] = field(default_factory=dict)
-
-    def markdown(self) -> str:
-        parts = ["## Per-group results (mean ± SE over seeds)", "", self.table.to_markdown()]
-        if not self.significance.empty:
-            parts += ["", "## One-sided Wilcoxon p-values against the baseline", "",
-                      self.significance.to_markdown()]
-        return "\n".join(parts) + "\n"
 
 
 # ------------------------------------------------------------------------------------ data
@@ -146,7 +154,56 @@ def load_data(prepared: PreparedData) -> GroupedDataset:
     return load_prepared(prepared.path)
 
 
-# ---------------------------------------------------------------------------------- tuning
+# ------------------------------------------------------------------------- release, tuning
+
+
+def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str]) -> ReleasePlan:
+    """Everything the run will release, with its ε, checked against ``params.budget``: a
+    :class:`~dpfair.errors.PrivacyError` itemising the spend before anything trains.
+
+    A tuned method's search is prepared here (:func:`dpfair.tuning.prepare`, in study
+    ``studies[label]``): its events, and K, drawn once and kept in the study, which
+    :func:`tune_method` reopens. A final run's event is its :func:`~dpfair.training.make_plan`
+    event; a tuned method's is the search's per-run bound (:mod:`dpfair.release`).
+    """
+    exp = params.experiment
+    delta = params.budget.delta or exp.train.delta
+    n_train, n_groups = len(dataset.train), dataset.n_groups
+    releases = []
+    for label in [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]:
+        base = exp.train_config(label, exp.seeds[0])
+        search = None
+        if label in params.tuning.spaces:
+            job = prepare_search(base.method, base, dataset,
+                                 params.tuning.config(label, studies[label]))
+            search = search_release(job.cfg, accounting.event_from_json(job.run_event_json),
+                                    job.k, params.tuning.release)
+            events = [search.run_event] * len(exp.seeds)
+        else:
+            events = [make_plan(exp.train_config(label, seed), n_train, n_groups).event
+                      for seed in exp.seeds]
+        releases.append(method_release(label, base.method.privacy_guarantee, exp.seeds,
+                                       events, search, base.reproducible, delta))
+    plan = release_plan(releases, delta)
+    check_budget(plan, params.budget)
+    return plan
+
+
+def _check_planned(result: TuningResult, cfg: TuningConfig, release: MethodRelease,
+                   mode: ReleaseMode) -> SearchRelease:
+    """The release of the search that ran, which must be the planned one (same events, same
+    K): what is reported is what was accounted."""
+    planned = release.search
+    ran = search_release(cfg, accounting.event_from_json(result.run_event_json or "null"),
+                         result.K, mode)
+    if planned is None or _event_json(ran.event) != _event_json(planned.event):
+        raise PrivacyError(f"the search of {release.label!r} ran with other privacy events than "
+                           "planned; its results are not reported")
+    return ran
+
+
+def _event_json(event: dp_event.DpEvent | None) -> str | None:
+    return None if event is None else accounting.event_to_json(event)
 
 
 def tune_method(
@@ -157,49 +214,76 @@ def tune_method(
     experiment_id: str,
     parent_run_id: str,
     study_name: str,
+    release: MethodRelease,
 ) -> TuneRecord:
-    """Private search for ``label`` (DESIGN.md section 6), the trials logged as nested runs."""
+    """Private search for ``label`` (DESIGN.md section 6) in the study :func:`plan_release`
+    prepared, logged as one MLflow run.
+
+    ``tuning.release: selected`` (default): the run holds only what the search's ε covers,
+    the selected hyperparameters (params ``selected.*``), ε and the search's event; K, the
+    trials and their scores go to the private ledger beside the Optuna storage
+    (:func:`dpfair.release.write_ledger`). ``all_trials``: K, the ledger and every trial (a
+    nested run with its score) are logged too, and ε is their composition.
+    """
     exp = params.experiment
     base = exp.train_config(label, exp.seeds[0])
     cfg = params.tuning.config(label, study_name)
+    mode = params.tuning.release
     with run(tracking, experiment_id, f"tune:{label}", parent_run_id=parent_run_id,
-             tags={"dpfair.stage": "tuning", "dpfair.method": label}) as tune_run_id:
+             tags={"dpfair.stage": "tuning", "dpfair.method": label,
+                   "dpfair.release": mode}) as tune_run_id:
         result: TuningResult = tune(base.method, base, dataset, cfg)
-        log_params(tracking, tune_run_id, {"tuning": cfg.model_dump(mode="json")})
-        log_metrics(tracking, tune_run_id, {
-            "K": result.K, "runs": result.n_runs, "epsilon_search": result.epsilon_search,
-            "epsilon_training": result.epsilon_training, "delta": result.delta,
+        search = _check_planned(result, cfg, release, mode)
+        write_ledger(result, mode)
+        log_params(tracking, tune_run_id, {"tuning": cfg.model_dump(mode="json"),
+                                           "selected": result.best_params or {}})
+        metrics: dict[str, float] = {}
+        if release.has_epsilon:
+            assert release.epsilon_search is not None  # a tuned method's release has a search
+            metrics = {"epsilon_search": release.epsilon_search,
+                       "epsilon_training": release.epsilon_run, "delta": release.delta}
+        set_tags(tracking, tune_run_id, {
+            "tuning_privacy": result.tuning_privacy, "score_privacy": result.score_privacy,
+            "dpfair.epsilon_search": search.label if release.has_epsilon
+            else release.no_epsilon_label,
+            **({"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}),
         })
-        set_tags(tracking, tune_run_id, {"tuning_privacy": result.tuning_privacy,
-                                         "score_privacy": result.score_privacy})
-        log_json(tracking, tune_run_id, result.trials, "ledger.json")
-        if result.event_json:
-            log_text(tracking, tune_run_id, result.event_json, "dp_event_search.json")
-        for trial in result.trials:
-            with run(tracking, experiment_id, f"trial:{label}:{trial['number']}",
-                     parent_run_id=tune_run_id,
-                     tags={"dpfair.stage": "tuning-trial", "dpfair.method": label,
-                           "state": trial["state"], "ledger": trial["ledger"]}) as trial_id:
-                log_params(tracking, trial_id, trial["params"])
-                if trial["score"] is not None:
-                    log_metrics(tracking, trial_id, {f"score_{result.score}": trial["score"]})
+        if search.event is not None and release.has_epsilon:
+            log_text(tracking, tune_run_id, accounting.event_to_json(search.event),
+                     "dp_event_search.json")
+        if mode == "all_trials":
+            metrics.update({"K": result.K, "runs": result.n_runs})
+            log_json(tracking, tune_run_id, result.trials, "ledger.json")
+            _log_trials(tracking, experiment_id, tune_run_id, label, result)
+        log_metrics(tracking, tune_run_id, metrics)
     best = result.best_config
     return TuneRecord(
         label=label,
         run_id=tune_run_id,
         best_config=best.model_dump(mode="json") if best is not None else None,
-        epsilon_search=result.epsilon_search,
         tuning_privacy=result.tuning_privacy,
-        search_event_json=result.event_json,
-        k=result.K,
     )
+
+
+def _log_trials(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, label: str,
+                result: TuningResult) -> None:
+    """Every trial as a nested run with its hyperparameters and score (``all_trials`` only)."""
+    for trial in result.trials:
+        with run(tracking, experiment_id, f"trial:{label}:{trial['number']}",
+                 parent_run_id=tune_run_id,
+                 tags={"dpfair.stage": "tuning-trial", "dpfair.method": label,
+                       "state": trial["state"], "ledger": trial["ledger"]}) as trial_id:
+            log_params(tracking, trial_id, trial["params"])
+            if trial["score"] is not None:
+                log_metrics(tracking, trial_id, {f"score_{result.score}": trial["score"]})
 
 
 # -------------------------------------------------------------------------------- training
 
 
 class _EpochLogger:
-    """Training callback: per-epoch TEST metrics into the run (test metrics are public)."""
+    """Training callback: per-epoch TEST metrics into the run (held-out data that ε does not
+    cover, released without noise: :data:`dpfair.release.TEST_METRICS_NOTE`)."""
 
     def __init__(self, tracking: TrackingConfig, run_id: str, dataset: GroupedDataset) -> None:
         self.tracking, self.run_id = tracking, run_id
@@ -214,9 +298,11 @@ class _EpochLogger:
 
 
 def final_config(params: Params, label: str, seed: int, tuned: TuneRecord | None) -> TrainConfig:
-    """The configuration trained on ``seed``: the tuned one when a search ran, else fixed."""
+    """The configuration trained on ``seed``: the tuned one when a search ran, else fixed
+    (randomness as ``experiment.train.reproducible`` says, whatever the search's)."""
     if tuned is not None and tuned.best_config is not None:
-        return TrainConfig.model_validate({**tuned.best_config, "seed": seed})
+        return TrainConfig.model_validate({**tuned.best_config, "seed": seed,
+                                           "reproducible": params.experiment.train.reproducible})
     return params.experiment.train_config(label, seed)
 
 
@@ -233,11 +319,6 @@ def _trajectory(result: TrainResult) -> dict[str, list[float]]:
     return series
 
 
-def _bounds(trajectory: dict[str, list[float]]) -> dict[str, list[float]]:
-    """The clip bounds of a trajectory, without its step index and released counts."""
-    return {k: v for k, v in trajectory.items() if k != "step" and "released" not in k}
-
-
 def train_and_log(
     config: TrainConfig,
     label: str,
@@ -246,39 +327,39 @@ def train_and_log(
     experiment_id: str,
     parent_run_id: str,
     data_tags: dict[str, str],
+    release: MethodRelease,
     tuned: TuneRecord | None = None,
 ) -> RunRecord:
-    """Train one configuration in a nested MLflow run and log everything of section 7."""
+    """Train one configuration in a nested MLflow run and log everything of section 7.
+
+    A method with a proven guarantee logs ``epsilon`` (this run alone) and
+    ``epsilon_method_release`` (everything released for the method: ``release``); one without
+    logs no ε, and its ``dpfair.epsilon`` tag says why (:mod:`dpfair.release`)."""
     tuning_privacy = tuned.tuning_privacy if tuned else "not tuned"
     tags = {**data_tags, "dpfair.stage": "final", "dpfair.method": label,
             "dpfair.seed": str(config.seed), "tuning_privacy": tuning_privacy,
-            "dpfair.diagnostics": "non-private" if config.nonprivate_stats else "off"}
+            "dpfair.diagnostics": "non-private" if config.nonprivate_stats else "off",
+            "dpfair.epsilon": release.epsilon_note,
+            "dpfair.noise": REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE}
     with run(tracking, experiment_id, f"{label}:seed{config.seed}",
              parent_run_id=parent_run_id, tags=tags) as run_id:
         log_params(tracking, run_id, config.model_dump(mode="json"))
         result = train(config, dataset, callbacks=[_EpochLogger(tracking, run_id, dataset)])
-        event = result.event
-        private = not isinstance(event, dp_event.NonPrivateDpEvent)
-        eps_tuning = result.epsilon
-        if tuned is not None and tuned.search_event_json and private:
-            search = accounting.event_from_json(tuned.search_event_json)
-            eps_tuning = accounting.epsilon(dp_event.ComposedDpEvent([search, event]),
-                                            result.delta)
-        elif tuned is not None:
-            eps_tuning = float("inf")
         names = {"group_names": dataset.group_names, "class_names": dataset.class_names}
         metrics = {**flat_metrics(result.test_metrics, "final/test/", **names),
-                   "epsilon": result.epsilon, "epsilon_with_tuning": eps_tuning,
-                   "delta": result.delta, "sigma": result.sigma, "steps": result.steps,
+                   "sigma": result.sigma, "steps": result.steps,
                    "sample_rate": result.sample_rate, "wall_time_s": result.wall_time_s}
-        if result.group_epsilons:
+        if release.has_epsilon:
+            metrics.update({"epsilon": result.epsilon, "delta": result.delta,
+                            "epsilon_method_release": release.epsilon,
+                            "delta_release": release.delta})
             metrics.update({f"epsilon_group/{dataset.group_names[k]}": e
-                            for k, e in enumerate(result.group_epsilons)})
+                            for k, e in enumerate(result.group_epsilons or [])})
         log_metrics(tracking, run_id, metrics)
         set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
                                     "dpfair.device": result.device})
-        if private:
-            log_text(tracking, run_id, accounting.event_to_json(event), "dp_event.json")
+        if release.has_epsilon:
+            log_text(tracking, run_id, accounting.event_to_json(result.event), "dp_event.json")
         trajectory = _trajectory(result)
         if trajectory:
             log_json(tracking, run_id, trajectory, "clip_trajectory.json")
@@ -300,67 +381,7 @@ def train_and_log(
     return RunRecord(
         label=label, seed=config.seed, run_id=run_id,
         records=gm.to_records(label, config.seed, dataset.group_names, dataset.class_names),
-        history=history, clip_trajectory=trajectory, epsilon=result.epsilon,
-        epsilon_with_tuning=eps_tuning, privacy_guarantee=result.privacy_guarantee,
-        tuning_privacy=tuning_privacy,
+        history=history, clip_trajectory=trajectory,
+        epsilon=result.epsilon if release.has_epsilon else math.inf,
+        privacy_guarantee=result.privacy_guarantee, tuning_privacy=tuning_privacy,
     )
-
-
-# --------------------------------------------------------------------------------- summary
-
-
-def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
-              out_dir: str | Path) -> Summary:
-    """Esipova-layout table, Wilcoxon p-values against the baseline, and the figures."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    frame = fairness.runs_frame([r for run_ in runs for r in run_.records])
-    groups = tuple(params.experiment.pair or dataset.group_names[:2])
-    methods = sorted({r.label for r in runs}, key=lambda m: (m != REFERENCE, m))
-    has_reference = REFERENCE in methods
-    table = fairness.comparison_table(
-        frame, groups, reference=REFERENCE if has_reference else methods[0],
-        max_gap_groups=list(dataset.group_names) if len(dataset.group_names) > 2 else None,
-    )
-    eps = pd.Series({m: np.mean([r.epsilon_with_tuning for r in runs if r.label == m])
-                     for m in methods}, name="epsilon")
-    table = table.join(eps.map(lambda e: "∞" if not np.isfinite(e) else f"{e:.2f}"))
-    per_seed = fairness.seed_table(frame, groups,
-                                   reference=REFERENCE if has_reference else methods[0])
-    baseline = params.experiment.baseline
-    significance = pd.DataFrame()
-    if baseline in methods:
-        significance = fairness.significance_table(per_seed, baseline=baseline, min_pairs=2)
-    figures = {
-        "group_accuracy": report.plot_group_accuracy(
-            frame, out / "group_accuracy.png", groups=list(dataset.group_names)[:10],
-            methods=methods),
-        "training_curves": report.plot_training_curves(
-            {m: [r.history for r in runs if r.label == m] for m in methods},
-            out / "training_curves.png", groups=list(groups)),
-    }
-    if has_reference and len(methods) > 1:
-        figures["privacy_cost"] = report.plot_privacy_cost(
-            frame, out / "privacy_cost.png", reference=REFERENCE,
-            groups=list(dataset.group_names)[:10],
-            methods=[m for m in methods if m != REFERENCE])
-    bounds = {r.label: _bounds(r.clip_trajectory) for r in runs
-              if r.clip_trajectory and r.seed == params.experiment.seeds[0]}
-    if bounds:
-        figures["clip_bounds"] = report.plot_clip_bounds(bounds, out / "clip_bounds.png")
-    (out / "results.md").write_text(Summary(table, significance).markdown())
-    table.to_csv(out / "results.csv")
-    return Summary(table=table, significance=significance,
-                   figures={k: str(v) for k, v in figures.items()})
-
-
-def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary, out_dir: str | Path,
-                failures: dict[str, str]) -> None:
-    out = Path(out_dir)
-    for name in ("results.md", "results.csv"):
-        log_file(tracking, run_id, out / name, "results")
-    for path in summary.figures.values():
-        log_file(tracking, run_id, path, "figures")
-    if failures:
-        log_json(tracking, run_id, failures, "failures.json")
-    set_tags(tracking, run_id, {"dpfair.failed_methods": ",".join(sorted(failures)) or "none"})

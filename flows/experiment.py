@@ -1,13 +1,17 @@
-"""The experiment flow (DESIGN.md section 7): prepare -> tune -> train x seeds -> report.
+"""The experiment flow (DESIGN.md section 7): prepare -> plan the release -> tune -> train x
+seeds -> report.
 
 ``run_experiment`` validates params.yaml before anything runs, then starts the flow with the
-task runner that params.yaml asks for. A method that fails does not lose the others: their
+task runner that params.yaml asks for. The flow plans everything the run will release and
+checks it against ``budget`` before any MLflow run is opened or anything trains
+(:func:`dpfair.experiment.plan_release`). A method that fails does not lose the others: their
 runs are logged, the failure is reported with its error, and the flow ends failed.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +26,16 @@ from dpfair import experiment as steps  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
 from dpfair.tracking import experiment_id, run  # noqa: E402
-from tasks.pipeline import evaluate, load_data, log_results, prepare_data, train_seed, tune_method  # noqa: E402
+from tasks.pipeline import (  # noqa: E402
+    evaluate,
+    load_data,
+    log_release,
+    log_results,
+    plan_release,
+    prepare_data,
+    train_seed,
+    tune_method,
+)
 
 
 class MethodsFailed(RuntimeError):
@@ -65,27 +78,32 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
     exp, tracking = params.experiment, params.tracking
     prepared = prepare_data(params, root, params_path)
     dataset = load_data(prepared)
+    token = uuid.uuid4().hex[:8]
+    studies = {label: f"{prepared.name}-{label}-{token}"
+               for label in exp.methods if label in params.tuning.spaces}
+    plan = plan_release(params, dataset, studies)  # over budget: refused, nothing trains
     exp_id = experiment_id(tracking, prepared.name)
     data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
     failures: dict[str, str] = {}
     with run(tracking, exp_id, f"pipeline:{prepared.name}",
              tags={**data_tags, "dpfair.stage": "pipeline"}) as parent:
+        log_release(tracking, parent, plan)
         tune_futures = {
             label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
-                                      f"{prepared.name}-{label}-{parent[:8]}")
-            for label in exp.methods if label in params.tuning.spaces
+                                      studies[label], plan.methods[label])
+            for label in studies
         }
         tuned = _collect(tune_futures, failures)
         train_futures = {
             (label, seed): train_seed.submit(
                 steps.final_config(params, label, seed, tuned.get(label)), label, dataset,
-                tracking, exp_id, parent, data_tags, tuned.get(label))
-            for label in [steps.REFERENCE, *exp.methods] if label not in failures
+                tracking, exp_id, parent, data_tags, plan.methods[label], tuned.get(label))
+            for label in plan.methods if label not in failures
             for seed in exp.seeds
         }
         runs = list(_collect(train_futures, failures).values())
         out_dir = Path(root) / "outputs" / parent
-        summary = evaluate(params, dataset, runs, out_dir)
+        summary = evaluate(params, dataset, runs, out_dir, plan)
         log_results(tracking, parent, summary, out_dir, failures)
         if failures:
             raise MethodsFailed(
@@ -98,10 +116,15 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
         "table": summary.markdown(),
         "results_dir": str(out_dir),
         "figures": summary.figures,
-        "runs": [{"label": r.label, "seed": r.seed, "run_id": r.run_id, "epsilon": r.epsilon,
-                  "epsilon_with_tuning": r.epsilon_with_tuning} for r in runs],
-        "tuning": {k: {"K": t.k, "epsilon_search": t.epsilon_search,
-                       "tuning_privacy": t.tuning_privacy} for k, t in tuned.items()},
+        "runs": [{"label": r.label, "seed": r.seed, "run_id": r.run_id, "epsilon": r.epsilon}
+                 for r in runs],
+        "release": {"delta": plan.delta, "epsilon_total": plan.epsilon_total,
+                    "total_label": plan.total_label,
+                    "methods": {m.label: {"epsilon_run": m.epsilon_run,
+                                          "epsilon_search": m.epsilon_search,
+                                          "epsilon": m.epsilon, "search": m.tuning,
+                                          "guarantee": m.guarantee}
+                                for m in plan.methods.values()}},
     }
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dpfair.data import load_dataset
-from dpfair.experiment import _bounds, _trajectory
+from dpfair.experiment import _trajectory
+from dpfair.summary import _bounds
 from dpfair.training import TrainConfig, train
 
 
@@ -33,3 +34,64 @@ def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
     )
     assert dvc_prepare_stages(tmp_path) == ("digits",)
     assert dvc_prepare_stages(tmp_path / "absent") == ()
+
+
+def test_final_runs_say_what_their_epsilon_covers(tmp_path):
+    """The steps without Prefect: a proven method logs both epsilons, FairLens and the
+    reference none (a tag says why), a reproducible run says its noise is replayable, and
+    the table and the pipeline run's description say what ε covers."""
+    from mlflow import MlflowClient
+
+    from dpfair.config import parse_params
+    from dpfair.experiment import final_config, plan_release, train_and_log
+    from dpfair.release import (
+        EPSILON_METHOD,
+        EPSILON_RUN,
+        HEURISTIC,
+        NONPRIVATE_REFERENCE,
+        TEST_METRICS_NOTE,
+    )
+    from dpfair.summary import log_release, summarise
+    from dpfair.tracking import TrackingConfig, experiment_id, run
+    from dpfair.training import REPLAYABLE_NOISE
+
+    params = parse_params({
+        "datasets": {"synthetic": {"n": 400}},
+        "experiment": {"dataset": "synthetic", "model": {"name": "logistic_regression"},
+                       "train": {"epochs": 1, "batch_size": 50, "lr": 0.5, "sigma": 1.0,
+                                 "delta": 1e-5, "progress": False, "reproducible": True},
+                       "methods": {"dpsgd": {"C": 1.0}, "fairlens": {"C": 1.0}},
+                       "seeds": [0], "baseline": "dpsgd"},
+        "budget": {"allow_heuristic": True, "allow_nonprivate_reference": True},
+    })
+    tracking = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                              artifact_root=str(tmp_path / "art"))
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    plan = plan_release(params, dataset, {})
+    exp = experiment_id(tracking, "synthetic")
+    with run(tracking, exp, "pipeline") as parent:
+        log_release(tracking, parent, plan)
+        records = [train_and_log(final_config(params, label, 0, None), label, dataset, tracking,
+                                 exp, parent, {}, plan.methods[label])
+                   for label in plan.methods]
+        summary = summarise(params, dataset, records, tmp_path / "out", plan)
+    client = MlflowClient(tracking.uri)
+    logged = {r.label: client.get_run(r.run_id).data for r in records}
+    assert logged["dpsgd"].metrics["epsilon_method_release"] == plan.methods["dpsgd"].epsilon
+    assert logged["dpsgd"].tags["dpfair.noise"] == REPLAYABLE_NOISE
+    for label, why in (("fairlens", HEURISTIC), ("nonprivate", NONPRIVATE_REFERENCE)):
+        assert not [m for m in logged[label].metrics if m.startswith("epsilon")]
+        assert logged[label].tags["dpfair.epsilon"].startswith(why)
+    note = client.get_run(parent).data.tags["mlflow.note.content"]
+    assert TEST_METRICS_NOTE in note and REPLAYABLE_NOISE in note
+    table = summary.table
+    assert table.loc[f"dpsgd ({REPLAYABLE_NOISE})", EPSILON_RUN] == (
+        f"{plan.methods['dpsgd'].epsilon_run:.2f}")
+    lens = table.loc[f"fairlens ({REPLAYABLE_NOISE})", [EPSILON_RUN, EPSILON_METHOD]]
+    assert list(lens) == [HEURISTIC] * 2
+    assert table.loc[plan.total_label, EPSILON_METHOD] == f"{plan.epsilon_total:.2f}"
+    assert "without guarantee, not covered: non-private reference, fairlens" in plan.total_label
+    markdown = (tmp_path / "out" / "results.md").read_text()
+    assert markdown.count(TEST_METRICS_NOTE) == 1 and REPLAYABLE_NOISE in markdown
+    csv = (tmp_path / "out" / "results.csv").read_text()
+    assert EPSILON_METHOD in csv and HEURISTIC in csv and plan.total_label in csv

@@ -26,7 +26,8 @@ def prefect_harness():
 
 def make_workspace(root: Path, repo: Path, experiment: dict, tuning: dict | None = None,
                    **sections: dict) -> Path:
-    """A temp copy of what `dvc repro` needs (dvc.yaml, .dvc, dpfair/data) plus params.yaml."""
+    """A temp copy of what `dvc repro` needs (dvc.yaml, .dvc, dpfair/data) plus params.yaml
+    (whose budget allows the non-private reference unless ``budget`` says otherwise)."""
     shutil.copy(repo / "dvc.yaml", root / "dvc.yaml")
     shutil.copytree(repo / ".dvc", root / ".dvc",
                     ignore=shutil.ignore_patterns("tmp", "cache"))
@@ -36,6 +37,7 @@ def make_workspace(root: Path, repo: Path, experiment: dict, tuning: dict | None
         "datasets": {"synthetic": {"n": 800, "n_features": 6, "minority_fraction": 0.2}},
         "experiment": experiment,
         "tuning": tuning or {},
+        "budget": {"allow_nonprivate_reference": True},
         "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}",
                      "artifact_root": str(root / "mlartifacts")},
         **sections,

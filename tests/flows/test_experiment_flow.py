@@ -1,4 +1,5 @@
-"""The experiment flow end to end under Prefect, asserting on what MLflow holds."""
+"""The experiment flow end to end under Prefect, asserting on what MLflow holds: only what
+the reported ε covers, and a total that is dp_accounting's composition of every release."""
 
 from __future__ import annotations
 
@@ -8,11 +9,25 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dp_accounting import dp_event
+from dp_accounting.rdp import RdpAccountant
 from mlflow import MlflowClient
 
 from dpfair.config import ConfigError, load_params
 from dpfair.data import data_version, load_dataset
+from dpfair.errors import PrivacyError
+from dpfair.privacy import accounting
+from dpfair.release import (
+    EPSILON_METHOD,
+    EPSILON_RUN,
+    HEURISTIC,
+    NONPRIVATE_REFERENCE,
+    PRIVATE_LEDGER_STATUS,
+    SECRET_NOISE,
+    TEST_METRICS_NOTE,
+)
 from dpfair.tracking import TrackingConfig, read_results
+from dpfair.training import make_plan
 from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
 
 pytestmark = pytest.mark.slow
@@ -20,6 +35,21 @@ pytestmark = pytest.mark.slow
 
 def _runs(client: MlflowClient, experiment_id: str) -> list:
     return client.search_runs([experiment_id], max_results=1000)
+
+
+def _oracle(event: dp_event.DpEvent, delta: float) -> float:
+    accountant = RdpAccountant()
+    accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+def _artifact_event(client: MlflowClient, run_id: str, name: str, tmp: Path) -> dp_event.DpEvent:
+    return accounting.event_from_json(Path(client.download_artifacts(run_id, name, str(tmp)))
+                                      .read_text())
+
+
+def _released_names(runs: list) -> set[str]:
+    return {k for r in runs for k in (*r.data.metrics, *r.data.params)}
 
 
 def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, monkeypatch):
@@ -48,20 +78,33 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in finals)
     assert all(r.data.tags["dpfair.data_version"] == version for r in finals)
 
-    # tuning: one tuning run under the parent, its K trials nested under it
+    # tuning releases only the selected configuration: one run, no trial, no K, no score
     tune_runs = [r for r in runs if r.data.tags.get("dpfair.stage") == "tuning"]
     assert [r.data.tags["dpfair.method"] for r in tune_runs] == ["dpsgd"]
-    trials = [r for r in runs if r.data.tags.get("dpfair.stage") == "tuning-trial"]
-    assert len(trials) == out["tuning"]["dpsgd"]["K"] == 2
-    assert all(r.data.tags["mlflow.parentRunId"] == tune_runs[0].info.run_id for r in trials)
+    tune_run = tune_runs[0]
+    assert not [r for r in runs if r.data.tags.get("dpfair.stage") == "tuning-trial"]
+    names = _released_names(runs)
+    assert not {"K", "runs"} & names and not [n for n in names if n.startswith("score_")]
+    assert tune_run.data.tags["dpfair.release"] == "selected"
+    assert tune_run.data.params["selected.lr"] in ("0.2", "0.5")
+    listed = {a.path for a in client.list_artifacts(tune_run.info.run_id)}
+    assert listed == {"dp_event_search.json"}
+    # ... the ledger is private working state beside the Optuna storage (the cwd's optuna.db)
+    [ledger] = tmp_path.glob("*.ledger.PRIVATE.json")
+    private = json.loads(ledger.read_text())
+    assert private["status"] == PRIVATE_LEDGER_STATUS and private["K"] == 2
+    assert "ledger" not in " ".join(a.path for r in runs
+                                    for a in client.list_artifacts(r.info.run_id))
 
     # metrics consistent with the returned results; tags of privacy
     for summary in out["runs"]:
         run = by_id[summary["run_id"]]
-        if summary["label"] == "nonprivate":  # epsilon = inf is not a metric
+        if summary["label"] == "nonprivate":  # no epsilon: its tag says why
             assert "epsilon" not in run.data.metrics
+            assert run.data.tags["dpfair.epsilon"].startswith(NONPRIVATE_REFERENCE)
         else:
             assert run.data.metrics["epsilon"] == pytest.approx(summary["epsilon"])
+        assert run.data.tags["dpfair.noise"] == SECRET_NOISE
         assert 0.0 <= run.data.metrics["final/test/accuracy"] <= 1.0
         groups = load_dataset("synthetic", params.dataset("synthetic")).group_names
         assert all(f"final/test/group_accuracy/{g}" in run.data.metrics for g in groups)
@@ -69,8 +112,24 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
         assert [m.step for m in history] == [1, 2, 3]
     dpsgd = [by_id[s["run_id"]] for s in out["runs"] if s["label"] == "dpsgd"]
     assert all(r.data.tags["tuning_privacy"] == "fixed" for r in dpsgd)
-    assert all(r.data.metrics["epsilon_with_tuning"] > r.data.metrics["epsilon"] for r in dpsgd)
+    assert all(r.data.metrics["epsilon_method_release"] > r.data.metrics["epsilon"]
+               for r in dpsgd)
     assert all(r.data.tags["privacy_guarantee"] == "proven" for r in dpsgd)
+
+    # the total is dp_accounting's composition of everything released: the search's event
+    # and every final private run's event, read back from MLflow
+    delta = parent.data.metrics["delta"]
+    released = [_artifact_event(client, tune_run.info.run_id, "dp_event_search.json", tmp_path)]
+    released += [_artifact_event(client, r.info.run_id, "dp_event.json", tmp_path)
+                 for r in finals if r.data.tags["dpfair.method"] != "nonprivate"]
+    total = _oracle(dp_event.ComposedDpEvent(released), delta)
+    assert parent.data.metrics["epsilon_total"] == pytest.approx(total, rel=1e-6)
+    assert out["release"]["epsilon_total"] == pytest.approx(total, rel=1e-6)
+    assert "not covered: non-private reference" in parent.data.tags["dpfair.epsilon_total"]
+    assert TEST_METRICS_NOTE in parent.data.tags["mlflow.note.content"]
+    for r in dpsgd:
+        assert r.data.metrics["epsilon_method_release"] == pytest.approx(
+            parent.data.metrics["epsilon_released/dpsgd"])
 
     # artifacts: the DpEvent JSON of a private run, the table and figures of the parent
     event_path = client.download_artifacts(dpsgd[0].info.run_id, "dp_event.json", str(tmp_path))
@@ -80,11 +139,86 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     png = client.download_artifacts(parent.info.run_id, "figures/group_accuracy.png",
                                     str(tmp_path))
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = client.download_artifacts(parent.info.run_id, "results/results.md", str(tmp_path))
-    assert "dpsgd_global" in Path(table).read_text()
-    assert out["table"] == Path(table).read_text()
+    table = Path(client.download_artifacts(parent.info.run_id, "results/results.md",
+                                           str(tmp_path))).read_text()
+    assert "dpsgd_global" in table and TEST_METRICS_NOTE in table
+    assert EPSILON_RUN in table and EPSILON_METHOD in table
+    assert f"| {NONPRIVATE_REFERENCE} " in table
+    assert out["table"] == table
     # `dpfair results` reads the latest pipeline run back
     assert read_results(params.tracking) == (parent.info.run_id, out["table"])
+
+
+def test_all_trials_release_and_heuristic_methods(prefect_harness, tmp_path, repo_root,
+                                                  monkeypatch):
+    """tuning.release: all_trials logs every trial, K and the ledger, and reports the
+    composition of the K runs; FairLens (allowed) shows no ε anywhere."""
+    from flows.experiment import run_experiment
+
+    monkeypatch.chdir(tmp_path)
+    experiment = {**SMALL_EXPERIMENT, "seeds": [0],
+                  "methods": {"dpsgd": {"C": 1.0}, "fairlens": {"C": 1.0}}}
+    tuning = {"release": "all_trials", "mode": "tnb", "eta": 1.0, "mu": 2.0,
+              "spaces": {"dpsgd": {"lr": [0.2, 0.5]}}}
+    params_path = make_workspace(tmp_path, repo_root, experiment, tuning,
+                                 budget={"allow_heuristic": True,
+                                         "allow_nonprivate_reference": True})
+    out = run_experiment(str(params_path), str(tmp_path))
+    client = MlflowClient(load_params(params_path).tracking.uri)
+    runs = _runs(client, out["experiment_id"])
+    [tune_run] = [r for r in runs if r.data.tags.get("dpfair.stage") == "tuning"]
+    k = int(tune_run.data.metrics["K"])
+    trials = [r for r in runs if r.data.tags.get("dpfair.stage") == "tuning-trial"]
+    assert len(trials) == k
+    assert all(r.data.tags["mlflow.parentRunId"] == tune_run.info.run_id for r in trials)
+    assert all(f"score_{'macro_accuracy'}" in r.data.metrics for r in trials
+               if r.data.tags["state"] == "COMPLETE")
+    assert "ledger.json" in {a.path for a in client.list_artifacts(tune_run.info.run_id)}
+    assert not list(tmp_path.glob("*.PRIVATE.json"))
+    # ε of the search: the composition of K runs and their score releases
+    params = load_params(params_path)
+    cfg = params.tuning.config("dpsgd", "x")
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    base = params.experiment.train_config("dpsgd", 0)
+    run_event = make_plan(base, len(dataset.train), dataset.n_groups).event
+    k_runs = dp_event.SelfComposedDpEvent(
+        dp_event.ComposedDpEvent([run_event, dp_event.GaussianDpEvent(cfg.sigma_score)]), k)
+    delta = base.delta
+    assert tune_run.data.metrics["epsilon_search"] == pytest.approx(_oracle(k_runs, delta),
+                                                                    rel=1e-6)
+    assert f"all {k} trials released" in tune_run.data.tags["dpfair.epsilon_search"]
+    # FairLens: no ε metric, a tag saying why, the label in the table
+    lens = [r for r in runs if r.data.tags.get("dpfair.method") == "fairlens"]
+    assert lens and all(not [m for m in r.data.metrics if m.startswith("epsilon")]
+                        for r in lens)
+    assert all(r.data.tags["dpfair.epsilon"].startswith(HEURISTIC) for r in lens)
+    row = next(line for line in out["table"].splitlines() if line.startswith("| fairlens "))
+    assert row.count(HEURISTIC) == 2
+    assert "epsilon_released/fairlens" not in client.get_run(out["parent_run_id"]).data.metrics
+    assert out["release"]["methods"]["fairlens"]["guarantee"] == "heuristic"
+
+
+def test_over_budget_run_is_refused_before_anything_trains(prefect_harness, tmp_path, repo_root,
+                                                          monkeypatch):
+    from dpfair import experiment
+    from flows.experiment import run_experiment
+
+    monkeypatch.chdir(tmp_path)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained although the run is over budget")
+
+    monkeypatch.setattr(experiment, "train", no_training)
+    monkeypatch.setattr(experiment, "tune", no_training)
+    params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT,
+                                 budget={"epsilon": 1.0, "allow_nonprivate_reference": True})
+    with pytest.raises(PrivacyError) as err:
+        run_experiment(str(params_path), str(tmp_path))
+    msg = str(err.value)
+    assert "nothing was trained" in msg and "exceeds budget.epsilon 1" in msg
+    assert "dpsgd: not tuned; seeds 0, 1:" in msg and "dpsgd_global: not tuned" in msg
+    assert "total, composition of every private release" in msg
+    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was opened
 
 
 def test_results_without_runs_is_a_clear_error(tmp_path):
