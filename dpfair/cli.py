@@ -19,6 +19,7 @@ and tracking it needs when it runs (``dpfair.config`` alone pulls in torch).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -191,12 +192,14 @@ def _group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table
 @cli_errors
 def train_cmd(
     method: MethodOption = "dpsgd",
-    seed: Annotated[int, typer.Option(help="seed of sampling, noise and initialisation")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the initialisation (and, only when "
+                                           "reproducible, of sampling and noise)")] = 0,
     params: ParamsOption = None,
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results."""
     from dpfair.data import load_dataset
-    from dpfair.training import train
+    from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE
+    from dpfair.training import REPLAYABLE_NOISE, train
 
     p = resolve_params(params)
     label = _method_label(p, method)
@@ -208,9 +211,16 @@ def train_cmd(
                                dataset.group_names, m))
     console.print(f"accuracy {m['accuracy']:.4f}  macro {m['macro_accuracy']:.4f}  "
                   f"worst group {m['worst_group_accuracy']:.4f}")
-    console.print(f"epsilon {result.epsilon:.3f} at delta {result.delta:g} "
-                  f"({result.steps} steps, q={result.sample_rate:.4g}, sigma={result.sigma:.4g}); "
-                  f"privacy_guarantee: {result.privacy_guarantee}")
+    run = f"{result.steps} steps, q={result.sample_rate:.4g}, sigma={result.sigma:.4g}"
+    if result.privacy_guarantee == "proven":
+        console.print(f"epsilon {result.epsilon:.3f} at delta {result.delta:g} ({run})")
+    else:
+        no_eps = NONPRIVATE_REFERENCE if result.privacy_guarantee == "none" else HEURISTIC
+        console.print(f"epsilon: {no_eps} ({run}; privacy_guarantee: "
+                      f"{result.privacy_guarantee})")
+    if result.reproducible:
+        console.print(f"[bold red]reproducible:[/] {REPLAYABLE_NOISE}")
+    console.print(TEST_METRICS_NOTE)
 
 
 @app.command("tune")
@@ -223,8 +233,16 @@ def tune_cmd(
     study: Annotated[str | None, typer.Option(help="study name; the same name resumes")] = None,
     params: ParamsOption = None,
 ) -> None:
-    """Private hyperparameter search for one method (tuning.spaces) with its epsilon."""
+    """Private hyperparameter search for one method (tuning.spaces) with its epsilon.
+
+    By default (tuning.release: selected) only what the search's epsilon covers is printed:
+    the selected configuration and the epsilons. K and the trials' scores go to a private
+    ledger file beside the Optuna storage; with tuning.release: all_trials they are printed
+    too, and the search's epsilon is the composition of all K runs."""
     from dpfair.data import load_dataset
+    from dpfair.privacy import accounting
+    from dpfair.release import HEURISTIC, search_release, write_ledger
+    from dpfair.training import REPLAYABLE_NOISE
     from dpfair.tuning import tune
 
     p = resolve_params(params)
@@ -237,11 +255,26 @@ def tune_cmd(
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
     base = p.experiment.train_config(label, p.experiment.seeds[0])
     result = tune(base.method, base, dataset, cfg)
-    console.print(f"K = {result.K} runs ({cfg.mode}), tuning_privacy: {result.tuning_privacy}, "
-                  f"score_privacy: {result.score_privacy}")
-    console.print(f"best ({result.score} = {result.best_score}): {result.best_params}")
-    console.print(f"epsilon: training alone {result.epsilon_training:.3f}, "
-                  f"whole search {result.epsilon_search:.3f} (delta {result.delta:g})")
+    mode = p.tuning.release
+    search = search_release(cfg, accounting.event_from_json(result.run_event_json or "null"),
+                            result.K, mode)
+    ledger = write_ledger(result, mode)
+    console.print(f"selected ({cfg.score}, {cfg.mode} search): "
+                  f"{result.best_params if result.best_params is not None else 'none'}")
+    if base.method.privacy_guarantee != "proven":
+        console.print(f"epsilon: {HEURISTIC} (privacy_guarantee: "
+                      f"{base.method.privacy_guarantee})")
+    else:
+        eps = accounting.epsilon(search.event, result.delta) if search.event else math.inf
+        console.print(f"epsilon: one training run {result.epsilon_training:.3f}, whole search "
+                      f"{eps:.3f} ({search.label}; delta {result.delta:g})")
+    if mode == "all_trials":
+        console.print(f"K = {result.K} runs, best {cfg.score} = {result.best_score}; "
+                      f"ledger (released): {ledger}")
+    else:
+        console.print(f"private ledger (K, every trial and score: not for release): {ledger}")
+    if result.reproducible:
+        console.print(f"[bold red]reproducible:[/] {REPLAYABLE_NOISE}")
     console.print(f"study {result.study_name!r} in {result.storage}")
 
 
