@@ -7,6 +7,7 @@ Defaults: Zhao 4 and App. A.3 (``gamma = 0.5, tau = 2.5, eta_C = 0.2``, initial 
 from __future__ import annotations
 
 import math
+import sys
 from abc import abstractmethod
 from typing import Literal
 
@@ -17,13 +18,29 @@ from torch import Tensor
 from dpfair.privacy.methods.base import Method, State
 from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
 
+#: The smallest clip bound, ``2^-63 = sqrt(finfo(float32).tiny)`` (about ``1.1e-19``). Below
+#: about ``3e-39`` the weight ``1 / C_t`` overflows float32; below ``C_MIN`` the engine's float32
+#: norms no longer resolve ``|g_i|`` against ``C_t``: a sample with ``|g_i| >= C_MIN`` has a
+#: squared norm of at least float32's smallest normal, whose underflow error (at most ``2^-150``
+#: per entry) is then within its ordinary rounding error, so ``w_i |g_i| <= s`` holds as
+#: computed, whereas a squared norm that underflows to 0 would get the weight ``s / C_t``
+#: whatever ``|g_i|``. Without the floor the bound (a Python float) would also stop moving once
+#: subnormal (``C_t exp(x)`` rounds back to ``C_t``) and stay at 0 once it underflows.
+C_MIN = 2.0**-63
+_LOG_MAX = math.log(sys.float_info.max)
+
 
 class Adaptive(Method):
     """Clip at ``C_t``, scaled by ``s``: ``w_i = s min(1/C_t, 1/|g_i|)``, sensitivity ``s``.
 
     After clipping (Zhao Alg. 2, last three lines): ``b_t = #{|g_i| > tau C_t}``,
     ``b~ = (b_t + N(0, sigma_count^2)) / B`` with ``B`` the expected batch size, and
-    ``C_{t+1} = max(C_LB, C_t exp(eta_C (b~ - gamma)))``.
+    ``C_{t+1} = max(C_LB, C_t exp(eta_C (b~ - gamma)))`` (Alg. 2's update line), here
+    ``max(C_LB, C_MIN, ...)``: an unbounded rule (``C_LB = 0``) whose bound collapses, through
+    many steps with ``b~ < gamma`` or one large count noise, stops at :data:`C_MIN` instead of
+    underflowing; ``C_0`` is floored there too, and the growth is capped at the largest float
+    (a huge count noise cannot overflow it). The floor is post-processing of released counts:
+    it changes no privacy guarantee.
 
     ``s = 1`` is Zhao's normalised form; ``s = C0`` is Esipova's DPSGD-Global-Adapt, where
     ``C_t`` plays ``Z``: ``w_i = C0/Z`` below ``Z`` and ``C0/|g_i|`` above (her Alg. 2), and her
@@ -44,7 +61,8 @@ class Adaptive(Method):
         name: str = "adaptive",
     ) -> None:
         super().__init__(name, count_sigma=sigma_count)
-        self.s, self.C, self.eta_C, self.gamma, self.tau, self.C_LB = s, C0, eta_C, gamma, tau, C_LB
+        self.s, self.eta_C, self.gamma, self.tau, self.C_LB = s, eta_C, gamma, tau, C_LB
+        self.C = max(C0, C_MIN)
         self.expected_batch_size = expected_batch_size
         self.b_released = math.nan
 
@@ -56,7 +74,8 @@ class Adaptive(Method):
 
     def update(self, noisy_counts: Tensor) -> None:
         self.b_released = float(noisy_counts) / self.expected_batch_size
-        self.C = max(self.C_LB, self.C * math.exp(self.eta_C * (self.b_released - self.gamma)))
+        step = min(self.eta_C * (self.b_released - self.gamma), _LOG_MAX)
+        self.C = max(self.C_LB, C_MIN, min(self.C * math.exp(step), sys.float_info.max))
 
     def state(self) -> State:
         return {"C": self.C, "b_released": self.b_released}
