@@ -21,12 +21,21 @@ Two implementations of one interface (DESIGN.md section 4):
 
 ``loss_fn(outputs, y)`` must return per-sample losses (``reduction="none"``). Samples must not
 interact in the forward pass (no BatchNorm in training mode).
+
+Overflow: both paths form ``|g_i|^2`` as a sum of squares in the model's dtype, so a sample whose
+squared norm overflows (``|g_i|`` above ``sqrt(finfo.max)``, about ``1.8e19`` in float32) has an
+infinite norm in both, and the rule gives it weight 0 (``Method.rule``); every other sample has
+the same norm in both. Where a factor's squared norm ``|a|^2`` or ``|d|^2`` over- or underflows
+while ``|g_i|^2`` does not (a saturated ``tanh`` on a huge input: ``d = 0``, ``|a|^2 = inf``),
+the fast path first rescales the factors by opposite powers of two (:func:`_balance`, exact), so
+that its products, and ``w_i a`` or ``w_i d`` in the weighted sum, stay in range.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Literal
@@ -109,35 +118,37 @@ class PerSampleGradients(ABC):
 class _DenseGrads:
     """A layer applied once to each sample (a Linear on ``(B, d_in)`` inputs): its per-sample
     gradient is ``g_i = d_i a_i^T`` (and ``d_i`` for the bias), so
-    ``|g_i|^2 = |d_i|^2 (|a_i|^2 + 1)`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``."""
+    ``|g_i|^2 = |d_i|^2 |a_i|^2 + |d_i|^2`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``,
+    from the weight's factors after :func:`_balance`."""
 
     def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
-        self.a, self.d = a, d
         self.weight = module.weight if module.weight.requires_grad else None
         self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
+        self.d, sq_d = d, _sq(d)  # the bias gradient
+        self.a_w, self.d_w = a, d  # the weight's factors
+        self.sq = sq_d if self.bias is not None else d.new_zeros(len(d))
+        if self.weight is not None:
+            self.a_w, self.d_w, sq_a_w, sq_d_w = _balance(a, d, _sq(a), sq_d)
+            self.sq = self.sq + sq_d_w * sq_a_w
 
     def sq_norms(self) -> Tensor:
-        sq = torch.linalg.vecdot(self.d, self.d)
-        if self.weight is None:
-            return sq
-        a_sq = torch.linalg.vecdot(self.a, self.a)
-        return sq * (a_sq + 1) if self.bias is not None else sq * a_sq
+        return self.sq
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
         all finite). The weights scale the narrower factor, ``a`` or ``d``."""
-        a, d = _mask_rows(self.a, keep), _mask_rows(self.d, keep)
-        w = weights.to(d.dtype)
+        w = weights.to(self.d.dtype)
         if self.weight is not None:
+            a, d = _mask_rows(self.a_w, keep), _mask_rows(self.d_w, keep)
             out = into[self.weight].view(d.shape[1], a.shape[1])
             if d.shape[1] <= a.shape[1]:
                 out.addmm_((d * w.unsqueeze(1)).T, a)
             else:
                 out.addmm_(d.T, a * w.unsqueeze(1))
         if self.bias is not None:
-            into[self.bias].addmv_(d.T, w)
+            into[self.bias].addmv_(_mask_rows(self.d, keep).T, w)
 
 
 class _LayerGrads:
@@ -145,29 +156,34 @@ class _LayerGrads:
     layers with several positions (sequences, convolutions) or groups.
 
     ``a``: ``(B, T, G, d_in)``, ``d``: ``(B, T, G, d_out)`` with ``G`` convolution groups
-    (1 for Linear). The weight gradient has shape ``(G * d_out, d_in)`` before reshaping.
+    (1 for Linear). The weight gradient has shape ``(G * d_out, d_in)`` before reshaping. The
+    weight's gradient is either kept factored (balanced, :func:`_balance`) for the Gram trick or
+    materialised, whichever is cheaper.
     """
 
     def __init__(self, module: nn.Linear | nn.Conv2d, a: Tensor, d: Tensor) -> None:
-        self.module, self.a, self.d = module, a, d
+        self.module, self.batch_size = module, a.shape[0]
+        has_bias = module.bias is not None and module.bias.requires_grad
+        self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
         self.materialised: Tensor | None = None
+        self.a: Tensor | None = None
+        self.d: Tensor | None = None
+        if module.weight.requires_grad:
+            if _gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1]):
+                self.a, self.d, _, _ = _balance(a, d, _sq(a), _sq(d))  # Gram trick
+            else:  # materialise: B T d_in d_out flops
+                self.materialised = torch.einsum("btgo,btgi->bgoi", d, a)
 
     def sq_norms(self) -> Tensor:
-        a, d = self.a, self.d
-        _, t, _, d_in = a.shape
-        d_out = d.shape[-1]
-        has_bias = self.module.bias is not None and self.module.bias.requires_grad
-        sq = self.module.weight.new_zeros(a.shape[0])
-        if has_bias:
-            sq = sq + _sq(d.sum(1))  # the bias gradient is sum_t d_t
-        if self.module.weight.requires_grad:
-            if _gram_is_cheaper(t, d_in, d_out):  # Gram trick: B T^2 (d_in + d_out) flops
-                aa = torch.einsum("btgi,bsgi->bgts", a, a)
-                dd = torch.einsum("btgo,bsgo->bgts", d, d)
-                sq = sq + (aa * dd).sum((1, 2, 3))
-            else:  # materialise this layer: B T d_in d_out flops, kept for weighted_grad
-                self.materialised = torch.einsum("btgo,btgi->bgoi", d, a)
-                sq = sq + _sq(self.materialised)
+        sq = self.module.weight.new_zeros(self.batch_size)
+        if self.bias_grad is not None:
+            sq = sq + _sq(self.bias_grad)
+        if self.materialised is not None:
+            sq = sq + _sq(self.materialised)
+        elif self.a is not None and self.d is not None:
+            aa = torch.einsum("btgi,bsgi->bgts", self.a, self.a)
+            dd = torch.einsum("btgo,bsgo->bgts", self.d, self.d)
+            sq = sq + (aa * dd).sum((1, 2, 3))
         return sq
 
     def add_weighted(
@@ -175,22 +191,24 @@ class _LayerGrads:
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
         all finite)."""
-        m, a, d = self.module, _mask_rows(self.a, keep), _mask_rows(self.d, keep)
-        b, _, g, d_in = a.shape
-        d_out = d.shape[-1]
-        w = weights.to(d.dtype)
-        if m.weight.requires_grad:
+        m, w = self.module, weights.to(self.module.weight.dtype)
+        b = len(weights)
+        if self.materialised is not None:
+            out = into[m.weight].view(-1)
+            out.addmv_(_mask_rows(self.materialised, keep).reshape(b, -1).T, w)
+        elif self.a is not None and self.d is not None:
+            a, d = _mask_rows(self.a, keep), _mask_rows(self.d, keep)
+            _, _, g, d_in = a.shape
+            d_out = d.shape[-1]
             out = into[m.weight].view(g, d_out, d_in)
-            if self.materialised is not None:
-                out.view(-1).addmv_(_mask_rows(self.materialised, keep).reshape(b, -1).T, w)
+            dw = d * w.view(-1, 1, 1, 1)
+            if g == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
+                out[0].addmm_(dw.reshape(-1, d_out).T, a.reshape(-1, d_in))
             else:
-                dw = d * w.view(-1, 1, 1, 1)
-                if g == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
-                    out[0].addmm_(dw.reshape(-1, d_out).T, a.reshape(-1, d_in))
-                else:
-                    out.add_(torch.einsum("btgo,btgi->goi", dw, a))
-        if m.bias is not None and m.bias.requires_grad:
-            into[m.bias].view(-1).addmv_(d.sum(1).reshape(b, -1).T, w)
+                out.add_(torch.einsum("btgo,btgi->goi", dw, a))
+        if self.bias_grad is not None:
+            bias_grad = _mask_rows(self.bias_grad, keep).reshape(b, -1)
+            into[m.bias].view(-1).addmv_(bias_grad.T, w)  # type: ignore[union-attr]
 
 
 def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
@@ -202,6 +220,51 @@ def _sq(t: Tensor) -> Tensor:
     """Per-sample squared norm over all but the batch axis."""
     flat = t.reshape(t.shape[0], -1)
     return torch.linalg.vecdot(flat, flat)
+
+
+@functools.cache
+def _powers_of_two(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, int]:
+    """``2^j`` for ``j = -lim .. lim``, exact in ``dtype`` (``2^lim``: its largest power of 2)."""
+    lim = math.frexp(torch.finfo(dtype).max)[1] - 1
+    powers = [math.ldexp(1.0, j) for j in range(-lim, lim + 1)]
+    return torch.tensor(powers, dtype=dtype, device=device), lim
+
+
+def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
+    """Per sample, the binary exponent ``e`` of the largest entry (``max |t_i|`` lies in
+    ``[2^(e-1), 2^e)``) and whether the sample is all zero."""
+    mantissa, exponent = torch.frexp(t.flatten(1).abs().amax(1))  # vector_norm(inf): slow on CPU
+    return exponent, mantissa == 0
+
+
+def _balance(
+    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(a, d, |a_i|^2, |d_i|^2)`` for the factors of per-sample gradients
+    ``g_i = sum_t d_t a_t^T``, given their squared norms, rescaled where products could overflow.
+
+    Unchanged when every ``|a_i|^2`` and ``|d_i|^2`` is a normal number (one check): their
+    products then overflow or underflow only where ``|g_i|^2`` does. Otherwise (a huge input, a
+    saturated or dead layer) ``(a_i 2^-k_i, d_i 2^k_i)`` for each sample, ``k_i`` half the gap
+    between the binary exponents of the largest entries of ``a_i`` and ``d_i`` (a zero factor
+    leaves the other scaled to about 1). ``g_i`` is unchanged (scaling by a power of two is
+    exact) and both factors now have about the magnitude ``sqrt(max_jk |d_j a_k|)``: squared
+    norms, Gram products and their products overflow or underflow only where ``|g_i|^2`` does,
+    and the weighted sum's ``w_i a`` or ``w_i d`` stays near ``s / sqrt(|g_i|)`` for a weight
+    ``w_i = s / |g_i|``.
+    """
+    squares, info = torch.stack([sq_a, sq_d]), torch.finfo(a.dtype)
+    if bool((squares.clamp(info.tiny, info.max) == squares).all()):  # NaN and inf fail too
+        return a, d, sq_a, sq_d
+    e_a, zero_a = _exponents(a)
+    e_d, zero_d = _exponents(d)
+    e_a = torch.where(zero_a, -e_d, e_a)
+    e_d = torch.where(zero_d, -e_a, e_d)
+    powers, lim = _powers_of_two(a.dtype, a.device)
+    k = torch.div(e_a - e_d, 2, rounding_mode="floor").clamp_(-lim, lim)
+    shape = (-1,) + (1,) * (a.dim() - 1)
+    a, d = a * powers[lim - k].view(shape), d * powers[lim + k].view(shape)
+    return a, d, _sq(a), _sq(d)
 
 
 def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
