@@ -51,8 +51,9 @@ from dpfair import fairness, report
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.experiment import train_and_log
 from dpfair.fairness import GroupMetrics
+from dpfair.release import MethodRelease, method_release
 from dpfair.tracking import TrackingConfig, experiment_id, log_json, log_metrics, run, set_tags
-from dpfair.training import TrainConfig, TrainResult, train
+from dpfair.training import TrainConfig, TrainResult, make_plan, train
 from dpfair.tuning import TuningConfig, tune
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +148,14 @@ def dataset_for(cfg: Mapping[str, Any]) -> GroupedDataset:
     return _DATA_CACHE[key]
 
 
+def _one_run(config: TrainConfig, label: str, ds: GroupedDataset) -> MethodRelease:
+    """What one logged training releases on its own: the reproduction tables report each run's
+    ε (the grid searches here are on validation data and say ``tuning_privacy: none``)."""
+    plan = make_plan(config, len(ds.train), ds.n_groups)
+    return method_release(label, plan.privacy_guarantee, [config.seed], [plan.event], None,
+                          config.reproducible, config.delta)
+
+
 def resolve_lr(lr: float | str, cfg: Mapping[str, Any], n_train: int) -> float:
     """A number, or ``inv_sqrt_T``: Xu et al.'s ``1/sqrt(T)``, ``T = epochs * n / b``."""
     if lr == "inv_sqrt_T":
@@ -230,7 +239,8 @@ def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print
                                      batch_size=batch_size(cfg, n_train), lr=lr, seed=seed,
                                      progress=False, device=cfg["device"], **train_kw)
                 t0 = time.time()
-                rec = train_and_log(config, label, ds, tracking, exp_id, parent, tags)
+                rec = train_and_log(config, label, ds, tracking, exp_id, parent, tags,
+                                    _one_run(config, label, ds))
                 records += rec.records
                 epsilons.setdefault(label, []).append(rec.epsilon)
                 done.append([label, seed])
@@ -303,7 +313,8 @@ def run_zhao(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print,
                     config = _zhao_config(cfg, m, eps, top["lr"], top["clip"], seed, n_train)
                     rec = train_and_log(config, key, ds, tracking, exp_id, parent,
                                         {**tags, "dpfair.epsilon_target": str(eps),
-                                         "tuning_privacy": "none (grid on validation)"})
+                                         "tuning_privacy": "none (grid on validation)"},
+                                        _one_run(config, key, ds))
                     records += rec.records
                     eps_run[key] = rec.epsilon
             if save is not None:

@@ -39,6 +39,8 @@ UPPER = (
     "dpfair.experiment",
     "dpfair.cli",
     "dpfair.report",
+    "dpfair.release",
+    "dpfair.summary",
     "flows",
     "tasks",
 )
