@@ -108,3 +108,12 @@ def test_at_the_floor_removing_any_sample_moves_the_update_by_at_most_s(name, dt
     for j in range(len(x)):
         moved = (full - update(torch.arange(len(x)) != j)).norm()
         assert moved <= method.s * (1 + 1e-5)
+
+
+def test_dpsgd_global_adapt_names_eta_z_when_it_is_out_of_range():
+    from pydantic import ValidationError
+
+    from dpfair.privacy.methods import DpsgdGlobalAdaptConfig
+
+    with pytest.raises(ValidationError, match="eta_Z"):
+        DpsgdGlobalAdaptConfig(eta_Z=1.5)

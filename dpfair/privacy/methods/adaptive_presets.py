@@ -52,7 +52,7 @@ class DpsgdGlobalAdaptConfig(AdaptiveFamily):
     name: Literal["dpsgd_global_adapt"] = "dpsgd_global_adapt"
     C0: PositiveFloat = 1.0
     Z0: PositiveFloat = 50.0
-    eta_Z: float = Field(0.1, ge=0.0)
+    eta_Z: float = Field(0.1, ge=0.0, le=1.0, description="target fraction of clipped samples")
     tau: NonNegativeFloat = 1.0
     sigma2: PositiveFloat | None = None
 
