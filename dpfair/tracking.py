@@ -7,7 +7,8 @@ each must log into its own nested run.
 Layout: one MLflow experiment per dataset, a parent run per pipeline run, nested runs (tag
 ``mlflow.parentRunId``) for each search and each final training, and for every tuning trial
 only when ``tuning.release: all_trials`` (what a run releases: :mod:`dpfair.release`). The
-settings model ``TrackingConfig`` lives in :mod:`dpfair.settings` (no mlflow) and is re-exported here.
+settings model ``TrackingConfig`` lives in :mod:`dpfair.settings` (no mlflow) and is
+re-exported here.
 """
 
 from __future__ import annotations
