@@ -16,9 +16,15 @@ Randomness (DESIGN.md section 5, "Secret randomness"): the seed is split (numpy
 and count noise). By default it is reseeded before every step from OS entropy
 (:func:`secrets.randbits`) that is kept nowhere, so nothing a run logs or returns replays its
 noise; a fresh seed per step because torch's CPU generator keeps only 32 bits of a seed.
-With ``TrainConfig.reproducible`` it is seeded once with the run seed: the same seed gives
-bit-identical parameters on the same device, and the noise is replayable
-(:data:`~dpfair.training.result.REPLAYABLE_NOISE`). The initialisation is the seed's in both.
+With ``TrainConfig.reproducible`` it is seeded once with the run seed and the noise is
+replayable (:data:`~dpfair.training.result.REPLAYABLE_NOISE`). The initialisation is the
+seed's in both modes.
+
+Determinism: only a reproducible run repeats, and then bit for bit only for the same seed, the
+same device and the same number of torch threads (``torch.get_num_threads()``; the pipeline
+sets it from ``pipeline.max_workers``): the order of floating-point sums in matrix products
+and reductions depends on how the work is split over threads, and so may the last bits of
+every step. A default run differs from the next by design (secret noise and batches).
 """
 
 from __future__ import annotations
