@@ -1,7 +1,9 @@
 """Base pydantic models of dataset options (one subclass per dataset, next to its loader).
 
-Every options model is strict (``"0.1"`` is not a number, ``1`` is not a boolean) and forbids
-unknown keys, so a typo in params.yaml is an error, never a silently ignored setting.
+Every options model is strict (``"0.1"`` is not a number, ``1`` is not a boolean), refuses
+``.inf`` and ``.nan`` for every number (none of them means anything infinite: ``class_sep: .inf``
+would give NaN features) and forbids unknown keys, so a typo in params.yaml is an error, never a
+silently ignored setting.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ class DatasetOptions(BaseModel):
     the papers' training sets exactly (e.g. Dutch n_train = 48,336) and an empty validation split.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     seed: int = Field(0, ge=0, description="seed of every random choice (splits, sampling)")
     validation_fraction: float = Field(

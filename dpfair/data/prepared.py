@@ -30,6 +30,7 @@ import torch
 import yaml
 from pydantic import BaseModel
 
+from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.data.errors import DataError
 from dpfair.data.registry import load_dataset
@@ -180,7 +181,11 @@ def prepare(
 
 
 def load_prepared(path: str | Path) -> GroupedDataset:
-    """Read a dataset written by ``prepare`` (its directory or its ``arrays.npz``)."""
+    """Read a dataset written by ``prepare`` (its directory or its ``arrays.npz``).
+
+    A DataError names the file if it is missing, corrupt, or holds a NaN or inf feature or an
+    id out of range (``checks.check_values``).
+    """
     path = Path(path)
     if path.is_dir():
         path = path / ARRAYS
@@ -199,7 +204,7 @@ def load_prepared(path: str | Path) -> GroupedDataset:
                     torch.from_numpy(z[f"y_{key}"]),
                     torch.from_numpy(z[f"g_{key}"]),
                 )
-            return GroupedDataset(
+            ds = GroupedDataset(
                 name=str(z["name"].item()), **splits,
                 class_names=[str(s) for s in z["class_names"]],
                 group_names=[str(s) for s in z["group_names"]],
@@ -207,6 +212,11 @@ def load_prepared(path: str | Path) -> GroupedDataset:
             )
     except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
         raise DataError(f"corrupt prepared dataset {path}: {exc}") from exc
+    return check_values(
+        ds, f"prepared dataset {path}",
+        f"prepare it again from its source (`dpfair data prepare {ds.name}`); do not edit "
+        "the arrays by hand",
+    )
 
 
 def data_version(name: str, lock_path: str | Path = "dvc.lock") -> str | None:

@@ -1,7 +1,9 @@
 """Dataset registry: name -> (options model, loader). Loaders register themselves.
 
 ``load_dataset(name, options)`` validates ``options`` (a mapping, an options model or None for
-the defaults) against the dataset's pydantic model and calls its loader.
+the defaults) against the dataset's pydantic model, calls its loader and checks the values it
+produced (``checks.check_values``: finite features, integer ids in range), so every loader is
+covered.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.options import DatasetOptions
 from dpfair.errors import ConfigError, did_you_mean, format_validation_error
@@ -109,6 +112,16 @@ def parse_options(
 def load_dataset(
     name: str, options: Mapping[str, Any] | BaseModel | None = None
 ) -> GroupedDataset:
-    """Load dataset ``name`` with ``options`` (defaults when None) as a GroupedDataset."""
+    """Load dataset ``name`` with ``options`` (defaults when None) as a GroupedDataset.
+
+    A DataError if the loader's output holds a NaN or inf feature or an id out of range.
+    """
     spec = get_spec(name)
-    return spec.loader(parse_options(name, options))
+    ds = spec.loader(parse_options(name, options))
+    sources = ds.meta.get("sources") or {}
+    read_from = f" (read from {', '.join(sorted(sources))})" if sources else ""
+    return check_values(
+        ds, f"dataset {name!r}{read_from}",
+        f"check datasets.{name} in the parameters file and the source files; every feature "
+        "must be a finite number and every label and group id an integer in range",
+    )

@@ -1,0 +1,81 @@
+"""The values every dataset must hold, checked once where data enters dpfair.
+
+``check_values`` runs on every loader's output (``registry.load_dataset``) and on every prepared
+file read back (``prepared.load_prepared``): features finite (a NaN or inf in x gives a NaN
+model, or a silently different one), labels and group ids integers in ``[0, n_classes)`` and
+``[0, n_groups)``. An error names the source, the split, the features (by name where the loader
+recorded ``meta["feature_names"]``, else by flattened index), how many rows, and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dpfair.data.dataset import GroupedDataset, Split
+from dpfair.errors import DataError
+
+_CHUNK_ROWS = 8192  # bounds the boolean mask of the finiteness check (CelebA is ~10 GB of x)
+_SHOWN = 5  # at most this many features or values are listed in a message
+
+
+def _listed(items: list[str]) -> str:
+    more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+    return ", ".join(items[:_SHOWN]) + more
+
+
+def _nonfinite(x: torch.Tensor, feature_names: list[str] | None) -> str | None:
+    """``"<k> rows hold NaN (features ...)"`` for the rows of ``x`` with a NaN or inf, or None."""
+    flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # -1 is ambiguous for an empty split
+    if all(bool(torch.isfinite(chunk).all()) for chunk in flat.split(_CHUNK_ROWS)):
+        return None
+    bad = ~torch.isfinite(flat)
+    columns = torch.nonzero(bad.any(dim=0)).flatten().tolist()
+    named = feature_names is not None and len(feature_names) == flat.shape[1]
+    features = [f"{feature_names[i]!r} (index {i})" if named else str(i)  # type: ignore[index]
+                for i in columns]
+    kinds = [k for k, found in (("NaN", torch.isnan(flat).any()), ("inf", torch.isinf(flat).any()))
+             if bool(found)]
+    rows = int(bad.any(dim=1).sum())
+    return (f"{rows} row{'s' if rows != 1 else ''} hold {' and '.join(kinds)} "
+            f"(feature{'s' if len(columns) != 1 else ''} {_listed(features)})")
+
+
+def _out_of_range(t: torch.Tensor, what: str, names: list[str]) -> str | None:
+    """Why ``t`` is not an integer id in ``[0, len(names))``, or None."""
+    if torch.is_floating_point(t) or torch.is_complex(t) or t.dtype == torch.bool:
+        return f"{what} have dtype {t.dtype}, not an integer type"
+    bad = (t < 0) | (t >= len(names))
+    if not bool(bad.any()):
+        return None
+    values = [str(v) for v in torch.unique(t[bad]).tolist()]
+    rows = int(bad.sum())
+    return (f"{rows} row{'s' if rows != 1 else ''} have {what} {_listed(values)}, outside "
+            f"0..{len(names) - 1} ({len(names)} names: {_listed(names)})")
+
+
+def _split_problems(split: Split, ds: GroupedDataset) -> list[str]:
+    names = ds.meta.get("feature_names")
+    found = [
+        _nonfinite(split.x, names if isinstance(names, list) else None),
+        _out_of_range(split.y, "labels (y)", ds.class_names),
+        _out_of_range(split.g, "group ids (g)", ds.group_names),
+    ]
+    return [f for f in found if f is not None]
+
+
+def check_values(ds: GroupedDataset, source: str, fix: str) -> GroupedDataset:
+    """Return ``ds`` if its values are sound, else raise a DataError naming ``source`` and ``fix``.
+
+    Sound: x finite; y and g integer ids below ``n_classes`` / ``n_groups``. Nothing is dropped
+    or imputed here: a silent repair would change results without the user knowing.
+    """
+    problems = [
+        f"  {key} split: {problem}"
+        for key, split in ds.splits().items()
+        for problem in _split_problems(split, ds)
+    ]
+    if problems:
+        raise DataError(f"{source} has bad values:\n" + "\n".join(problems) + f"\nfix: {fix}")
+    return ds
