@@ -9,12 +9,18 @@ Layout: one MLflow experiment per dataset, a parent run per pipeline run, nested
 only when ``tuning.release: all_trials`` (what a run releases: :mod:`dpfair.release`). The
 settings model ``TrackingConfig`` lives in :mod:`dpfair.settings` (no mlflow) and is
 re-exported here.
+
+Crashes: every run records the host and pid that opened it (tags ``dpfair.host`` and
+``dpfair.pid``). A killed process leaves its runs RUNNING; :func:`fail_stale_runs`, called
+when a pipeline starts, marks those of dead processes on this host FAILED with a note
+(``dpfair.stale``), and :func:`read_results` reads only finished pipeline runs.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +34,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
@@ -88,8 +95,10 @@ def run(
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
-    """Open a (nested) run and yield its id; it ends FINISHED, or FAILED if the body raises."""
-    all_tags = {"dpfair.git_commit": git_commit(), **(tags or {})}
+    """Open a (nested) run and yield its id; it ends FINISHED, or FAILED if the body raises.
+    The run is tagged with this host and pid (see :func:`fail_stale_runs`)."""
+    all_tags = {"dpfair.git_commit": git_commit(), "dpfair.host": host(),
+                "dpfair.pid": str(os.getpid()), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     mlf = client(cfg)
@@ -101,6 +110,28 @@ def run(
         mlf.set_terminated(run_id, status="FAILED")
         raise
     mlf.set_terminated(run_id, status="FINISHED")
+
+
+def fail_stale_runs(cfg: TrackingConfig, experiment: str) -> list[str]:
+    """Mark FAILED the runs of ``experiment`` left RUNNING by a dead process on this host (its
+    pid gone, or reused by a process started after the run), with a note in tag
+    ``dpfair.stale``; returns their ids. Runs of other hosts, and runs without a recorded
+    pid, are left alone: their owner's liveness cannot be known from here."""
+    mlf = client(cfg)
+    here, stale = host(), []
+    for found in mlf.search_runs([experiment], "attributes.status = 'RUNNING'"):
+        tags, info = found.data.tags, found.info
+        pid = tags.get("dpfair.pid", "")
+        if tags.get("dpfair.host") != here or not pid.isdigit():
+            continue
+        if alive(int(pid), since=info.start_time / 1000):
+            continue
+        mlf.set_tag(info.run_id, "dpfair.stale",
+                    f"process {pid} on {here} died while this run was RUNNING; marked FAILED "
+                    f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by process {os.getpid()}")
+        mlf.set_terminated(info.run_id, status="FAILED")
+        stale.append(info.run_id)
+    return stale
 
 
 def log_params(cfg: TrackingConfig, run_id: str, params: Mapping[str, Any]) -> None:
@@ -158,15 +189,19 @@ def ui_command(cfg: TrackingConfig) -> str:
 
 
 def read_results(cfg: TrackingConfig, run_id: str | None = None) -> tuple[str, str]:
-    """``(run id, results table markdown)`` of a pipeline run (default: the latest)."""
+    """``(run id, results table markdown)`` of a pipeline run (default: the latest that
+    finished; a failed or killed one only by its id)."""
     mlf = client(cfg)
     if run_id is None:
         experiments = [e.experiment_id for e in mlf.search_experiments()
                        if e.name.startswith(f"{cfg.experiment_prefix}-")]
-        found = mlf.search_runs(experiments, "tags.`dpfair.stage` = 'pipeline'",
-                                order_by=["attributes.start_time DESC"], max_results=1)
+        found = mlf.search_runs(
+            experiments,
+            "tags.`dpfair.stage` = 'pipeline' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"], max_results=1)
         if not found:
-            raise LookupError(f"no pipeline run in {cfg.resolved_uri()}; run `dpfair run` first")
+            raise LookupError(f"no finished pipeline run in {cfg.resolved_uri()}; run "
+                              "`dpfair run` first, or pass --run-id for a failed one")
         run_id = found[0].info.run_id
     with tempfile.TemporaryDirectory() as tmp:
         path = mlf.download_artifacts(run_id, "results/results.md", tmp)

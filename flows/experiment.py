@@ -5,11 +5,14 @@ seeds -> report.
 task runner that params.yaml asks for. The flow plans everything the run will release and
 checks it against ``budget`` before any MLflow run is opened or anything trains
 (:func:`dpfair.experiment.plan_release`). A method that fails does not lose the others: their
-runs are logged, the failure is reported with its error, and the flow ends failed.
+runs are logged, the failure is reported with its error, and the flow ends failed. Runs of
+this experiment that a killed process left RUNNING are marked FAILED before the new pipeline
+run opens (:func:`dpfair.tracking.fail_stale_runs`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -25,7 +28,7 @@ from prefect.futures import PrefectFuture  # noqa: E402
 from dpfair import experiment as steps  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
-from dpfair.tracking import experiment_id, run  # noqa: E402
+from dpfair.tracking import experiment_id, fail_stale_runs, run  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
     evaluate,
     load_data,
@@ -36,6 +39,8 @@ from tasks.pipeline import (  # noqa: E402
     train_seed,
     tune_method,
 )
+
+_log = logging.getLogger(__name__)
 
 
 class MethodsFailed(RuntimeError):
@@ -83,6 +88,9 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                for label in exp.methods if label in params.tuning.spaces}
     plan = plan_release(params, dataset, studies)  # over budget: refused, nothing trains
     exp_id = experiment_id(tracking, prepared.name)
+    if stale := fail_stale_runs(tracking, exp_id):
+        _log.warning("marked FAILED %d run(s) left RUNNING by a killed process: %s",
+                     len(stale), ", ".join(stale))
     data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
     failures: dict[str, str] = {}
     with run(tracking, exp_id, f"pipeline:{prepared.name}",

@@ -1,10 +1,29 @@
-"""MLflow helpers: metric keys MLflow accepts, flattened params."""
+"""MLflow helpers: metric keys MLflow accepts, flattened params, and the clean-up after a
+killed process (runs left RUNNING are marked FAILED; results read only finished runs)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
 from mlflow import MlflowClient
 
-from dpfair.tracking import TrackingConfig, flatten, log_metrics, metric_key, run
+from dpfair.tracking import (
+    TrackingConfig,
+    experiment_id,
+    fail_stale_runs,
+    flatten,
+    log_metrics,
+    log_text,
+    metric_key,
+    read_results,
+    run,
+)
 
 
 def test_metric_key_keeps_allowed_and_spells_out_comparisons():
@@ -30,3 +49,78 @@ def test_logged_metrics_with_dataset_names_reach_mlflow(tmp_path):
 def test_flatten_nested_params():
     assert flatten({"a": {"b": 1, "c": {"d": "x"}}, "e": [1, 2]}) == {
         "a.b": "1", "a.c.d": "x", "e": "[1, 2]"}
+
+
+_OPEN_AND_SLEEP = """
+import sys, time
+from dpfair.tracking import TrackingConfig, run
+cfg = TrackingConfig(uri=sys.argv[1], artifact_root=sys.argv[2])
+with run(cfg, sys.argv[3], "pipeline:synthetic", tags={"dpfair.stage": "pipeline"}) as run_id:
+    print(run_id, flush=True)
+    time.sleep(600)
+"""
+
+
+def _killed_run(cfg: TrackingConfig, exp: str) -> str:
+    """The id of a run opened by a subprocess that was then killed with SIGKILL."""
+    proc = subprocess.Popen([sys.executable, "-c", _OPEN_AND_SLEEP, cfg.uri, cfg.artifact_root,
+                             exp], stdout=subprocess.PIPE, text=True)
+    try:
+        run_id = proc.stdout.readline().strip()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert run_id
+    return run_id
+
+
+def _cfg(tmp_path) -> TrackingConfig:
+    return TrackingConfig(uri=f"sqlite:///{tmp_path / 'm.db'}",
+                          artifact_root=str(tmp_path / "art"))
+
+
+def test_runs_left_running_by_a_killed_process_are_marked_failed(tmp_path):
+    cfg = _cfg(tmp_path)
+    client = MlflowClient(cfg.uri)
+    exp = experiment_id(cfg, "synthetic")
+    killed = _killed_run(cfg, exp)
+    assert client.get_run(killed).info.status == "RUNNING"
+    other_host = client.create_run(exp, tags={"dpfair.host": "elsewhere",
+                                              "dpfair.pid": "1"}).info.run_id
+    with run(cfg, exp, "live") as live:
+        assert fail_stale_runs(cfg, exp) == [killed]
+        assert client.get_run(live).info.status == "RUNNING"  # its process is alive
+    failed = client.get_run(killed)
+    assert failed.info.status == "FAILED" and failed.info.end_time is not None
+    assert "died while this run was RUNNING" in failed.data.tags["dpfair.stale"]
+    assert client.get_run(other_host).info.status == "RUNNING"  # unknowable: left alone
+    assert fail_stale_runs(cfg, exp) == []
+
+
+def test_run_records_its_host_and_pid(tmp_path):
+    cfg = _cfg(tmp_path)
+    exp = experiment_id(cfg, "synthetic")
+    with run(cfg, exp, "r") as run_id:
+        pass
+    tags = MlflowClient(cfg.uri).get_run(run_id).data.tags
+    assert tags["dpfair.host"] == socket.gethostname() and tags["dpfair.pid"] == str(os.getpid())
+
+
+def test_results_reads_the_latest_finished_pipeline_run(tmp_path):
+    cfg = _cfg(tmp_path)
+    exp = experiment_id(cfg, "synthetic")
+    with run(cfg, exp, "pipeline:synthetic", tags={"dpfair.stage": "pipeline"}) as finished:
+        log_text(cfg, finished, "| table |\n", "results/results.md")
+    time.sleep(0.01)  # a later start time
+    killed = _killed_run(cfg, exp)
+    assert read_results(cfg) == (finished, "| table |\n")
+    fail_stale_runs(cfg, exp)
+    assert read_results(cfg) == (finished, "| table |\n")
+    assert MlflowClient(cfg.uri).get_run(killed).info.status == "FAILED"
+
+
+def test_results_without_a_finished_run_is_a_clear_error(tmp_path):
+    cfg = _cfg(tmp_path)
+    _killed_run(cfg, experiment_id(cfg, "synthetic"))
+    with pytest.raises(LookupError, match="no finished pipeline run.*--run-id"):
+        read_results(cfg)

@@ -223,7 +223,7 @@ def test_over_budget_run_is_refused_before_anything_trains(prefect_harness, tmp_
 
 def test_results_without_runs_is_a_clear_error(tmp_path):
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path / 'empty.db'}")
-    with pytest.raises(LookupError, match="no pipeline run"):
+    with pytest.raises(LookupError, match="no finished pipeline run"):
         read_results(cfg)
 
 
