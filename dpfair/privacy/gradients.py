@@ -27,33 +27,34 @@ squared norm overflows (``|g_i|`` above ``sqrt(finfo.max)``, about ``1.8e19`` in
 infinite norm in both, and the rule gives it weight 0 (``Method.rule``); every other sample has
 the same norm in both. Where a factor's squared norm ``|a|^2`` or ``|d|^2`` over- or underflows
 while ``|g_i|^2`` does not (a saturated ``tanh`` on a huge input: ``d = 0``, ``|a|^2 = inf``),
-the fast path first rescales the factors by opposite powers of two (:func:`_balance`, exact), so
-that its products, and ``w_i a`` or ``w_i d`` in the weighted sum, stay in range.
+the fast path first rescales the factors by opposite powers of two (exact; in
+:mod:`dpfair.privacy.layer_grads`), so that its products, and ``w_i a`` or ``w_i d`` in the
+weighted sum, stay in range.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
+
+from dpfair.privacy.layer_grads import (
+    FAST_LAYERS,
+    LayerGrads,
+    layer_grads,
+    mask_rows,
+)
 
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 EngineKind = Literal["auto", "fast", "materialized"]
-#: Layers whose per-sample gradient norms the fast path computes without materialising them.
-GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
-#: Small layers the fast path materialises per sample, from the same input and output gradient.
-PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm)
-FAST_LAYERS = GHOST_LAYERS + PER_SAMPLE_LAYERS
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -73,11 +74,6 @@ def _per_sample_losses(losses: Tensor, batch_size: int) -> Tensor:
             f"({batch_size},), got {tuple(losses.shape)}"
         )
     return losses
-
-
-def _mask_rows(t: Tensor, keep: Tensor | None) -> Tensor:
-    """Zero the rows outside ``keep``, so that a non-finite sample cannot turn a sum into NaN."""
-    return t if keep is None else torch.where(keep.view(-1, *([1] * (t.dim() - 1))), t, 0)
 
 
 class PerSampleGradients(ABC):
@@ -115,275 +111,6 @@ class PerSampleGradients(ABC):
 # --------------------------------------------------------------------------- fast path
 
 
-class _DenseGrads:
-    """A layer applied once to each sample (a Linear on ``(B, d_in)`` inputs): its per-sample
-    gradient is ``g_i = d_i a_i^T`` (and ``d_i`` for the bias), so
-    ``|g_i|^2 = |d_i|^2 |a_i|^2 + |d_i|^2`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``,
-    from the weight's factors after :func:`_balance`."""
-
-    def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
-        self.weight = module.weight if module.weight.requires_grad else None
-        self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
-        self.d, sq_d = d, _sq(d)  # the bias gradient
-        self.a_w, self.d_w = a, d  # the weight's factors
-        self.sq = sq_d if self.bias is not None else d.new_zeros(len(d))
-        if self.weight is not None:
-            self.a_w, self.d_w, sq_a_w, sq_d_w = _balance(a, d, _sq(a), sq_d)
-            self.sq = self.sq + sq_d_w * sq_a_w
-
-    def sq_norms(self) -> Tensor:
-        return self.sq
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
-        all finite). The weights scale the narrower factor, ``a`` or ``d``."""
-        w = weights.to(self.d.dtype)
-        if self.weight is not None:
-            a, d = _mask_rows(self.a_w, keep), _mask_rows(self.d_w, keep)
-            out = into[self.weight].view(d.shape[1], a.shape[1])
-            if d.shape[1] <= a.shape[1]:
-                out.addmm_((d * w.unsqueeze(1)).T, a)
-            else:
-                out.addmm_(d.T, a * w.unsqueeze(1))
-        if self.bias is not None:
-            into[self.bias].addmv_(_mask_rows(self.d, keep).T, w)
-
-
-class _LayerGrads:
-    """One layer's per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``, for
-    layers with several positions (sequences, convolutions) or groups.
-
-    ``a``: ``(B, T, G, d_in)``, ``d``: ``(B, T, G, d_out)`` with ``G`` convolution groups
-    (1 for Linear). The weight gradient has shape ``(G * d_out, d_in)`` before reshaping. The
-    weight's gradient is either kept factored (balanced, :func:`_balance`) for the Gram trick or
-    materialised, whichever is cheaper.
-    """
-
-    def __init__(self, module: nn.Linear | nn.Conv2d, a: Tensor, d: Tensor) -> None:
-        self.module, self.batch_size = module, a.shape[0]
-        has_bias = module.bias is not None and module.bias.requires_grad
-        self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
-        self.materialised: Tensor | None = None
-        self.a: Tensor | None = None
-        self.d: Tensor | None = None
-        if module.weight.requires_grad:
-            if _gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1]):
-                self.a, self.d, _, _ = _balance(a, d, _sq(a), _sq(d))  # Gram trick
-            else:  # materialise: B T d_in d_out flops
-                self.materialised = torch.einsum("btgo,btgi->bgoi", d, a)
-
-    def sq_norms(self) -> Tensor:
-        sq = self.module.weight.new_zeros(self.batch_size)
-        if self.bias_grad is not None:
-            sq = sq + _sq(self.bias_grad)
-        if self.materialised is not None:
-            sq = sq + _sq(self.materialised)
-        elif self.a is not None and self.d is not None:
-            aa = torch.einsum("btgi,bsgi->bgts", self.a, self.a)
-            dd = torch.einsum("btgo,bsgo->bgts", self.d, self.d)
-            sq = sq + (aa * dd).sum((1, 2, 3))
-        return sq
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
-        all finite)."""
-        m, w = self.module, weights.to(self.module.weight.dtype)
-        b = len(weights)
-        if self.materialised is not None:
-            out = into[m.weight].view(-1)
-            out.addmv_(_mask_rows(self.materialised, keep).reshape(b, -1).T, w)
-        elif self.a is not None and self.d is not None:
-            a, d = _mask_rows(self.a, keep), _mask_rows(self.d, keep)
-            _, _, g, d_in = a.shape
-            d_out = d.shape[-1]
-            out = into[m.weight].view(g, d_out, d_in)
-            dw = d * w.view(-1, 1, 1, 1)
-            if g == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
-                out[0].addmm_(dw.reshape(-1, d_out).T, a.reshape(-1, d_in))
-            else:
-                out.add_(torch.einsum("btgo,btgi->goi", dw, a))
-        if self.bias_grad is not None:
-            bias_grad = _mask_rows(self.bias_grad, keep).reshape(b, -1)
-            into[m.bias].view(-1).addmv_(bias_grad.T, w)  # type: ignore[union-attr]
-
-
-def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
-    """Gram trick (``B T^2 (d_in + d_out)`` flops) vs materialising (``B T d_in d_out``)."""
-    return t * (d_in + d_out) < d_in * d_out
-
-
-def _sq(t: Tensor) -> Tensor:
-    """Per-sample squared norm over all but the batch axis."""
-    flat = t.reshape(t.shape[0], -1)
-    return torch.linalg.vecdot(flat, flat)
-
-
-@functools.cache
-def _powers_of_two(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, int]:
-    """``2^j`` for ``j = -lim .. lim``, exact in ``dtype`` (``2^lim``: its largest power of 2)."""
-    lim = math.frexp(torch.finfo(dtype).max)[1] - 1
-    powers = [math.ldexp(1.0, j) for j in range(-lim, lim + 1)]
-    return torch.tensor(powers, dtype=dtype, device=device), lim
-
-
-def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
-    """Per sample, the binary exponent ``e`` of the largest entry (``max |t_i|`` lies in
-    ``[2^(e-1), 2^e)``) and whether the sample is all zero."""
-    mantissa, exponent = torch.frexp(t.flatten(1).abs().amax(1))  # vector_norm(inf): slow on CPU
-    return exponent, mantissa == 0
-
-
-def _balance(
-    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(a, d, |a_i|^2, |d_i|^2)`` for the factors of per-sample gradients
-    ``g_i = sum_t d_t a_t^T``, given their squared norms, rescaled where products could overflow.
-
-    Unchanged when every ``|a_i|^2`` and ``|d_i|^2`` is a normal number (one check): their
-    products then overflow or underflow only where ``|g_i|^2`` does. Otherwise (a huge input, a
-    saturated or dead layer) ``(a_i 2^-k_i, d_i 2^k_i)`` for each sample, ``k_i`` half the gap
-    between the binary exponents of the largest entries of ``a_i`` and ``d_i`` (a zero factor
-    leaves the other scaled to about 1). ``g_i`` is unchanged (scaling by a power of two is
-    exact) and both factors now have about the magnitude ``sqrt(max_jk |d_j a_k|)``: squared
-    norms, Gram products and their products overflow or underflow only where ``|g_i|^2`` does,
-    and the weighted sum's ``w_i a`` or ``w_i d`` stays near ``s / sqrt(|g_i|)`` for a weight
-    ``w_i = s / |g_i|``.
-    """
-    squares, info = torch.stack([sq_a, sq_d]), torch.finfo(a.dtype)
-    if bool((squares.clamp(info.tiny, info.max) == squares).all()):  # NaN and inf fail too
-        return a, d, sq_a, sq_d
-    e_a, zero_a = _exponents(a)
-    e_d, zero_d = _exponents(d)
-    e_a = torch.where(zero_a, -e_d, e_a)
-    e_d = torch.where(zero_d, -e_a, e_d)
-    powers, lim = _powers_of_two(a.dtype, a.device)
-    k = torch.div(e_a - e_d, 2, rounding_mode="floor").clamp_(-lim, lim)
-    shape = (-1,) + (1,) * (a.dim() - 1)
-    a, d = a * powers[lim - k].view(shape), d * powers[lim + k].view(shape)
-    return a, d, _sq(a), _sq(d)
-
-
-def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``.
-
-    For a convolution ``a`` holds the im2col patches, so only use this where the Gram trick
-    wins (few positions); otherwise :func:`_conv_per_sample_weight` is cheaper.
-    """
-    b = inp.shape[0]
-    if isinstance(module, nn.Linear):
-        return inp.reshape(b, -1, 1, inp.shape[-1]), grad_out.reshape(b, -1, 1, grad_out.shape[-1])
-    assert isinstance(module, nn.Conv2d)
-    g = module.groups
-    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
-    # im2col from strided views and one copy (aten's CPU im2col is far slower at these sizes):
-    # (B, C, H_out, W_out, dh (kh - 1) + 1, dw (kw - 1) + 1), then every dilation-th tap.
-    padded = _pad(module, inp)
-    patches = padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
-    patches = patches[..., ::dh, ::dw]
-    t = patches.shape[2] * patches.shape[3]
-    a = patches.permute(0, 2, 3, 1, 4, 5).reshape(b, t, g, -1)  # C-major, then kh, kw
-    d = grad_out.reshape(b, g, -1, t).permute(0, 3, 1, 2)
-    return a, d
-
-
-def _pad(module: nn.Conv2d, inp: Tensor) -> Tensor:
-    """The input padded exactly as the module pads it ('same', non-zero padding modes)."""
-    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-    return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
-
-
-def _conv_per_sample_weight(module: nn.Conv2d, inp: Tensor, grad_out: Tensor) -> Tensor:
-    """Per-sample weight gradients ``(B, *weight.shape)`` of a convolution, one batched matmul
-    per kernel tap: ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col)."""
-    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
-    b, g = inp.shape[0], module.groups
-    c_in, c_out = inp.shape[1] // g, grad_out.shape[1] // g
-    h_out, w_out = grad_out.shape[-2:]
-    padded = _pad(module, inp)
-    d = grad_out.reshape(b * g, c_out, h_out * w_out).transpose(1, 2).contiguous()
-    out = grad_out.new_empty(kh, kw, b * g, c_in, c_out)
-    for u in range(kh):
-        for v in range(kw):
-            tap = padded[
-                :, :, u * dh : u * dh + sh * (h_out - 1) + 1 : sh,
-                v * dw : v * dw + sw * (w_out - 1) + 1 : sw,
-            ]
-            torch.bmm(tap.reshape(b * g, c_in, h_out * w_out), d, out=out[u, v])
-    out = out.reshape(kh, kw, b, g, c_in, c_out).permute(2, 3, 5, 4, 0, 1)
-    return out.reshape(b, g * c_out, c_in, kh, kw)
-
-
-class _PerSampleLayer:
-    """A small layer's materialised per-sample gradients ``{param: (B, *shape)}``."""
-
-    def __init__(self, grads: dict[nn.Parameter, Tensor]) -> None:
-        self.grads = grads
-
-    def sq_norms(self) -> Tensor:
-        return sum(_sq(g) for g in self.grads.values())  # type: ignore[return-value]
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        for p, g in self.grads.items():
-            per_sample = _mask_rows(g, keep).reshape(len(g), -1)
-            into[p].view(-1).addmv_(per_sample.T, weights.to(g.dtype))
-
-
-def _norm_layer_grads(
-    module: nn.LayerNorm | nn.GroupNorm, inp: Tensor, grad_out: Tensor
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of a LayerNorm's or GroupNorm's affine parameters."""
-    b = inp.shape[0]
-    if isinstance(module, nn.LayerNorm):
-        normalised = F.layer_norm(inp, module.normalized_shape, eps=module.eps)
-        shape = (b, -1, *module.normalized_shape)
-    else:
-        normalised = F.group_norm(inp, module.num_groups, eps=module.eps)
-        shape = (b, module.num_channels, -1)
-    dims = 1 if isinstance(module, nn.LayerNorm) else 2
-    grads = {}
-    if module.weight is not None and module.weight.requires_grad:
-        grads[module.weight] = (normalised * grad_out).reshape(shape).sum(dims)
-    if module.bias is not None and module.bias.requires_grad:
-        grads[module.bias] = grad_out.reshape(shape).sum(dims)
-    return grads
-
-
-def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
-    """Whether materialising beats the Gram trick for this convolution's weight."""
-    t = grad_out.shape[-2] * grad_out.shape[-1]
-    d_in = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-    return not _gram_is_cheaper(t, d_in, module.out_channels // module.groups)
-
-
-def _layer_grads(
-    module: nn.Module, calls: list[tuple[Tensor, Tensor]]
-) -> _DenseGrads | _LayerGrads | _PerSampleLayer:
-    """One layer's per-sample gradients from its (input, output gradient) per call."""
-    if isinstance(module, nn.Conv2d) and _conv_materialises(module, calls[0][1]):
-        grads = {}
-        if module.weight.requires_grad:
-            grads[module.weight] = sum(_conv_per_sample_weight(module, *c) for c in calls)
-        if module.bias is not None and module.bias.requires_grad:
-            grads[module.bias] = sum(grad.sum((2, 3)) for _, grad in calls)
-        return _PerSampleLayer(grads)  # type: ignore[arg-type]
-    if isinstance(module, GHOST_LAYERS):
-        if len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2:
-            return _DenseGrads(module, *calls[0])
-        factors = [_factor(module, inp, grad) for inp, grad in calls]
-        if len(factors) == 1:
-            return _LayerGrads(module, *factors[0])
-        a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-        return _LayerGrads(module, a, d)
-    per_call = [_norm_layer_grads(module, inp, grad) for inp, grad in calls]
-    return _PerSampleLayer({p: sum(c[p] for c in per_call) for p in per_call[0]})
-
-
 class GhostClipping(PerSampleGradients):
     """Fast path for models whose trainable parameters all live in Linear and Conv2d layers
     (ghost norms) or LayerNorm and GroupNorm layers (materialised, they are small).
@@ -400,7 +127,7 @@ class GhostClipping(PerSampleGradients):
 
     def __init__(self, clone_outputs: bool = False) -> None:
         self.clone_outputs = clone_outputs
-        self._layers: list[_DenseGrads | _LayerGrads | _PerSampleLayer] = []
+        self._layers: list[LayerGrads] = []
         self._params: list[nn.Parameter] = []
         self._all_finite = True
 
@@ -438,7 +165,7 @@ class GhostClipping(PerSampleGradients):
             per_layer.setdefault(module, []).append(
                 (inp, torch.zeros_like(out) if grad is None else grad)
             )
-        self._layers = [_layer_grads(m, c) for m, c in per_layer.items()]
+        self._layers = [layer_grads(m, c) for m, c in per_layer.items()]
         norms = sum((layer.sq_norms() for layer in self._layers), self._params[0].new_zeros(len(x)))
         norms = norms.sqrt()
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
@@ -495,7 +222,7 @@ class Materialized(PerSampleGradients):
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         keep = weights != 0
-        return [torch.tensordot(weights.to(g.dtype), _mask_rows(g, keep), 1) for g in self._grads]
+        return [torch.tensordot(weights.to(g.dtype), mask_rows(g, keep), 1) for g in self._grads]
 
 
 # ------------------------------------------------------------------------------ factory
