@@ -1,7 +1,9 @@
 """A tuning worker: claim run slots of the study and train, until K runs are claimed.
 
 One process runs :func:`run_worker` in-process; ``workers=N`` (N > 1) spawns N processes
-``python -m dpfair.tuning worker SPEC INDEX`` (SPEC: the job pickled by :func:`write_spec`).
+``python -m dpfair.tuning worker SPEC INDEX`` (SPEC: the job pickled by :func:`write_spec`
+into a temporary folder ``dpfair-tuning-<owner pid>-*``, removed on every exit, SIGTERM
+included; one left by a killed owner is removed by the next :func:`spawn_workers`).
 How slots are claimed and what counts as a run: :mod:`dpfair.tuning.ledger`. After each run
 the event the trainer reports must equal the one the search was accounted with, else the
 tuning stops with an error.
@@ -13,12 +15,15 @@ import contextlib
 import logging
 import os
 import pickle
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +32,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from dpfair.privacy import accounting
+from dpfair.processes import alive
 from dpfair.tuning.events import result_event
 from dpfair.tuning.job import TuningJob, config_json, make_config, params_key, resolve, seed_of_run
 from dpfair.tuning.ledger import Heartbeat, fail_stale, is_run, ledger_row
@@ -38,7 +44,7 @@ if TYPE_CHECKING:
     from dpfair.training import TrainConfig, TrainResult
     from dpfair.tuning.protocols import PredictionsLike, RunOutcome, TrainFn
 
-__all__ = ["run_worker", "spawn_workers", "write_spec"]
+__all__ = ["remove_stale_job_dirs", "run_worker", "spawn_workers", "write_spec"]
 
 _log = logging.getLogger(__name__)
 
@@ -175,18 +181,63 @@ def write_spec(job: TuningJob, path: str | Path) -> Path:
     return path
 
 
+_JOB_DIR = "dpfair-tuning-"
+
+
 def spawn_workers(job: TuningJob, n: int) -> list[int]:
-    """Run ``n`` worker processes on ``job`` and wait for them; returns their exit codes."""
-    tmp = tempfile.mkdtemp(prefix="dpfair-tuning-")
-    spec = write_spec(job, Path(tmp) / "job.pkl")
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "dpfair.tuning", "worker", str(spec), str(i)])
-        for i in range(n)
-    ]
-    codes = [p.wait() for p in procs]
+    """Run ``n`` worker processes on ``job`` and wait for them; returns their exit codes. If
+    this process is interrupted (an exception, or SIGTERM where it can be caught) the workers
+    are terminated; the job's temporary folder is removed on every exit."""
+    remove_stale_job_dirs()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_JOB_DIR}{os.getpid()}-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with _sigterm_raises():
+            spec = write_spec(job, tmp / "job.pkl")
+            for i in range(n):  # one by one: a failed start still ends those started
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "dpfair.tuning", "worker", str(spec), str(i)]))
+            codes = [p.wait() for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     if any(codes):
         _log.warning("tuning worker exit codes: %s", codes)
-    with contextlib.suppress(OSError):
-        spec.unlink()
-        os.rmdir(tmp)
     return codes
+
+
+def remove_stale_job_dirs() -> list[Path]:
+    """Remove the job folders (``dpfair-tuning-<pid>-*`` in the temporary directory) whose
+    owner process is dead; returns them."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{_JOB_DIR}*-*"):
+        pid = path.name[len(_JOB_DIR):].split("-", 1)[0]
+        if not pid.isdigit() or not path.is_dir():
+            continue
+        with contextlib.suppress(OSError):
+            if not alive(int(pid), since=path.stat().st_mtime):
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises SystemExit (so ``finally`` clean-up runs) where it
+    would otherwise kill the process outright: in the main thread, with no handler set."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
