@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig
@@ -13,7 +23,9 @@ from dpfair.privacy.methods import MethodConfig
 class TrainConfig(BaseModel):
     """One training run. Give exactly one of ``epochs``/``steps``; a private method needs
     exactly one of ``sigma`` (noise multiplier) and ``target_epsilon`` (σ is then the smallest
-    reaching it at ``delta``). ``nonprivate`` ignores both and reports σ = 0, ε = ∞.
+    reaching it at ``delta``), with 0 < σ < ∞. ``nonprivate`` ignores both and reports σ = 0,
+ε = ∞. Learning rate, weight decay and target ε are finite. ``delta`` < 1/n_train is checked
+by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large_delta``.
 
     Randomness (DESIGN.md section 5, "Secret randomness"): ``seed`` fixes the initialisation;
     Poisson batches, gradient noise and count noise come from OS entropy unless
@@ -28,13 +40,20 @@ class TrainConfig(BaseModel):
     epochs: PositiveInt | None = None
     steps: PositiveInt | None = None
     batch_size: PositiveInt = Field(256, description="expected batch size; q = batch_size / n")
-    lr: PositiveFloat = 0.01
+    lr: PositiveFloat = Field(0.01, allow_inf_nan=False)
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
-    weight_decay: float = Field(0.0, ge=0.0)
-    sigma: float | None = Field(None, ge=0.0, description="noise multiplier")
-    target_epsilon: PositiveFloat | None = None
+    weight_decay: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    sigma: float | None = Field(
+        None, ge=0.0, description="noise multiplier; a private method needs 0 < sigma < inf"
+    )
+    target_epsilon: PositiveFloat | None = Field(None, allow_inf_nan=False)
     delta: float = Field(1e-6, gt=0.0, lt=1.0)
+    allow_large_delta: bool = Field(
+        False,
+        description="experts only: accept delta >= 1/n_train (such a delta allows releasing "
+        "single examples outright); recorded with the run's parameters",
+    )
     seed: int = Field(
         0,
         ge=0,
@@ -53,6 +72,19 @@ class TrainConfig(BaseModel):
     eval_batch_size: PositiveInt = 1024
     progress: bool = True
     nonprivate_stats: bool = Field(False, description="record the (non-private) train loss")
+
+    @field_validator("sigma")
+    @classmethod
+    def _noise_multiplier(cls, sigma: float | None, info: ValidationInfo) -> float | None:
+        method = info.data.get("method")
+        if sigma is not None and method is not None and method.is_private:
+            if not 0 < sigma < math.inf:
+                raise ValueError(
+                    f"{sigma} is not a noise multiplier for the private method {method.name!r} "
+                    "(0 adds no noise, inf destroys the model): set 0 < sigma < inf, or give "
+                    "target_epsilon instead"
+                )
+        return sigma
 
     @model_validator(mode="after")
     def _exactly_one(self) -> TrainConfig:

@@ -12,6 +12,7 @@ planned is what is accounted.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from dp_accounting import dp_event
@@ -72,16 +73,50 @@ def _calibrated_sigma(
     return accounting.noise_for_epsilon(target_epsilon, make_event, delta)
 
 
-def make_plan(config: TrainConfig, n_train: int, n_groups: int) -> RunPlan:
-    """The plan of ``train(config, dataset)`` for a training split of ``n_train`` examples in
-    ``n_groups`` groups (module docstring); raises before anything runs."""
+def check_delta(
+    delta: float,
+    n_train: int,
+    *,
+    allowed: bool = False,
+    key: str = "delta",
+    opt_out: str = "allow_large_delta",
+) -> None:
+    """Refuse (``ConfigError``) ``delta >= 1/n_train`` unless ``allowed``: (ε, δ)-DP with
+    δ ≥ 1/n admits a mechanism that publishes one training example outright with probability
+    δ·n ≥ 1, so an ε at such a δ promises nothing (Dwork & Roth 2014, section 2.3)."""
+    if allowed or delta < 1 / n_train:
+        return
+    raise ConfigError(
+        f"{key}: {delta:g} is not below 1/n_train = 1/{n_train} = {1 / n_train:.3g}, so the "
+        f"reported epsilon would promise nothing (such a delta allows releasing training "
+        f"examples outright); set {key} below {1 / n_train:.3g} (e.g. {_below(n_train):g}), "
+        f"or, as an expert, set {opt_out}: true (it is recorded with the run's parameters)"
+    )
+
+
+def _below(n_train: int) -> float:
+    """A round δ well below 1/n: the power of ten at or under 1/(10 n)."""
+    return 10.0 ** math.floor(math.log10(1 / (10 * n_train)))
+
+
+def check_batch_size(batch_size: int, n_train: int, key: str = "batch_size") -> None:
+    """Refuse a split too small to sample from, or an expected batch larger than it."""
     if n_train <= 0:
         raise ConfigError(f"the training split is empty (n_train={n_train})")
-    if config.batch_size > n_train:
+    if batch_size > n_train:
         raise ConfigError(
-            f"batch_size {config.batch_size} exceeds the {n_train} training examples "
-            "(sample rate would be > 1)"
+            f"{key}: {batch_size} exceeds the {n_train} training examples (the sample rate "
+            f"batch_size / n_train would be > 1); set {key} to at most {n_train}"
         )
+
+
+def make_plan(config: TrainConfig, n_train: int, n_groups: int) -> RunPlan:
+    """The plan of ``train(config, dataset)`` for a training split of ``n_train`` examples in
+    ``n_groups`` groups (module docstring); raises before anything runs: a batch larger than
+    the split, or a private method's δ ≥ 1/n_train (:func:`check_delta`)."""
+    check_batch_size(config.batch_size, n_train)
+    if config.method.is_private:
+        check_delta(config.delta, n_train, allowed=config.allow_large_delta)
     q = config.batch_size / n_train
     per_epoch = accounting.steps_for_epochs(1, n_train, config.batch_size)
     steps = config.steps if config.steps is not None else config.epochs * per_epoch

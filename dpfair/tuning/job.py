@@ -56,7 +56,9 @@ __all__ = [
 ]
 
 SEED_STREAM = 83  # "S": the SeedSequence stream of a run's training seed
-_NOT_TUNABLE = frozenset({"method", "model", "seed", "delta", "name", "reproducible"})
+_NOT_TUNABLE = frozenset(
+    {"method", "model", "seed", "delta", "allow_large_delta", "name", "reproducible"}
+)
 
 F = TypeVar("F", bound=Callable[..., object])
 

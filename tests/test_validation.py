@@ -1,0 +1,91 @@
+"""Every bad input of issue 15's audit is a clear error that names the key, the value and the
+fix, raised before anything trains (and, where the rule does not need the data, before any
+data is loaded)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from dpfair.config import parse_params
+from dpfair.errors import ConfigError
+from dpfair.training import TrainConfig, make_plan
+
+BASE: dict[str, Any] = {
+    "method": {"name": "dpsgd"},
+    "model": {"name": "logistic_regression"},
+    "epochs": 1,
+    "batch_size": 50,
+    "sigma": 1.0,
+}
+
+
+def _params(**train: Any) -> dict[str, Any]:
+    return {"experiment": {"dataset": "synthetic", "model": {"name": "logistic_regression"},
+                           "train": {"epochs": 1, "batch_size": 50, "sigma": 1.0, **train},
+                           "seeds": [0]}}
+
+
+# ---------------------------------------------------------------- case 1: sigma, lr, floats
+
+
+@pytest.mark.parametrize("sigma", [0.0, math.inf])
+def test_private_method_needs_finite_positive_sigma(sigma: float) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_params(_params(sigma=sigma))
+    message = str(err.value)
+    assert "train.sigma" in message and f"{sigma} is not a noise multiplier" in message
+    assert "set 0 < sigma < inf" in message and "'dpsgd'" in message
+
+
+def test_nonprivate_still_ignores_sigma() -> None:
+    config = TrainConfig(**{**BASE, "method": {"name": "nonprivate"}, "sigma": 0.0})
+    assert make_plan(config, 100, 2).sigma == 0.0
+
+
+@pytest.mark.parametrize("key", ["lr", "weight_decay", "target_epsilon"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_float_fields_must_be_finite(key: str, value: float) -> None:
+    data = {**BASE, key: value, **({"sigma": None} if key == "target_epsilon" else {})}
+    with pytest.raises(ValidationError) as err:
+        TrainConfig(**data)
+    assert err.value.errors()[0]["loc"] == (key,)
+    assert "finite number" in str(err.value)
+
+
+def test_infinite_lr_in_params_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"experiment\.train\.lr: .*finite number \(got inf\)"):
+        parse_params(_params(lr=math.inf))
+
+
+# ------------------------------------------------------------------- case 2: delta < 1/n
+
+
+def test_delta_not_below_one_over_n_is_refused_with_its_opt_out() -> None:
+    config = TrainConfig(**BASE, delta=0.5)
+    with pytest.raises(ConfigError) as err:
+        make_plan(config, 1205, 2)
+    message = str(err.value)
+    assert "delta: 0.5 is not below 1/n_train = 1/1205" in message
+    assert "set delta below 0.00083" in message and "e.g. 1e-05" in message
+    assert "allow_large_delta: true" in message and "recorded" in message
+
+
+def test_delta_just_at_one_over_n_is_refused_and_below_accepted() -> None:
+    with pytest.raises(ConfigError, match="not below 1/n_train = 1/100"):
+        make_plan(TrainConfig(**BASE, delta=0.01), 100, 2)
+    assert make_plan(TrainConfig(**BASE, delta=0.0099), 100, 2).delta == 0.0099
+
+
+def test_large_delta_opt_out_is_recorded_in_the_config() -> None:
+    config = TrainConfig(**BASE, delta=0.5, allow_large_delta=True)
+    assert make_plan(config, 1205, 2).delta == 0.5
+    assert config.model_dump()["allow_large_delta"] is True
+
+
+def test_nonprivate_reference_has_no_delta_to_check() -> None:
+    config = TrainConfig(**{**BASE, "method": {"name": "nonprivate"}}, delta=0.5)
+    assert math.isinf(make_plan(config, 100, 2).epsilon)
