@@ -3,16 +3,23 @@
 A run or a temporary file records its owner's host and pid when it starts; a later start on
 the same host asks :func:`alive` before it cleans up what a killed (SIGKILL) process left.
 A pid is reused once its process is gone, so a process that started after the record was
-made is not its owner; a zombie (killed, not yet reaped) is dead.
+made is not its owner; a zombie (killed, not yet reaped) is dead. SIGTERM kills Python
+without running ``finally`` blocks or ``atexit``: :func:`sigterm_raises` turns it into
+``SystemExit`` so that they run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
-__all__ = ["alive", "host"]
+__all__ = ["alive", "host", "sigterm_raises", "started_at"]
 
 
 def host() -> str:
@@ -39,6 +46,12 @@ def alive(pid: int, since: float | None = None) -> bool:
     return since is None or start is None or start <= since + 1.0
 
 
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time), or None if unknown or gone."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat is not None else None
+
+
 def _proc_stat(pid: int) -> tuple[str, float | None] | None:
     """``(state, start time as Unix time)`` from ``/proc/PID/stat``, or None without /proc."""
     try:
@@ -61,3 +74,23 @@ def _boot_time() -> float | None:
     except OSError:
         pass
     return None
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``SystemExit(143)`` (so ``finally`` and ``atexit``
+    clean-up runs) where it would otherwise end the process outright: in the main thread,
+    with no handler set. Elsewhere the block runs unchanged."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def _exit(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -7,7 +7,8 @@ checks it against ``budget`` before any MLflow run is opened or anything trains
 (:func:`dpfair.experiment.plan_release`). A method that fails does not lose the others: their
 runs are logged, the failure is reported with its error, and the flow ends failed. Runs of
 this experiment that a killed process left RUNNING are marked FAILED before the new pipeline
-run opens (:func:`dpfair.tracking.fail_stale_runs`).
+run opens (:func:`dpfair.tracking.fail_stale_runs`), and Prefect temporary servers a killed
+run left behind are stopped before this one starts its own (:mod:`flows.server`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from prefect.futures import PrefectFuture  # noqa: E402
 
 from dpfair import experiment as steps  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
+from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
 from dpfair.tracking import experiment_id, fail_stale_runs, run  # noqa: E402
+from flows.server import mark_owner, stop_orphan_servers  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
     evaluate,
     load_data,
@@ -147,9 +150,16 @@ def _share_cores(workers: int) -> None:
 
 
 def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str, Any]:
-    """Validate params.yaml (a ConfigError before any work), then run the flow."""
+    """Validate params.yaml (a ConfigError before any work), then run the flow; SIGTERM
+    ends it as an exception, so that Prefect stops its temporary server (:mod:`flows.server`).
+    """
     params = load_params(params_path)
+    if orphans := stop_orphan_servers():
+        _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
+                     ", ".join(map(str, orphans)))
+    mark_owner()
     _share_cores(params.pipeline.max_workers)
     configured = experiment_flow.with_options(task_runner=task_runner(params.pipeline))
-    return configured(params_path=str(Path(params_path).resolve()),
-                      root=str(Path(root).resolve()))
+    with sigterm_raises():
+        return configured(params_path=str(Path(params_path).resolve()),
+                          root=str(Path(root).resolve()))

@@ -16,14 +16,12 @@ import logging
 import os
 import pickle
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +30,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from dpfair.privacy import accounting
-from dpfair.processes import alive
+from dpfair.processes import alive, sigterm_raises
 from dpfair.tuning.events import result_event
 from dpfair.tuning.job import TuningJob, config_json, make_config, params_key, resolve, seed_of_run
 from dpfair.tuning.ledger import Heartbeat, fail_stale, is_run, ledger_row
@@ -192,7 +190,7 @@ def spawn_workers(job: TuningJob, n: int) -> list[int]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{_JOB_DIR}{os.getpid()}-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        with _sigterm_raises():
+        with sigterm_raises():
             spec = write_spec(job, tmp / "job.pkl")
             for i in range(n):  # one by one: a failed start still ends those started
                 procs.append(subprocess.Popen(
@@ -222,22 +220,3 @@ def remove_stale_job_dirs() -> list[Path]:
                 shutil.rmtree(path)
                 removed.append(path)
     return removed
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises SystemExit (so ``finally`` clean-up runs) where it
-    would otherwise kill the process outright: in the main thread, with no handler set."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-
-    def _exit(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
