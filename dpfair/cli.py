@@ -7,34 +7,49 @@
     dpfair results    the comparison table of the latest pipeline run
     dpfair serve      the flow as a scheduled Prefect deployment
 
-Known errors (every ``dpfair.errors.DpfairError``, and ``LookupError``) are printed as one
-message without a traceback, exit code 2; wrap new commands with ``@cli_errors`` to get the
-same behaviour.
+``@cli_errors`` (on every command; a test checks) is the one error boundary. An expected failure
+is printed as one message that names the problem and the fix, without a traceback, exit code 2:
+every ``dpfair.errors.DpfairError``; a ``ValueError`` or ``LookupError`` raised by dpfair's own
+code; pydantic's ``ValidationError``; ``OSError`` (names the path); MLflow's, Optuna's and
+SQLAlchemy's errors (tracking and storage). Anything else is a bug: its traceback, and a line
+asking to report it with the dpfair version, exit code 1.
 
 ``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors`` and
-``dpfair.settings`` at import time; each command imports the config, data, training, tuning
-and tracking it needs when it runs (``dpfair.config`` alone pulls in torch).
+``dpfair.settings`` at import time; each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from dpfair.errors import ConfigError, DataError, DpfairError, PrivacyError, TuningError
+from dpfair import __version__
+from dpfair.errors import (
+    ConfigError,
+    DataError,
+    DpfairError,
+    PrivacyError,
+    TuningError,
+    format_validation_error,
+)
 from dpfair.settings import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
     from dpfair.config import Params
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # an expected failure (bad input, unreachable service, unwritable path)
+EXIT_BUG = 1
 
 app = typer.Typer(
     name="dpfair",
@@ -50,37 +65,89 @@ err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The label printed before a known error's message (the first class that matches).
+# The label of a DpfairError's message (the first class that matches).
 _ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
     (ConfigError, "configuration error"),
     (DataError, "data error"),
     (PrivacyError, "privacy error"),
     (TuningError, "tuning error"),
 )
+_STORAGE_FIX = ("give --storage (or tuning.storage) as sqlite:///FILE, journal:PATH or "
+                "postgresql://USER@HOST/DB, and check that it can be reached and written")
+# The adapters' errors: (module, class, label, fix). Looked up only among modules already
+# imported (no error of another can occur): the boundary itself imports nothing heavy.
+_ADAPTER_ERRORS = (
+    ("mlflow.exceptions", "MlflowException", "tracking error", "check tracking.uri (is the "
+     "server running?) and tracking.artifact_root (may you write there?) in the parameters file"),
+    ("optuna.exceptions", "OptunaError", "storage error", _STORAGE_FIX),
+    ("sqlalchemy.exc", "SQLAlchemyError", "storage error", _STORAGE_FIX),
+)
+
+
+def _raised_by_dpfair(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in dpfair's own code (a check of ours), not deep in a library."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] in ("dpfair", "flows", "tasks")
+
+
+def describe_failure(exc: Exception) -> tuple[str, str] | None:
+    """``(label, message with its fix)`` of an expected failure, or None for a bug."""
+    if isinstance(exc, DpfairError):
+        return next((lbl for cls, lbl in _ERROR_KINDS if isinstance(exc, cls)), "error"), str(exc)
+    if isinstance(exc, ValidationError):
+        lines = format_validation_error(exc, BaseModel, prefix=(exc.title,))
+        return "configuration error", (f"{lines}\nfix: correct these values in the parameters "
+                                       "file or the command-line options")
+    if isinstance(exc, OSError):
+        if exc.filename is None:
+            return "system error", str(exc)
+        paths = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        return "file error", (f"cannot use {paths}: {exc.strerror}\nfix: check that the path "
+                              "exists (or can be created) and that you may write there, or "
+                              "choose another (--out, --storage, --params, tracking.*)")
+    for module, name, label, fix in _ADAPTER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return label, f"{exc}\nfix: {fix}"
+    if isinstance(exc, ValueError | LookupError) and _raised_by_dpfair(exc):
+        return "error", str(exc)
+    return None
 
 
 def cli_errors(func: F) -> F:
-    """Print any DpfairError or LookupError as one clean message, exit code 2."""
+    """The CLI's error boundary: an expected failure is one message, exit code 2; a bug is its
+    traceback and a request to report it, exit code 1 (see the module docstring)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (DpfairError, LookupError) as exc:
-            kind = next((label for cls, label in _ERROR_KINDS if isinstance(exc, cls)), "error")
-            err_console.print(f"[bold red]{kind}:[/] {exc}", markup=True, highlight=False)
+        except (typer.Exit, typer.Abort, typer.BadParameter):
+            raise  # typer's own exits and usage errors
+        except Exception as exc:
+            known = describe_failure(exc)
+            if known is None:
+                traceback.print_exception(exc, file=sys.stderr)
+                err_console.print(f"This is a bug in dpfair {__version__} (Python "
+                                  f"{sys.version.split()[0]}), not in your input: please report "
+                                  "it with the command you ran and the traceback above.",
+                                  soft_wrap=True, highlight=False, markup=False)
+                raise typer.Exit(EXIT_BUG) from None
+            label, message = known
+            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", message),
+                              soft_wrap=True, highlight=False)
             raise typer.Exit(EXIT_USAGE) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-ParamsOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--params", "-p",
-        help=f"parameters file (default: ./{DEFAULT_PARAMS} if present, else built-in defaults)",
-    ),
-]
+ParamsOption = Annotated[Path | None, typer.Option(
+    "--params", "-p",
+    help=f"parameters file (default: ./{DEFAULT_PARAMS} if present, else built-in defaults)",
+)]
 
 
 def resolve_params(path: Path | None) -> Params:
@@ -96,10 +163,8 @@ def resolve_params(path: Path | None) -> Params:
 def summary_table(summary: dict[str, Any]) -> Table:
     """Rows per split; per-class / per-group counts only when the summary holds them (opt-in)."""
     exact = "per_class" in summary and "per_group" in summary
-    table = Table(
-        title=f"{summary['dataset']}  (input shape {tuple(summary['input_shape'])}, "
-        f"{summary['n_features']:,} features)",
-    )
+    table = Table(title=f"{summary['dataset']}  (input shape {tuple(summary['input_shape'])}, "
+                        f"{summary['n_features']:,} features)")
     table.add_column("split")
     table.add_column("rows", justify="right")
     if exact:
@@ -192,8 +257,8 @@ def _group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table
 @cli_errors
 def train_cmd(
     method: MethodOption = "dpsgd",
-    seed: Annotated[int, typer.Option(help="seed of the initialisation (and, only when "
-                                           "reproducible, of sampling and noise)")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="seed of the initialisation (and, only "
+                                           "when reproducible, of sampling and noise)")] = 0,
     params: ParamsOption = None,
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results."""
@@ -227,7 +292,8 @@ def train_cmd(
 @cli_errors
 def tune_cmd(
     method: MethodOption = "dpsgd",
-    workers: Annotated[int | None, typer.Option(help="worker processes (default: params)")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="worker processes, at least 1 (default: params)")] = None,
     storage: Annotated[str | None, typer.Option(
         help="sqlite:///FILE, journal:PATH or postgresql://... (default: params)")] = None,
     study: Annotated[str | None, typer.Option(help="study name; the same name resumes")] = None,
@@ -249,9 +315,14 @@ def tune_cmd(
     label = _method_label(p, method)
     if label not in p.tuning.spaces:
         raise ConfigError(f"tuning.spaces has no search space for {label!r}")
-    overrides = {k: v for k, v in {"workers": workers, "storage": storage}.items() if v}
+    overrides = {k: v for k, v in (("workers", workers), ("storage", storage)) if v is not None}
     cfg = p.tuning.config(label, study or f"{p.experiment.dataset}-{label}")
-    cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
+    try:
+        cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
+    except ValidationError as exc:
+        given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
+        raise ConfigError(f"{given}: "
+                          + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
     base = p.experiment.train_config(label, p.experiment.seeds[0])
     result = tune(base.method, base, dataset, cfg)

@@ -1,14 +1,22 @@
-"""`dpfair train` and `dpfair tune` print only what the reported ε covers, and say so."""
+"""`dpfair train` and `dpfair tune` print only what the reported ε covers, and say so; every
+expected failure is one clear message (exit code 2), a bug a traceback and a report request."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import pytest
+import torch
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair import __version__
+from dpfair.cli import app, cli_errors, describe_failure
+from dpfair.data import registry
+from dpfair.data.dataset import Split
+from dpfair.errors import ConfigError
 from dpfair.release import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
 from dpfair.training import REPLAYABLE_NOISE
 
@@ -88,3 +96,139 @@ def test_train_reproducible_says_the_noise_is_replayable(tmp_path, monkeypatch):
     text = _printed(out.output)
     assert re.search(r"epsilon \d+\.\d+ at delta 1e-05", text)
     assert f"reproducible: {REPLAYABLE_NOISE}" in text
+
+
+# ------------------------------------------------------------------ the CLI's error boundary
+
+
+def _fails_cleanly(out, *expected: str) -> str:
+    """Exit code 2, one message holding every ``expected``, no traceback; the message."""
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output
+    for part in expected:
+        assert part in text, text
+    return text
+
+
+@pytest.mark.parametrize("workers", ["0", "-2"])
+def test_tune_workers_below_one_is_refused_before_anything_runs(tmp_path, monkeypatch, workers):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["tune", "--method", "dpsgd", "--workers", workers])
+    _fails_cleanly(out, "Invalid value for '--workers'", "greater than or equal to 1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_train_negative_seed_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["train", "--method", "dpsgd", "--seed", "-1"])
+    _fails_cleanly(out, "Invalid value for '--seed'", "greater than or equal to 0")
+
+
+def test_tune_two_workers_on_sqlite_is_a_tuning_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["tune", "--method", "dpsgd", "--workers", "2",
+                              "--storage", f"sqlite:///{tmp_path / 'x.db'}"])
+    _fails_cleanly(out, "tuning error: several workers need storage 'journal:PATH'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_tune_journal_storage_without_a_path_names_the_flag(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["tune", "--method", "dpsgd", "--storage", "journal:"])
+    _fails_cleanly(out, "configuration error: --storage 'journal:': tuning: storage "
+                        "'journal:PATH' needs a path")
+
+
+def test_tune_unknown_storage_scheme_is_a_storage_error_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["tune", "--method", "dpsgd", "--storage", "bogus://x"])
+    _fails_cleanly(out, "storage error:", "bogus",
+                   "fix: give --storage (or tuning.storage) as sqlite:///FILE, journal:PATH")
+    assert not list(tmp_path.glob("*.ledger*"))
+
+
+def test_tune_storage_under_a_file_names_the_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    (tmp_path / "afile").write_text("")
+    out = runner.invoke(app, ["tune", "--method", "dpsgd", "--storage", "journal:afile/x.log"])
+    _fails_cleanly(out, f"file error: cannot use {tmp_path / 'afile' / 'x.log'}: Not a directory",
+                   "fix: check that the path exists")
+
+
+def test_every_command_goes_through_the_boundary():
+    groups = [app, *(group.typer_instance for group in app.registered_groups)]
+    commands = [c for group in groups for c in group.registered_commands]
+    boundary = cli_errors(lambda: None).__code__
+    assert len(commands) >= 7
+    for command in commands:
+        assert command.callback.__code__ is boundary, command.name
+
+
+def _data_list_raising(monkeypatch, make_error) -> object:
+    """``dpfair data list`` with the registry raising ``make_error()``."""
+    monkeypatch.setattr(registry, "specs", make_error)
+    return runner.invoke(app, ["data", "list"])
+
+
+def test_a_bug_prints_its_traceback_and_asks_for_a_report(monkeypatch):
+    def broken() -> None:
+        raise ZeroDivisionError("division by zero")
+
+    out = _data_list_raising(monkeypatch, broken)
+    assert out.exit_code == 1, out.output
+    assert "Traceback" in out.output and "ZeroDivisionError: division by zero" in out.output
+    assert f"This is a bug in dpfair {__version__}" in out.output
+    assert "please report it" in out.output
+
+
+def test_value_error_is_known_only_when_dpfair_raised_it(monkeypatch):
+    def ours() -> None:
+        Split(torch.zeros(3, 2), torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.long))
+
+    text = _fails_cleanly(_data_list_raising(monkeypatch, ours), "error: split shapes disagree")
+    assert "bug" not in text
+
+    def theirs() -> None:
+        int("x")  # a ValueError from outside dpfair's own checks: a bug
+
+    assert _data_list_raising(monkeypatch, theirs).exit_code == 1
+
+
+def test_known_message_is_printed_verbatim_not_as_markup(monkeypatch):
+    def bad_key() -> None:
+        raise ConfigError("tuning.spaces.dpsgd.lr: [bold]x[/bold] is not a list [0.1]")
+
+    _fails_cleanly(_data_list_raising(monkeypatch, bad_key),
+                   "configuration error: tuning.spaces.dpsgd.lr: [bold]x[/bold] is not a list "
+                   "[0.1]")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seed: int = Field(0, ge=0)
+
+
+def test_describe_failure_of_foreign_errors(tmp_path):
+    try:
+        _Model(seed=-1)
+    except ValidationError as exc:
+        label, message = describe_failure(exc)
+    assert label == "configuration error"
+    assert message.startswith("_Model.seed: Input should be greater than or equal to 0 (got -1)")
+    assert "fix: correct these values" in message
+    label, message = describe_failure(PermissionError(13, "Permission denied", str(tmp_path)))
+    assert (label, message.splitlines()[0]) == ("file error",
+                                                f"cannot use {tmp_path}: Permission denied")
+    assert describe_failure(ConnectionRefusedError("refused")) == ("system error", "refused")
+    from mlflow.exceptions import MlflowException
+
+    label, message = describe_failure(MlflowException("API request to http://127.0.0.1:9 failed"))
+    assert label == "tracking error" and "fix: check tracking.uri" in message
+    assert describe_failure(KeyError("x")) is None  # not raised by dpfair: a bug

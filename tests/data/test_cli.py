@@ -98,3 +98,28 @@ def test_data_prepare_exact_counts_is_an_explicit_opt_in_marked_not_private(tmp_
     summary = json.loads((tmp_path / "digits" / "summary.json").read_text())
     assert summary["privacy"].startswith("exact counts: not private")
     assert sum(summary["per_group"]["train"].values()) == summary["rows"]["train"]
+
+
+def test_data_prepare_unwritable_out_names_the_path(tmp_path):
+    (tmp_path / "afile").write_text("")
+    for out, problem in ((tmp_path / "afile" / "sub", "Not a directory"),
+                         (tmp_path / "afile", "File exists")):
+        result = runner.invoke(app, ["data", "prepare", "synthetic", "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert f"file error: cannot use {out}: {problem}" in text
+        assert "fix: check that the path exists (or can be created)" in text
+        assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_data_prepare_refuses_infinite_option(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("datasets:\n  synthetic:\n    class_sep: .inf\n")
+    result = runner.invoke(
+        app, ["data", "prepare", "synthetic", "--params", str(params), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "datasets.synthetic.class_sep: Input should be a finite number (got inf)" in " ".join(
+        result.output.split())
+    assert not (tmp_path / "synthetic").exists()
