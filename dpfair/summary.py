@@ -63,7 +63,10 @@ def _bounds(trajectory: dict[str, list[float]]) -> dict[str, list[float]]:
 def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
               out_dir: str | Path, plan: ReleasePlan) -> Summary:
     """Esipova-layout table with each method's two ε columns and the run's total ε
-    (``plan``), Wilcoxon p-values against the baseline, and the figures."""
+    (``plan``), Wilcoxon p-values against the baseline, and the figures. Without a finished
+    training there is nothing to summarise: a ValueError says so."""
+    if not runs:
+        raise ValueError("no training finished: there is nothing to summarise")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     frame = fairness.runs_frame([r for run_ in runs for r in run_.records])
@@ -117,14 +120,16 @@ def _with_release(table: pd.DataFrame, plan: ReleasePlan) -> pd.DataFrame:
                                for m in plan.methods.values() if m.reproducible})
 
 
-def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary, out_dir: str | Path,
-                failures: dict[str, str]) -> None:
-    """The results table and figures on the pipeline run, and the methods that failed."""
+def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary | None,
+                out_dir: str | Path, failures: dict[str, str]) -> None:
+    """The results table and figures on the pipeline run (if ``summary``: none when the
+    summary failed), and the methods that failed."""
     out = Path(out_dir)
-    for name in ("results.md", "results.csv"):
-        log_file(tracking, run_id, out / name, "results")
-    for path in summary.figures.values():
-        log_file(tracking, run_id, path, "figures")
+    if summary is not None:
+        for name in ("results.md", "results.csv"):
+            log_file(tracking, run_id, out / name, "results")
+        for path in summary.figures.values():
+            log_file(tracking, run_id, path, "figures")
     if failures:
         log_json(tracking, run_id, failures, "failures.json")
     set_tags(tracking, run_id, {"dpfair.failed_methods": ",".join(sorted(failures)) or "none"})

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from dpfair import experiment as steps  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
+from dpfair.summary import Summary  # noqa: E402
 from dpfair.tracking import experiment_id, fail_stale_runs, run  # noqa: E402
 from flows.server import mark_owner, stop_orphan_servers  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
@@ -80,6 +83,18 @@ def _collect(futures: dict[Any, PrefectFuture], failures: dict[str, str]) -> dic
     return done
 
 
+@contextmanager
+def _after(failures: dict[str, str], step: str, notes: list[str]) -> Iterator[None]:
+    """Run a step after the trainings. Once methods have failed, its own error is added to
+    ``notes`` instead of raised, so that it cannot hide theirs (MethodsFailed)."""
+    try:
+        yield
+    except Exception as exc:
+        if not failures:
+            raise
+        notes.append(f"{step} failed too: {type(exc).__name__}: {exc}")
+
+
 @flow(name="dpfair-experiment")
 def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str, Any]:
     params: Params = load_params(params_path)
@@ -114,12 +129,18 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
         }
         runs = list(_collect(train_futures, failures).values())
         out_dir = Path(root) / "outputs" / parent
-        summary = evaluate(params, dataset, runs, out_dir, plan)
-        log_results(tracking, parent, summary, out_dir, failures)
+        summary: Summary | None = None
+        later: list[str] = []
+        with _after(failures, "the summary", later):
+            summary = evaluate(params, dataset, runs, out_dir, plan)
+        with _after(failures, "logging the results", later):
+            log_results(tracking, parent, summary, out_dir, failures)
         if failures:
             raise MethodsFailed(
                 "methods failed (the others are logged in MLflow run "
-                f"{parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())))
+                f"{parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items()))
+                + "".join(f"; {note}" for note in later))
+    assert summary is not None  # else evaluate raised, or methods failed and MethodsFailed did
     return {
         "experiment_id": exp_id,
         "parent_run_id": parent,

@@ -61,7 +61,7 @@ with run(cfg, sys.argv[3], "pipeline:synthetic", tags={"dpfair.stage": "pipeline
 """
 
 
-def _killed_run(cfg: TrackingConfig, exp: str) -> str:
+def killed_run(cfg: TrackingConfig, exp: str) -> str:
     """The id of a run opened by a subprocess that was then killed with SIGKILL."""
     proc = subprocess.Popen([sys.executable, "-c", _OPEN_AND_SLEEP, cfg.uri, cfg.artifact_root,
                              exp], stdout=subprocess.PIPE, text=True)
@@ -83,7 +83,7 @@ def test_runs_left_running_by_a_killed_process_are_marked_failed(tmp_path):
     cfg = _cfg(tmp_path)
     client = MlflowClient(cfg.uri)
     exp = experiment_id(cfg, "synthetic")
-    killed = _killed_run(cfg, exp)
+    killed = killed_run(cfg, exp)
     assert client.get_run(killed).info.status == "RUNNING"
     other_host = client.create_run(exp, tags={"dpfair.host": "elsewhere",
                                               "dpfair.pid": "1"}).info.run_id
@@ -112,7 +112,7 @@ def test_results_reads_the_latest_finished_pipeline_run(tmp_path):
     with run(cfg, exp, "pipeline:synthetic", tags={"dpfair.stage": "pipeline"}) as finished:
         log_text(cfg, finished, "| table |\n", "results/results.md")
     time.sleep(0.01)  # a later start time
-    killed = _killed_run(cfg, exp)
+    killed = killed_run(cfg, exp)
     assert read_results(cfg) == (finished, "| table |\n")
     fail_stale_runs(cfg, exp)
     assert read_results(cfg) == (finished, "| table |\n")
@@ -121,6 +121,6 @@ def test_results_reads_the_latest_finished_pipeline_run(tmp_path):
 
 def test_results_without_a_finished_run_is_a_clear_error(tmp_path):
     cfg = _cfg(tmp_path)
-    _killed_run(cfg, experiment_id(cfg, "synthetic"))
+    killed_run(cfg, experiment_id(cfg, "synthetic"))
     with pytest.raises(LookupError, match="no finished pipeline run.*--run-id"):
         read_results(cfg)

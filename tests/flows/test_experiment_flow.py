@@ -26,7 +26,7 @@ from dpfair.release import (
     SECRET_NOISE,
     TEST_METRICS_NOTE,
 )
-from dpfair.tracking import TrackingConfig, read_results
+from dpfair.tracking import TrackingConfig, experiment_id, read_results
 from dpfair.training import make_plan
 from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
 
@@ -276,3 +276,40 @@ def test_invalid_params_fail_before_any_work(tmp_path, repo_root, monkeypatch):
     params_path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="did you mean 'experiment'"):
         run_experiment(str(params_path), str(tmp_path))
+
+
+def test_all_methods_failing_is_reported_and_stale_runs_are_failed(prefect_harness, tmp_path,
+                                                                   repo_root, monkeypatch):
+    """No training finishes: the methods' errors are raised, with the summary's own error
+    after them (not instead); a run a killed process left RUNNING is marked FAILED first."""
+    from dpfair import experiment
+    from flows.experiment import MethodsFailed, run_experiment
+    from tests.test_tracking import killed_run
+
+    monkeypatch.chdir(tmp_path)
+
+    def always_fail(config, dataset, callbacks=()):
+        raise RuntimeError(f"boom in {config.method.name}")
+
+    monkeypatch.setattr(experiment, "train", always_fail)
+    params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT)
+    params = load_params(params_path)
+    stale = killed_run(params.tracking, experiment_id(params.tracking, "synthetic"))
+    with pytest.raises(MethodsFailed) as err:
+        run_experiment(str(params_path), str(tmp_path))
+    msg = str(err.value)
+    for name in ("dpsgd", "dpsgd_global", "nonprivate"):
+        assert f"{name}: RuntimeError: boom in {name}" in msg
+    assert msg.endswith("the summary failed too: ValueError: no training finished: there is "
+                        "nothing to summarise")
+    assert "lack columns" not in msg
+    client = MlflowClient(params.tracking.uri)
+    assert client.get_run(stale).info.status == "FAILED"
+    assert "dpfair.stale" in client.get_run(stale).data.tags
+    exp = client.get_experiment_by_name("dpfair-synthetic")
+    [parent] = [r for r in _runs(client, exp.experiment_id)
+                if r.data.tags.get("dpfair.stage") == "pipeline" and r.info.run_id != stale]
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["dpfair.failed_methods"] == "dpsgd,dpsgd_global,nonprivate"
+    with pytest.raises(LookupError, match="no finished pipeline run"):
+        read_results(params.tracking)
