@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from dpfair.errors import TuningError
+from dpfair.errors import TuningError, did_you_mean
 from dpfair.tuning.config import Scalar, TuningConfig
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ __all__ = [
     "TuningJob",
     "TuningResult",
     "allowed_names",
+    "check_space_names",
+    "check_space_values",
     "config_json",
     "dump",
     "fingerprint",
@@ -133,6 +135,45 @@ def allowed_names(method_cfg: MethodSpec, train_cfg_base: RunConfig) -> list[str
     names = [n for n in _fields(method_cfg) if n not in _NOT_TUNABLE]
     names += [n for n in _fields(train_cfg_base) if n not in _NOT_TUNABLE and n not in names]
     return names
+
+
+def check_space_names(
+    space: Mapping[str, object], names: list[str], method_cfg: MethodSpec, key: str = "space"
+) -> None:
+    """Refuse (``TuningError``) a space key that is not in ``names`` (:func:`allowed_names`),
+    naming it under ``key`` with a did-you-mean hint and the allowed names."""
+    for name in space:
+        if name not in names:
+            method_name = dump(method_cfg).get("name", "?")
+            raise TuningError(
+                f"{key}.{name}: {name!r} is not a hyperparameter of method {method_name!r} or "
+                f"of training{did_you_mean(name, names)} (allowed: {', '.join(names)})"
+            )
+
+
+def check_space_values(
+    space: Mapping[str, list[Scalar]],
+    method_cfg: MethodSpec,
+    train_cfg_base: RunConfig,
+    key: str = "space",
+) -> None:
+    """Refuse (``TuningError``) a value the method's or training config's own validation
+    rejects, each value set alone on the base configs (:func:`make_config`), naming
+    ``key.<name>`` and the value; the data-dependent rules are :func:`make_plan`'s."""
+    for name, values in space.items():
+        for value in values:
+            try:
+                make_config(method_cfg, train_cfg_base, {name: value}, seed=0,
+                            reproducible=False)
+            except ValidationError as exc:
+                reasons = "; ".join(
+                    str(e["msg"]).removeprefix("Value error, ")
+                    for e in exc.errors(include_url=False)
+                )
+                raise TuningError(
+                    f"{key}.{name}: the value {value!r} is invalid ({reasons}); list only "
+                    f"values that {name} accepts"
+                ) from None
 
 
 def make_config(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from dp_accounting import dp_event
 from pydantic import ValidationError
 
-from dpfair.errors import BudgetExceededError, TuningError, did_you_mean, format_validation_error
+from dpfair.errors import BudgetExceededError, TuningError, format_validation_error
 from dpfair.privacy import accounting
 from dpfair.tuning.config import Scalar, TuningConfig
 from dpfair.tuning.events import combine_run_events, planned_run_event, search_event
@@ -26,6 +26,8 @@ from dpfair.tuning.job import (
     TuningJob,
     TuningResult,
     allowed_names,
+    check_space_names,
+    check_space_values,
     dump,
     make_config,
     params_key,
@@ -112,7 +114,9 @@ def prepare(
     study and draw (or read back) K. No training happens here."""
     cfg = tuning_cfg if isinstance(tuning_cfg, TuningConfig) else _validate_cfg(tuning_cfg)
     names = list(allowed) if allowed is not None else allowed_names(method_cfg, train_cfg_base)
-    _check_space(cfg, names, method_cfg)
+    check_space_names(cfg.space, names, method_cfg)
+    check_space_values(cfg.space, method_cfg, train_cfg_base)
+    _check_validation_split(dataset)
     _check_workers(cfg, train_fn=train_fn, event_fn=event_fn, on_trial=on_trial)
     delta = cfg.delta
     if delta is None:
@@ -215,14 +219,16 @@ def _validate_cfg(data: Mapping[str, object]) -> TuningConfig:
         raise TuningError(format_validation_error(exc, TuningConfig, ("tuning",))) from None
 
 
-def _check_space(cfg: TuningConfig, names: list[str], method_cfg: MethodSpec) -> None:
-    for key in cfg.space:
-        if key not in names:
-            method_name = dump(method_cfg).get("name", "?")
-            raise TuningError(
-                f"space.{key}: {key!r} is not a hyperparameter of method {method_name!r} or of "
-                f"training{did_you_mean(key, names)}; allowed: {', '.join(names)}"
-            )
+def _check_validation_split(dataset: DatasetLike) -> None:
+    """Every run is scored on the validation split: an empty one would select on noise."""
+    labels = getattr(getattr(dataset, "val", None), "y", None)
+    if labels is not None and len(labels) == 0:
+        name = getattr(dataset, "name", "<name>")
+        raise TuningError(
+            f"dataset {name!r} has an empty validation split, so a search would select its "
+            f"configuration from noise alone: set datasets.{name}.validation_fraction above 0 "
+            "(e.g. 0.1). Nothing was run."
+        )
 
 
 def _check_workers(cfg: TuningConfig, **functions: object) -> None:

@@ -62,8 +62,36 @@ def test_unknown_space_key_says_did_you_mean_and_the_allowed_names(tmp_path):
         tuning.prepare(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)
     assert str(err.value) == (
         "space.lrr: 'lrr' is not a hyperparameter of method 'dpsgd' or of training; did you "
-        "mean 'lr'?; allowed: clip, epochs, batch_size, lr, sigma"
+        "mean 'lr'? (allowed: clip, epochs, batch_size, lr, sigma)"
     )
+
+
+@pytest.mark.parametrize(
+    "space, match",
+    [
+        ({"C": [-1]}, r"space\.C: the value -1 is invalid \(.*greater than 0.*\); list only"),
+        ({"lr": ["fast"]}, r"space\.lr: the value 'fast' is invalid \(.*valid number"),
+    ],
+)
+def test_space_values_are_validated_by_the_configs_they_make(tmp_path, space, match):
+    from dpfair.training import TrainConfig
+
+    base = TrainConfig(method={"name": "dpsgd"}, model={"name": "logistic_regression"},
+                       epochs=1, batch_size=50, sigma=1.0)
+    with pytest.raises(tuning.TuningError, match=match):
+        tuning.prepare(base.method, base, make_dataset(), cfg(tmp_path, space=space),
+                       never_train)
+    assert not (tmp_path / "study.db").exists()
+
+
+def test_empty_validation_split_is_refused_naming_validation_fraction(tmp_path):
+    ds = make_dataset()
+    ds.val = type(ds.val)(x=ds.val.x[:0], y=ds.val.y[:0], g=ds.val.g[:0])
+    with pytest.raises(tuning.TuningError) as err:
+        tuning.tune(METHOD, BASE, ds, cfg(tmp_path), never_train, event_fn=fast_event)
+    assert "empty validation split" in str(err.value)
+    assert "set datasets.synthetic.validation_fraction above 0" in str(err.value)
+    assert not (tmp_path / "study.db").exists()
 
 
 def test_budget_is_checked_before_any_run(tmp_path):
