@@ -232,3 +232,17 @@ def test_describe_failure_of_foreign_errors(tmp_path):
     label, message = describe_failure(MlflowException("API request to http://127.0.0.1:9 failed"))
     assert label == "tracking error" and "fix: check tracking.uri" in message
     assert describe_failure(KeyError("x")) is None  # not raised by dpfair: a bug
+
+
+def test_results_with_an_unusable_tracking_uri_is_a_tracking_error(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("tracking:\n  uri: bogus://x\n")
+    out = runner.invoke(app, ["results", "--params", str(params)])
+    _fails_cleanly(out, "tracking error:", "bogus://x", "fix: check tracking.uri")
+
+
+def test_results_of_an_empty_store_says_to_run_first(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text(f"tracking:\n  uri: sqlite:///{tmp_path / 'mlflow.db'}\n")
+    out = runner.invoke(app, ["results", "--params", str(params)])
+    _fails_cleanly(out, "pipeline run", "run `dpfair run` first")
