@@ -21,8 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import get_spec, specs
-from dpfair.errors import ConfigError, format_validation_error  # both re-exported
-from dpfair.sections import BudgetSection, ExperimentSection, PipelineSection, TuningSection
+from dpfair.errors import ConfigError, TuningError, format_validation_error  # re-exported
+from dpfair.sections import (
+    BudgetSection,
+    ExperimentSection,
+    PipelineSection,
+    TuningSection,
+    check_spaces,
+)
 from dpfair.settings import DEFAULT_PARAMS, TrackingConfig  # DEFAULT_PARAMS re-exported
 
 # ---------------------------------------------------------------------------------------------
@@ -73,7 +79,8 @@ class Params(Section):
 
 
 def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -> Params:
-    """Validate an already-parsed mapping; ``source`` names it in error messages."""
+    """Validate an already-parsed mapping, search spaces included
+    (:func:`dpfair.sections.check_spaces`); ``source`` names it in error messages."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -82,7 +89,8 @@ def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -
             f"got {type(data).__name__}"
         )
     try:
-        return Params.model_validate(dict(data))
+        params = Params.model_validate(dict(data))
+        check_spaces(params.experiment, params.tuning)
     except ValidationError as exc:
         body = format_validation_error(exc, Params)
         if "\n" in body:
@@ -90,6 +98,9 @@ def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -
         else:
             body = " " + body
         raise ConfigError(f"invalid {source}:{body}") from None
+    except TuningError as exc:
+        raise ConfigError(f"invalid {source}: {exc}") from None
+    return params
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

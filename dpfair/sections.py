@@ -22,11 +22,12 @@ from pydantic import (
 )
 
 from dpfair.data.registry import get_spec
-from dpfair.errors import format_validation_error
+from dpfair.errors import TuningError, did_you_mean, format_validation_error
 from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
 from dpfair.training import TrainConfig
 from dpfair.tuning.config import TuningConfig
+from dpfair.tuning.job import allowed_names, check_space_names, check_space_values
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -155,6 +156,25 @@ class TuningSection(BaseModel):
         return TuningConfig(
             **{"study_name": study_name, **self.settings}, space=self.spaces[label]
         )
+
+
+def check_spaces(experiment: ExperimentSection, tuning: TuningSection) -> None:
+    """Each ``tuning.spaces.<label>`` against what it tunes, before any data is loaded: the
+    label is a method of ``experiment.methods`` (or the reference ``nonprivate``), every key a
+    field of that method or of TrainConfig (did-you-mean), and every value one that the
+    method's config and TrainConfig accept when set on ``experiment.train``
+    (:func:`dpfair.tuning.job.check_space_values`). A ``TuningError`` names the key."""
+    labels = ["nonprivate", *experiment.methods]
+    for label, space in tuning.spaces.items():
+        key = f"tuning.spaces.{label}"
+        if label not in labels:
+            raise TuningError(
+                f"{key}: no method {label!r} in experiment.methods{did_you_mean(label, labels)} "
+                f"(a space tunes one of: {', '.join(labels)}); rename the space or add the method"
+            )
+        base = experiment.train_config(label, experiment.seeds[0])
+        check_space_names(space, allowed_names(base.method, base), base.method, key)
+        check_space_values(space, base.method, base, key)
 
 
 class BudgetSection(BaseModel):

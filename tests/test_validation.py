@@ -89,3 +89,49 @@ def test_large_delta_opt_out_is_recorded_in_the_config() -> None:
 def test_nonprivate_reference_has_no_delta_to_check() -> None:
     config = TrainConfig(**{**BASE, "method": {"name": "nonprivate"}}, delta=0.5)
     assert math.isinf(make_plan(config, 100, 2).epsilon)
+
+
+# ------------------------------------------ cases 4 and 6: search spaces, at load_params time
+
+
+def _with_space(space: dict[str, Any], label: str = "dpsgd") -> dict[str, Any]:
+    return {**_params(), "tuning": {"spaces": {label: space}}}
+
+
+@pytest.mark.parametrize(
+    "space, label, expected",
+    [
+        ({"learning_rate": [0.1]}, "dpsgd",
+         "tuning.spaces.dpsgd.learning_rate: 'learning_rate' is not a hyperparameter of method "
+         "'dpsgd' or of training; did you mean 'lr'? (allowed: C, "),
+        ({"lr": ["fast"]}, "dpsgd",
+         "tuning.spaces.dpsgd.lr: the value 'fast' is invalid (Input should be a valid number"),
+        ({"C": [1.0, -1]}, "dpsgd",
+         "tuning.spaces.dpsgd.C: the value -1 is invalid (Input should be greater than 0); "
+         "list only values that C accepts"),
+        ({"batch_size": [-1]}, "dpsgd", "tuning.spaces.dpsgd.batch_size: the value -1 is invalid"),
+        ({"sigma": [0.0]}, "dpsgd",
+         "tuning.spaces.dpsgd.sigma: the value 0.0 is invalid (0.0 is not a noise multiplier"),
+        ({"C": [1.0]}, "dpsdg",
+         "tuning.spaces.dpsdg: no method 'dpsdg' in experiment.methods; did you mean 'dpsgd'?"),
+    ],
+)
+def test_search_space_is_checked_when_params_load(
+    monkeypatch: pytest.MonkeyPatch, space: dict[str, Any], label: str, expected: str
+) -> None:
+    import dpfair.data
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("data was loaded before the search space was checked")
+
+    monkeypatch.setattr(dpfair.data, "load_dataset", no_data)
+    monkeypatch.setattr(dpfair.data, "load_prepared", no_data)
+    with pytest.raises(ConfigError) as err:
+        parse_params(_with_space(space, label))
+    assert expected in str(err.value)
+    assert "training Allowed" not in str(err.value)
+
+
+def test_valid_search_space_loads() -> None:
+    params = parse_params(_with_space({"lr": [0.1, 0.5], "C": [0.5, 1.0]}))
+    assert params.tuning.spaces["dpsgd"] == {"lr": [0.1, 0.5], "C": [0.5, 1.0]}

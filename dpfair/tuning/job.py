@@ -147,8 +147,16 @@ def check_space_names(
             method_name = dump(method_cfg).get("name", "?")
             raise TuningError(
                 f"{key}.{name}: {name!r} is not a hyperparameter of method {method_name!r} or "
-                f"of training{did_you_mean(name, names)} (allowed: {', '.join(names)})"
+                f"of training{_hint(name, names)} (allowed: {', '.join(names)})"
             )
+
+
+def _hint(name: str, names: list[str]) -> str:
+    """:func:`did_you_mean`, else the name abbreviated by its words' initials
+    (``learning_rate`` -> ``lr``)."""
+    initials = "".join(word[:1] for word in name.lower().split("_"))
+    close = [n for n in names if len(n) > 1 and n.lower() == initials]
+    return did_you_mean(name, names) or (f"; did you mean {close[0]!r}?" if close else "")
 
 
 def check_space_values(
