@@ -21,7 +21,7 @@ from dpfair.processes import alive, started_at
 OWNER_VAR = "DPFAIR_PREFECT_OWNER"
 _SERVER_APP = b"prefect.server.api.server:create_app"
 
-__all__ = ["OWNER_VAR", "mark_owner", "stop_orphan_servers"]
+__all__ = ["OWNER_VAR", "mark_owner", "marked_owner", "stop_orphan_servers"]
 
 
 def mark_owner() -> None:
@@ -34,11 +34,9 @@ def stop_orphan_servers() -> list[int]:
     their pids (none where ``/proc`` is absent)."""
     stopped = []
     for proc in Path("/proc").glob("[0-9]*"):
-        owner = _owner(proc)
-        if owner is None:
-            continue
         pid = int(proc.name)
-        if alive(owner, since=started_at(pid)):
+        owner = marked_owner(pid)
+        if owner is None or alive(owner, since=started_at(pid)):
             continue
         try:
             os.kill(pid, signal.SIGTERM)
@@ -48,8 +46,10 @@ def stop_orphan_servers() -> list[int]:
     return stopped
 
 
-def _owner(proc: Path) -> int | None:
-    """The owner pid marked on ``proc`` if it runs Prefect's server app, else None."""
+def marked_owner(pid: int) -> int | None:
+    """The owner pid marked on process ``pid`` if it is this user's and runs Prefect's server
+    app, else None."""
+    proc = Path(f"/proc/{pid}")
     try:
         if proc.stat().st_uid != os.getuid() or _SERVER_APP not in (proc / "cmdline").read_bytes():
             return None
