@@ -25,6 +25,7 @@ import torch
 import yaml
 from dp_accounting import dp_event
 
+from dpfair.checks import check_against_data
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.errors import PrivacyError
@@ -164,8 +165,11 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
     A tuned method's search is prepared here (:func:`dpfair.tuning.prepare`, in study
     ``studies[label]``): its events, and K, drawn once and kept in the study, which
     :func:`tune_method` reopens. A final run's event is its :func:`~dpfair.training.make_plan`
-    event; a tuned method's is the search's per-run bound (:mod:`dpfair.release`).
+    event; a tuned method's is the search's per-run bound (:mod:`dpfair.release`). First,
+    everything that needs the data is checked for every method (:mod:`dpfair.checks`), so no
+    search opens a study while another method's settings are wrong.
     """
+    check_against_data(params, dataset)
     exp = params.experiment
     delta = params.budget.delta or exp.train.delta
     n_train, n_groups = len(dataset.train), dataset.n_groups

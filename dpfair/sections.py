@@ -195,6 +195,11 @@ class BudgetSection(BaseModel):
     delta: float | None = Field(
         None, gt=0.0, lt=1.0, description="δ of every ε reported (None: experiment.train.delta)"
     )
+    allow_large_delta: bool = Field(
+        False,
+        description="experts only: accept budget.delta >= 1/n_train (checked once the data is "
+        "loaded; such a δ allows releasing training examples outright)",
+    )
     allow_heuristic: bool = Field(
         False, description="run methods without a proven guarantee (released with no ε)"
     )

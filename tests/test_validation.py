@@ -135,3 +135,130 @@ def test_search_space_is_checked_when_params_load(
 def test_valid_search_space_loads() -> None:
     params = parse_params(_with_space({"lr": [0.1, 0.5], "C": [0.5, 1.0]}))
     assert params.tuning.spaces["dpsgd"] == {"lr": [0.1, 0.5], "C": [0.5, 1.0]}
+
+
+# ------------------------------- cases 2-5 that need the data: right after loading, before all
+
+
+@pytest.fixture
+def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any training (final runs or a search's) fails the test."""
+    import dpfair.experiment
+    import dpfair.training
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("something trained before the settings were checked")
+
+    monkeypatch.setattr(dpfair.training, "train", refuse)
+    monkeypatch.setattr(dpfair.experiment, "train", refuse)
+    monkeypatch.setattr(dpfair.experiment, "tune", refuse)
+
+
+def _plan(tmp_path: Any, data: dict[str, Any], n: int = 400, **options: Any) -> None:
+    """Load params and data as the flow does, then plan the release."""
+    from dpfair.data import load_dataset
+    from dpfair.experiment import plan_release
+
+    spaces = data.get("tuning", {}).get("spaces", {})
+    data = {**data, "datasets": {"synthetic": {"n": n, **options}},
+            "budget": {"allow_nonprivate_reference": True, **data.get("budget", {})}}
+    if spaces:
+        data["tuning"] = {**data["tuning"], "storage": f"journal:{tmp_path}/study.log"}
+    params = parse_params(data)
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    plan_release(params, dataset, {label: f"study-{label}" for label in spaces})
+
+
+def _nothing_opened(tmp_path: Any) -> None:
+    assert not (tmp_path / "study.log").exists()  # no search opened a study
+
+
+@pytest.mark.parametrize(
+    "pair, expected",
+    [
+        (["2", "99"], "experiment.pair: '2' is not a group of dataset 'synthetic' (its groups: "
+                      "majority, minority); name two of them"),
+        (["majority", "minortiy"], "'minortiy' is not a group of dataset 'synthetic'; did you "
+                                   "mean 'minority'?"),
+    ],
+)
+def test_unknown_pair_is_refused_before_training(
+    tmp_path: Any, no_training: None, pair: list[str], expected: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        _plan(tmp_path, {**_params(), "experiment": {**_params()["experiment"], "pair": pair}})
+    assert expected in str(err.value)
+
+
+def test_batch_larger_than_the_data_is_refused_before_training(
+    tmp_path: Any, no_training: None
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        _plan(tmp_path, _params(batch_size=100000))
+    assert str(err.value).startswith("experiment.train.batch_size: 100000 exceeds the 288")
+    assert "set experiment.train.batch_size to at most 288" in str(err.value)
+
+
+def test_searched_batch_larger_than_the_data_is_refused_before_any_study(
+    tmp_path: Any, no_training: None
+) -> None:
+    with pytest.raises(ConfigError, match=r"tuning\.spaces\.dpsgd\.batch_size: 100000 exceeds"):
+        _plan(tmp_path, _with_space({"batch_size": [50, 100000]}))
+    _nothing_opened(tmp_path)
+
+
+def test_training_delta_not_below_one_over_n_names_its_key_and_opt_out(
+    tmp_path: Any, no_training: None
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        _plan(tmp_path, _params(delta=0.01))
+    message = str(err.value)
+    assert message.startswith("experiment.train.delta: 0.01 is not below 1/n_train = 1/288")
+    assert "experiment.train.allow_large_delta: true" in message
+
+
+def test_budget_delta_not_below_one_over_n_is_refused_unless_allowed(
+    tmp_path: Any, no_training: None
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        _plan(tmp_path, {**_params(), "budget": {"delta": 0.5}})
+    assert str(err.value).startswith("budget.delta: 0.5 is not below 1/n_train")
+    assert "budget.allow_large_delta: true" in str(err.value)
+    _plan(tmp_path, {**_params(), "budget": {"delta": 0.5, "allow_large_delta": True}})
+
+
+def test_budget_too_small_for_one_run_is_refused_before_training(
+    tmp_path: Any, no_training: None
+) -> None:
+    from dpfair.errors import PrivacyError
+
+    with pytest.raises(PrivacyError) as err:
+        _plan(tmp_path, {**_params(), "budget": {"epsilon": 0.01}})
+    message = str(err.value)
+    assert message.startswith("budget.epsilon: 0.01 is too small for even one training run of "
+                              "'dpsgd'")
+    assert "raise budget.epsilon or raise experiment.train.sigma" in message
+
+
+def test_search_budget_too_small_for_one_run_is_refused_before_any_study(
+    tmp_path: Any, no_training: None
+) -> None:
+    from dpfair.errors import BudgetExceededError
+
+    data = _with_space({"lr": [0.1, 0.5]})
+    data["tuning"]["budget_epsilon"] = 0.01
+    with pytest.raises(BudgetExceededError) as err:
+        _plan(tmp_path, data)
+    assert str(err.value).startswith("tuning.budget_epsilon: 0.01 is too small for even one "
+                                     "training run of the search of 'dpsgd'")
+    assert "search a cheaper space" in str(err.value)
+    _nothing_opened(tmp_path)
+
+
+def test_search_on_an_empty_validation_split_is_refused(tmp_path: Any, no_training: None) -> None:
+    from dpfair.errors import TuningError
+
+    with pytest.raises(TuningError) as err:
+        _plan(tmp_path, _with_space({"lr": [0.1, 0.5]}), validation_fraction=0.0)
+    assert "set datasets.synthetic.validation_fraction above 0" in str(err.value)
+    _nothing_opened(tmp_path)

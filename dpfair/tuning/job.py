@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import json
 import math
 import sys
@@ -51,6 +52,7 @@ __all__ = [
     "config_json",
     "dump",
     "fingerprint",
+    "grid_points",
     "make_config",
     "params_key",
     "resolve",
@@ -213,6 +215,15 @@ def make_config(
     if isinstance(train_cfg_base, BaseModel):
         return type(train_cfg_base).model_validate(train)
     return train
+
+
+def grid_points(space: Mapping[str, list[Scalar]]) -> list[dict[str, Scalar]]:
+    """Every point of ``space``, keys sorted (one empty point for an empty space)."""
+    names = sorted(space)
+    return [
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(space[k] for k in names))
+    ]
 
 
 def config_json(config: RunConfig) -> str:

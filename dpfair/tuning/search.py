@@ -9,7 +9,6 @@ runs are claimed, then waits until no run is RUNNING, and selects the best compl
 
 from __future__ import annotations
 
-import itertools
 import math
 import pickle
 from collections.abc import Collection, Mapping
@@ -29,6 +28,7 @@ from dpfair.tuning.job import (
     check_space_names,
     check_space_values,
     dump,
+    grid_points,
     make_config,
     params_key,
     resolve,
@@ -253,13 +253,10 @@ def _check_workers(cfg: TuningConfig, **functions: object) -> None:
 
 def _grid(cfg: TuningConfig) -> list[dict[str, Scalar]]:
     """Every point of the space (one empty point for an empty space)."""
-    names = sorted(cfg.space)
-    grid = list(itertools.product(*(cfg.space[k] for k in names)))
-    if len(grid) > _MAX_GRID:
-        raise TuningError(
-            f"the space has {len(grid)} configurations (> {_MAX_GRID:,}): make it smaller"
-        )
-    return [dict(zip(names, values, strict=True)) for values in grid]
+    size = math.prod(len(values) for values in cfg.space.values())
+    if size > _MAX_GRID:
+        raise TuningError(f"the space has {size} configurations (> {_MAX_GRID:,}): make it smaller")
+    return grid_points(cfg.space)
 
 
 def _plan_events(

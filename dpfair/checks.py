@@ -1,0 +1,104 @@
+"""The checks of params.yaml that need the loaded dataset, run right after loading and before
+anything is planned, tuned or trained (:func:`dpfair.experiment.plan_release` calls
+:func:`check_against_data` first).
+
+Everything that needs no data is checked when params.yaml loads (:mod:`dpfair.config`). What
+needs the training set's size n or its group names is checked here, for every method and every
+value of its search space at once, so no search opens a study while another method's settings
+are still wrong:
+
+* ``experiment.pair`` names groups of the dataset (did-you-mean);
+* every batch size, given or searched, is at most n
+  (:func:`~dpfair.training.plan.check_batch_size`);
+* every δ (``experiment.train.delta``, ``budget.delta``, ``tuning.delta``) is below 1/n unless
+  its opt-out says otherwise (:func:`~dpfair.training.plan.check_delta`);
+* ``budget.epsilon`` and ``tuning.budget_epsilon`` allow at least one training run of every
+  method with a proven guarantee (the cheapest configuration of its space, if tuned).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dpfair.errors import BudgetExceededError, ConfigError, PrivacyError, did_you_mean
+from dpfair.privacy import accounting
+from dpfair.training import TrainConfig, make_plan
+from dpfair.training.plan import check_batch_size, check_delta
+from dpfair.tuning.job import grid_points, make_config
+
+if TYPE_CHECKING:
+    from dpfair.config import Params
+    from dpfair.data import GroupedDataset
+
+__all__ = ["check_against_data"]
+
+REFERENCE = "nonprivate"
+
+
+def check_against_data(params: Params, dataset: GroupedDataset) -> None:
+    """Refuse (``ConfigError``, ``PrivacyError``, ``BudgetExceededError``, each naming the key,
+    the value and the fix) what the module docstring lists. Nothing has run when it raises."""
+    exp = params.experiment
+    n_train = len(dataset.train)
+    _check_pair(exp.pair, dataset)
+    if params.budget.delta is not None:
+        check_delta(params.budget.delta, n_train, allowed=params.budget.allow_large_delta,
+                    key="budget.delta", opt_out="budget.allow_large_delta")
+    for label in [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]:
+        base = exp.train_config(label, exp.seeds[0])
+        space = params.tuning.spaces.get(label, {})
+        check_batch_size(base.batch_size, n_train, key="experiment.train.batch_size")
+        for value in space.get("batch_size", []):
+            check_batch_size(int(value), n_train, key=f"tuning.spaces.{label}.batch_size")
+        if base.method.privacy_guarantee != "proven":
+            continue
+        check_delta(base.delta, n_train, allowed=base.allow_large_delta,
+                    key="experiment.train.delta", opt_out="experiment.train.allow_large_delta")
+        configs = [make_config(base.method, base, point, seed=0, reproducible=False)
+                   for point in grid_points(space)]
+        _check_one_run(params, label, configs, n_train, dataset.n_groups)
+
+
+def _check_pair(pair: list[str] | None, dataset: GroupedDataset) -> None:
+    names = [str(g) for g in dataset.group_names]
+    for group in pair or []:
+        if group not in names:
+            raise ConfigError(
+                f"experiment.pair: {group!r} is not a group of dataset {dataset.name!r}"
+                f"{did_you_mean(group, names)} (its groups: {', '.join(names)}); name two of "
+                "them, or leave pair out for the first two. Nothing was trained."
+            )
+
+
+def _check_one_run(params: Params, label: str, configs: list[TrainConfig], n_train: int,
+                   n_groups: int) -> None:
+    """Each budget must allow the cheapest run of ``label`` (one of ``configs``)."""
+    exp, budget = params.experiment, params.budget
+    events = [make_plan(c, n_train, n_groups).event for c in configs]
+    tuned = label in params.tuning.spaces
+    delta = budget.delta or exp.train.delta
+    cheapest = min(accounting.epsilon(e, delta) for e in events)
+    fix = ("raise experiment.train.sigma (or target a smaller ε), train fewer epochs or a "
+           "smaller batch" + (", or search a cheaper space" if tuned else ""))
+    if budget.epsilon is not None and not cheapest <= budget.epsilon:
+        raise PrivacyError(
+            f"budget.epsilon: {budget.epsilon:g} is too small for even one training run of "
+            f"{label!r} (ε {cheapest:.4g} at δ {delta:g} for n_train = {n_train}): raise "
+            f"budget.epsilon or {fix}. Nothing was trained."
+        )
+    if not tuned:
+        return
+    cfg = params.tuning.config(label, label)
+    if cfg.delta is not None:
+        check_delta(cfg.delta, n_train, allowed=configs[0].allow_large_delta,
+                    key="tuning.delta", opt_out="experiment.train.allow_large_delta")
+    if cfg.budget_epsilon is None:
+        return
+    tuning_delta = cfg.delta or exp.train.delta
+    cheapest = min(accounting.epsilon(e, tuning_delta) for e in events)
+    if not cheapest <= cfg.budget_epsilon:
+        raise BudgetExceededError(
+            f"tuning.budget_epsilon: {cfg.budget_epsilon:g} is too small for even one training "
+            f"run of the search of {label!r} (ε {cheapest:.4g} at δ {tuning_delta:g} for "
+            f"n_train = {n_train}): raise tuning.budget_epsilon or {fix}. Nothing was run."
+        )
