@@ -262,3 +262,9 @@ def test_search_on_an_empty_validation_split_is_refused(tmp_path: Any, no_traini
         _plan(tmp_path, _with_space({"lr": [0.1, 0.5]}), validation_fraction=0.0)
     assert "set datasets.synthetic.validation_fraction above 0" in str(err.value)
     _nothing_opened(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["sigma_score", "loss_clip"])
+def test_score_release_settings_must_be_finite(key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"tuning: {key}: .*finite number \(got inf\)"):
+        parse_params({"tuning": {key: math.inf}})

@@ -49,9 +49,13 @@ class TuningConfig(BaseModel):
     score: ScoreName = "macro_accuracy"
     score_privacy: Literal["noisy", "public_validation"] = "noisy"
     sigma_score: PositiveFloat = Field(
-        10.0, description="noise std of the released validation counts (sensitivity 1)"
+        10.0,
+        allow_inf_nan=False,
+        description="noise std of the released validation counts (sensitivity 1)",
     )
-    loss_clip: PositiveFloat = Field(10.0, description="per-example loss clipped to [0, L]")
+    loss_clip: PositiveFloat = Field(
+        10.0, allow_inf_nan=False, description="per-example loss clipped to [0, L]"
+    )
     storage: str | None = None
     study_name: str | None = None
     seed: int = Field(
