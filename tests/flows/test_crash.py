@@ -1,6 +1,8 @@
 """kill -9 of a pipeline run in the middle of a training, then a rerun: the rerun marks the
 killed runs FAILED, stops the killed run's Prefect temporary server, finishes, and
-`dpfair results` reads it (DESIGN.md section 7; issue: clean up after crashes)."""
+`dpfair results` reads it. SIGTERM in the middle of a training: the training in progress
+finishes and is logged, the pipeline run ends FAILED, and the server stops with the process
+(issue: clean up after crashes)."""
 
 from __future__ import annotations
 
@@ -46,28 +48,54 @@ def _servers_of(owner: int) -> list[int]:
             if p.name.isdigit() and marked_owner(int(p.name)) == owner]
 
 
-def test_kill_9_during_training_then_rerun(prefect_harness, tmp_path, repo_root, monkeypatch):
-    from flows.experiment import run_experiment
-
-    monkeypatch.chdir(tmp_path)
+def _run_until_training(tmp_path: Path,
+                        repo_root: Path) -> tuple[Path, subprocess.Popen[bytes], list[int]]:
+    """Start `dpfair run` (a subprocess with its own temporary Prefect server) on a slow
+    training; once the training runs, returns ``(params path, process, its server pids)``."""
     slow = {**SMALL_EXPERIMENT, "seeds": [0], "methods": {"dpsgd": {"C": 1.0}},
             "train": {**SMALL_EXPERIMENT["train"], "epochs": 400}}
     params_path = make_workspace(tmp_path, repo_root, slow)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # its own temporary server
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     proc = subprocess.Popen([sys.executable, "-c", _RUN, str(params_path), str(tmp_path)],
                             cwd=tmp_path, env=env)
-    try:
-        deadline = time.monotonic() + 300
-        while not _training_started(tmp_path / "mlflow.db"):
-            assert proc.poll() is None, "the run ended before any training started"
-            assert time.monotonic() < deadline, "no training started in 300 s"
-            time.sleep(0.2)
-        orphans = _servers_of(proc.pid)
-        assert orphans  # the run's temporary server
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    deadline = time.monotonic() + 300
+    while not _training_started(tmp_path / "mlflow.db"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no training started (exit code {proc.wait()})")
+        time.sleep(0.2)
+    servers = _servers_of(proc.pid)
+    assert servers  # the run's temporary server
+    return params_path, proc, servers
+
+
+def _signal(proc: subprocess.Popen[bytes], signum: int) -> int:
+    os.kill(proc.pid, signum)
+    return proc.wait(timeout=300)
+
+
+def test_sigterm_during_training_ends_cleanly(tmp_path, repo_root, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    params_path, proc, servers = _run_until_training(tmp_path, repo_root)
+    assert _signal(proc, signal.SIGTERM) == 128 + signal.SIGTERM
+    assert not any(alive(server) for server in servers)
+    client = MlflowClient(load_params(params_path).tracking.uri)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("dpfair-synthetic").experiment_id])
+    status = {r.data.tags["dpfair.stage"]: r.info.status for r in runs
+              if r.data.tags.get("dpfair.method") != "nonprivate"}
+    assert status == {"pipeline": "FAILED", "final": "FINISHED"}
+    [trained] = [r.info.run_id for r in runs if r.data.tags.get("dpfair.method") == "dpsgd"]
+    assert [a.path for a in client.list_artifacts(trained, "model")] == ["model/model_state.pt"]
+
+
+def test_kill_9_during_training_then_rerun(prefect_harness, tmp_path, repo_root, monkeypatch):
+    from flows.experiment import run_experiment
+
+    monkeypatch.chdir(tmp_path)
+    params_path, proc, orphans = _run_until_training(tmp_path, repo_root)
+    _signal(proc, signal.SIGKILL)
     assert all(alive(pid) for pid in orphans)  # SIGKILL left it behind
     params = load_params(params_path)
     client = MlflowClient(params.tracking.uri)
