@@ -172,9 +172,9 @@ def _share_cores(workers: int) -> None:
 
 def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str, Any]:
     """Validate params.yaml (a ConfigError before any work), then run the flow. SIGTERM
-    ends it as an exception: the pipeline run ends FAILED, the trainings in progress finish
-    and are logged before the process exits (a second SIGTERM ends it at once), and Prefect
-    stops its temporary server (:mod:`flows.server`)."""
+    ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`
+    around it): the pipeline run ends FAILED, the trainings in progress finish and are logged
+    before the process exits, and Prefect stops its temporary server (:mod:`flows.server`)."""
     params = load_params(params_path)
     if orphans := stop_orphan_servers():
         _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
