@@ -28,7 +28,7 @@ from dp_accounting import dp_event
 from dpfair.checks import check_against_data
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
-from dpfair.errors import PrivacyError
+from dpfair.errors import ConfigError, PrivacyError
 from dpfair.fairness import GroupMetrics
 from dpfair.privacy import accounting
 from dpfair.release import (
@@ -170,6 +170,11 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
     search opens a study while another method's settings are wrong.
     """
     check_against_data(params, dataset)
+    untuned = [label for label in params.tuning.spaces if label not in studies]
+    if untuned:
+        raise ConfigError(f"tuning.spaces.{untuned[0]}: the pipeline tunes only the methods of "
+                          "experiment.methods (dpfair tune --method tunes the others); remove "
+                          "this space to run the pipeline")
     exp = params.experiment
     delta = params.budget.delta or exp.train.delta
     n_train, n_groups = len(dataset.train), dataset.n_groups

@@ -166,7 +166,8 @@ def _plan(tmp_path: Any, data: dict[str, Any], n: int = 400, **options: Any) -> 
         data["tuning"] = {**data["tuning"], "storage": f"journal:{tmp_path}/study.log"}
     params = parse_params(data)
     dataset = load_dataset("synthetic", params.dataset("synthetic"))
-    plan_release(params, dataset, {label: f"study-{label}" for label in spaces})
+    plan_release(params, dataset, {label: f"study-{label}" for label in params.experiment.methods
+                                   if label in spaces})  # as flows/experiment.py does
 
 
 def _nothing_opened(tmp_path: Any) -> None:
@@ -268,3 +269,9 @@ def test_search_on_an_empty_validation_split_is_refused(tmp_path: Any, no_traini
 def test_score_release_settings_must_be_finite(key: str) -> None:
     with pytest.raises(ConfigError, match=rf"tuning: {key}: .*finite number \(got inf\)"):
         parse_params({"tuning": {key: math.inf}})
+
+
+def test_pipeline_refuses_a_space_it_would_not_tune(tmp_path: Any, no_training: None) -> None:
+    data = {**_params(), "tuning": {"spaces": {"nonprivate": {"lr": [0.1, 0.5]}}}}
+    with pytest.raises(ConfigError, match=r"tuning\.spaces\.nonprivate: the pipeline tunes only"):
+        _plan(tmp_path, data)
