@@ -211,14 +211,27 @@ def test_over_budget_run_is_refused_before_anything_trains(prefect_harness, tmp_
     monkeypatch.setattr(experiment, "train", no_training)
     monkeypatch.setattr(experiment, "tune", no_training)
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT,
-                                 budget={"epsilon": 1.0, "allow_nonprivate_reference": True})
+                                 budget={"epsilon": 6.0, "allow_nonprivate_reference": True})
     with pytest.raises(PrivacyError) as err:
         run_experiment(str(params_path), str(tmp_path))
     msg = str(err.value)
-    assert "nothing was trained" in msg and "exceeds budget.epsilon 1" in msg
+    assert "nothing was trained" in msg and "exceeds budget.epsilon 6" in msg
     assert "dpsgd: not tuned; seeds 0, 1:" in msg and "dpsgd_global: not tuned" in msg
     assert "total, composition of every private release" in msg
     assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was opened
+
+
+def test_budget_below_one_run_is_refused_as_such(prefect_harness, tmp_path, repo_root,
+                                                 monkeypatch):
+    from flows.experiment import run_experiment
+
+    monkeypatch.chdir(tmp_path)
+    params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT,
+                                 budget={"epsilon": 1.0, "allow_nonprivate_reference": True})
+    with pytest.raises(PrivacyError, match="too small for even one training run of 'dpsgd'.*"
+                                           "Nothing was trained"):
+        run_experiment(str(params_path), str(tmp_path))
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_results_without_runs_is_a_clear_error(tmp_path):
