@@ -10,8 +10,9 @@ are still wrong:
 * ``experiment.pair`` names groups of the dataset (did-you-mean);
 * every batch size, given or searched, is at most n
   (:func:`~dpfair.training.plan.check_batch_size`);
-* every δ (``experiment.train.delta``, ``budget.delta``, ``tuning.delta``) is below 1/n unless
-  its opt-out says otherwise (:func:`~dpfair.training.plan.check_delta`);
+* every δ (``experiment.train.delta``, ``budget.delta``) is below 1/n unless its opt-out says
+  otherwise (:func:`~dpfair.training.plan.check_delta`; ``tuning.delta``: by
+  :func:`dpfair.tuning.prepare`, before any study opens);
 * ``budget.epsilon`` and ``tuning.budget_epsilon`` allow at least one training run of every
   method with a proven guarantee (the cheapest configuration of its space, if tuned).
 """
@@ -89,9 +90,6 @@ def _check_one_run(params: Params, label: str, configs: list[TrainConfig], n_tra
     if not tuned:
         return
     cfg = params.tuning.config(label, label)
-    if cfg.delta is not None:
-        check_delta(cfg.delta, n_train, allowed=configs[0].allow_large_delta,
-                    key="tuning.delta", opt_out="experiment.train.allow_large_delta")
     if cfg.budget_epsilon is None:
         return
     tuning_delta = cfg.delta or exp.train.delta

@@ -275,3 +275,15 @@ def test_pipeline_refuses_a_space_it_would_not_tune(tmp_path: Any, no_training: 
     data = {**_params(), "tuning": {"spaces": {"nonprivate": {"lr": [0.1, 0.5]}}}}
     with pytest.raises(ConfigError, match=r"tuning\.spaces\.nonprivate: the pipeline tunes only"):
         _plan(tmp_path, data)
+
+
+def test_search_delta_not_below_one_over_n_is_refused_before_any_study(
+    tmp_path: Any, no_training: None
+) -> None:
+    data = _with_space({"lr": [0.1, 0.5]})
+    data["tuning"]["delta"] = 0.5
+    with pytest.raises(ConfigError) as err:
+        _plan(tmp_path, data)
+    assert str(err.value).startswith("tuning.delta: 0.5 is not below 1/n_train = 1/288")
+    assert "experiment.train.allow_large_delta: true" in str(err.value)
+    _nothing_opened(tmp_path)

@@ -121,6 +121,8 @@ def prepare(
     delta = cfg.delta
     if delta is None:
         delta = float(dump(train_cfg_base).get("delta", 1e-6) or 1e-6)
+    else:
+        _check_search_delta(delta, dataset, train_cfg_base)
     event_of = resolve(event_fn) if event_fn is not None else planned_run_event
     grid = _grid(cfg)
     planned, run = _plan_events(grid, method_cfg, train_cfg_base, dataset, event_of, cfg)
@@ -229,6 +231,19 @@ def _check_validation_split(dataset: DatasetLike) -> None:
             f"configuration from noise alone: set datasets.{name}.validation_fraction above 0 "
             "(e.g. 0.1). Nothing was run."
         )
+
+
+def _check_search_delta(delta: float, dataset: DatasetLike, train_cfg_base: RunConfig) -> None:
+    """``tuning.delta`` < 1/n_train, as every training run's delta
+    (:func:`dpfair.training.plan.check_delta`; its opt-out is the training config's)."""
+    labels = getattr(getattr(dataset, "train", None), "y", None)
+    if labels is None:
+        return
+    from dpfair.training.plan import check_delta  # imports torch: only when there is data
+
+    allowed = bool(dump(train_cfg_base).get("allow_large_delta", False))
+    check_delta(delta, len(labels), allowed=allowed, key="tuning.delta",
+                opt_out="experiment.train.allow_large_delta")
 
 
 def _check_workers(cfg: TuningConfig, **functions: object) -> None:
