@@ -110,8 +110,9 @@ def prepare(
     event_fn: EventFn | str | None = None,
     on_trial: OnTrial | str | None = None,
 ) -> TuningJob:
-    """Validate everything, account the search, check the budget, create (or reopen) the
-    study and draw (or read back) K. No training happens here."""
+    """Validate everything (the space's names and each value, a non-empty validation split,
+    ``tuning.delta`` < 1/n_train, the workers), account the search, check the budget, create
+    (or reopen) the study and draw (or read back) K. No training happens here."""
     cfg = tuning_cfg if isinstance(tuning_cfg, TuningConfig) else _validate_cfg(tuning_cfg)
     names = list(allowed) if allowed is not None else allowed_names(method_cfg, train_cfg_base)
     check_space_names(cfg.space, names, method_cfg)
