@@ -34,7 +34,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dpfair import __version__
 from dpfair.errors import (
     ConfigError,
     DataError,
@@ -130,8 +129,10 @@ def cli_errors(func: F) -> F:
         except Exception as exc:
             known = describe_failure(exc)
             if known is None:
+                from importlib.metadata import version
+
                 traceback.print_exception(exc, file=sys.stderr)
-                err_console.print(f"This is a bug in dpfair {__version__} (Python "
+                err_console.print(f"This is a bug in dpfair {version('dpfair')} (Python "
                                   f"{sys.version.split()[0]}), not in your input: please report "
                                   "it with the command you ran and the traceback above.",
                                   soft_wrap=True, highlight=False, markup=False)
