@@ -41,6 +41,8 @@ UPPER = (
     "dpfair.report",
     "dpfair.release",
     "dpfair.summary",
+    "dpfair.checks",
+    "dpfair.processes",
     "flows",
     "tasks",
 )

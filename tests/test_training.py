@@ -447,5 +447,7 @@ def test_bad_config_is_a_clear_error(update: dict[str, Any], match: str) -> None
 
 
 def test_batch_larger_than_dataset_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="batch_size: 501 exceeds the 500 training examples.*at most 500"):
+    with pytest.raises(
+        ValueError, match="batch_size: 501 exceeds the 500 training examples.*at most 500"
+    ):
         train(config(METHODS["dpsgd"], batch_size=501), gaussian_tabular())

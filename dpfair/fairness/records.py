@@ -41,9 +41,14 @@ def runs_frame(records: Iterable[Mapping[str, object]] | pd.DataFrame) -> pd.Dat
     (method, seed, group, metric) rows (filter by dataset or epsilon first).
     """
     frame = pd.DataFrame(records if isinstance(records, pd.DataFrame) else list(records))
+    if frame.empty:
+        raise ValueError("no run records: no training finished, there is nothing to summarise")
     missing = [c for c in RECORD_COLUMNS if c not in frame.columns]
     if missing:
-        raise ValueError(f"run records lack columns {missing}; need {list(RECORD_COLUMNS)}")
+        raise ValueError(
+            f"run records lack columns {missing} (they have {list(frame.columns)}); "
+            f"need {list(RECORD_COLUMNS)}"
+        )
     frame = frame.astype(
         {"method": str, "seed": np.int64, "group": str, "metric": str, "value": np.float64}
     )

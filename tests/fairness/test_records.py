@@ -39,3 +39,8 @@ def test_cost_by_seed(runs: pd.DataFrame) -> None:
         cost_by_seed(
             runs_frame([*runs.to_dict("records"), extra]), ["a"], paired_reference=True
         )
+
+
+def test_runs_frame_of_no_records_says_no_training_finished():
+    with pytest.raises(ValueError, match="no training finished"):
+        runs_frame([])
