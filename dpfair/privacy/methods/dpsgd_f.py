@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 import torch
 from pydantic import PositiveFloat
@@ -73,17 +73,16 @@ class DpsgdF(Method):
         }
 
 
-@register_method
-class DpsgdFConfig(MethodSpec):
-    """``sigma1`` is Xu's count noise; ``None`` is ``10 sigma`` (Xu 6.1.3)."""
+class XuGroupConfig(MethodSpec):
+    """The configuration shared by Xu et al.'s two group rules (DPSGD-F, Alg. 2, and the naive
+    reweighting, Alg. 3): clip bound ``C0`` and count noise ``sigma1``, ``None`` being
+    ``10 sigma`` (Xu 6.1.3). A subclass sets ``name`` and ``method_class`` and registers."""
 
-    method_class = DpsgdF
-    name: Literal["dpsgd_f"] = "dpsgd_f"
     C0: PositiveFloat = 1.0
     sigma1: PositiveFloat | None = None
 
-    def build(self, ctx: BuildContext) -> DpsgdF:
-        return DpsgdF(
+    def build(self, ctx: BuildContext) -> Method:
+        return self.method_class(
             self.C0,
             ctx.count_sigma(self.sigma1),
             n_groups=ctx.n_groups,
@@ -91,5 +90,11 @@ class DpsgdFConfig(MethodSpec):
         )
 
     @classmethod
-    def example(cls) -> DpsgdFConfig:
+    def example(cls) -> Self:
         return cls(C0=0.7)
+
+
+@register_method
+class DpsgdFConfig(XuGroupConfig):
+    method_class = DpsgdF
+    name: Literal["dpsgd_f"] = "dpsgd_f"

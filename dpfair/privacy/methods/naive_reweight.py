@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import PositiveFloat
 from torch import Tensor
 
 from dpfair.privacy.methods.base import Method, State, group_counts
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+from dpfair.privacy.methods.dpsgd_f import XuGroupConfig
+from dpfair.privacy.methods.registry import register_method
 
 
 class NaiveReweight(Method):
@@ -53,22 +53,6 @@ class NaiveReweight(Method):
 
 
 @register_method
-class NaiveReweightConfig(MethodSpec):
-    """``sigma1`` is the count noise; ``None`` is ``10 sigma`` (as DPSGD-F, Xu 6.1.3)."""
-
+class NaiveReweightConfig(XuGroupConfig):
     method_class = NaiveReweight
     name: Literal["naive_reweight"] = "naive_reweight"
-    C0: PositiveFloat = 1.0
-    sigma1: PositiveFloat | None = None
-
-    def build(self, ctx: BuildContext) -> NaiveReweight:
-        return NaiveReweight(
-            self.C0,
-            ctx.count_sigma(self.sigma1),
-            n_groups=ctx.n_groups,
-            expected_batch_size=ctx.expected_batch_size,
-        )
-
-    @classmethod
-    def example(cls) -> NaiveReweightConfig:
-        return cls(C0=0.7)
