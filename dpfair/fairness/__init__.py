@@ -18,7 +18,6 @@ numpy.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from dpfair.fairness.costs import (
@@ -46,6 +45,7 @@ from dpfair.fairness.metrics import (
     intersect_groups,
     per_sample_nll,
 )
+from dpfair.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from dpfair.fairness.records import cost_by_seed as cost_by_seed
@@ -79,14 +79,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """Load a name of :mod:`.records`, :mod:`.tables` or :mod:`.significance` on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -25,10 +25,10 @@ rest (which needs optuna and dp_accounting) is imported on first use of its name
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from dpfair.errors import BudgetExceededError, TuningError
+from dpfair.lazy import lazy_getattr
 from dpfair.tuning.config import Scalar, ScoreName, TuningConfig
 
 __all__ = [
@@ -87,14 +87,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """The lazily imported names of ``__all__`` (PEP 562)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:
