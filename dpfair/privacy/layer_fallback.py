@@ -57,7 +57,8 @@ def vmap_layer_grads(
         n: p.detach() for n, p in module.named_parameters() if not p.requires_grad
     }
     fixed.update(dict(module.named_buffers()))
-    cotangents = [torch.zeros_like(o) if g is None else g for o, g in zip(outputs, grads)]
+    pairs = zip(outputs, grads, strict=True)
+    cotangents = [torch.zeros_like(o) if g is None else g for o, g in pairs]
 
     def batched(t: Any) -> bool:
         return isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == b
@@ -66,7 +67,7 @@ def vmap_layer_grads(
     kw_dims = {k: 0 if batched(v) else None for k, v in kwargs.items()}
 
     def one(params: dict[str, Tensor], a: tuple, kw: dict, cot: list[Tensor]):
-        a = tuple(t if dim is None else t.unsqueeze(0) for t, dim in zip(a, arg_dims))
+        a = tuple(t if dim is None else t.unsqueeze(0) for t, dim in zip(a, arg_dims, strict=True))
         kw = {k: v if kw_dims[k] is None else v.unsqueeze(0) for k, v in kw.items()}
 
         def forward(p: dict[str, Tensor]) -> list[Tensor]:
@@ -77,11 +78,8 @@ def vmap_layer_grads(
         return pullback(cot)[0], out
 
     params = {n: p.detach() for n, p in trained.items()}
-    per_sample, recomputed = vmap(
-        one, in_dims=(None, arg_dims, kw_dims, 0), randomness="different"
-    )(
-        params, args, kwargs, cotangents
-    )
+    batched_vjp = vmap(one, in_dims=(None, arg_dims, kw_dims, 0), randomness="different")
+    per_sample, recomputed = batched_vjp(params, args, kwargs, cotangents)
     for got, want in zip(recomputed, outputs, strict=True):
         same = got.shape == want.shape and torch.allclose(
             got, want, rtol=1e-4, atol=1e-5, equal_nan=True
