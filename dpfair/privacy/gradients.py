@@ -81,6 +81,9 @@ class PerSampleGradients(ABC):
     """
 
     losses: Tensor
+    #: Whether ``g_i`` depends on sample ``i`` alone, so a batch may be formed in chunks
+    #: (physical batches, :class:`dpfair.privacy.step.PrivateStep`).
+    chunkable: bool = True
 
     @abstractmethod
     def compute(
