@@ -165,7 +165,7 @@ class _LayerGrads:
 
 class _ConvGrads:
     """A convolution with many positions: its per-sample weight gradients are materialised one
-    batched matmul per kernel tap (:func:`_conv_per_sample_weight`), a chunk of samples at a
+    batched matmul per kernel tap (:func:`_conv_tap_grads`), a chunk of samples at a
     time, only to form the squared norms; the layer keeps its (balanced) inputs and output
     gradients, and the weighted sum is one convolution weight-gradient of the ``w``-scaled
     output gradients (``torch.nn.grad.conv2d_weight``)."""
@@ -189,11 +189,10 @@ class _ConvGrads:
             sq = sq + _sq(self.bias_grad)  # type: ignore[arg-type]
         if not self.calls:
             return sq
-        parts = [
-            _sq(sum(_conv_per_sample_weight(self.module, a[c], d[c], pre_padded=True)
-                    for a, d in self.calls))
-            for c in _chunks(self.batch_size, w.numel())
-        ]
+        parts = []
+        for c in _chunks(self.batch_size, w.numel()):
+            taps = sum(_conv_tap_grads(self.module, a[c], d[c]) for a, d in self.calls)
+            parts.append(torch.linalg.vector_norm(taps, dim=(0, 2)).square())
         return sq + torch.cat(parts)  # type: ignore[arg-type]
 
     def add_weighted(
@@ -304,7 +303,7 @@ def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, T
     """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``.
 
     For a convolution ``a`` holds the im2col patches, so only use this where the Gram trick
-    wins (few positions); otherwise :func:`_conv_per_sample_weight` is cheaper.
+    wins (few positions); otherwise :func:`_conv_tap_grads` is cheaper.
     """
     b = inp.shape[0]
     if isinstance(module, nn.Linear):
@@ -329,28 +328,42 @@ def _pad(module: nn.Conv2d, inp: Tensor) -> Tensor:
     return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
 
 
-def _conv_per_sample_weight(
-    module: nn.Conv2d, inp: Tensor, grad_out: Tensor, pre_padded: bool = False
-) -> Tensor:
-    """Per-sample weight gradients ``(B, *weight.shape)`` of a convolution, one batched matmul
-    per kernel tap: ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col).
-    ``pre_padded``: ``inp`` is already padded as the module pads it."""
+def _conv_tap_grads(module: nn.Conv2d, padded: Tensor, grad_out: Tensor) -> Tensor:
+    """Per-sample weight gradients of a convolution in tap-major layout
+    ``(kh kw, B, G c_in c_out)``, one batched matmul per kernel tap:
+    ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col; only their norms are
+    used, so the layout is the matmuls'). ``padded``: the input padded as the module pads it.
+
+    With stride 1 each tap reads the padded input in place: the output gradient is laid out on
+    the padded width (zeros in the ``w_pad - w_out`` extra columns), so tap ``(u, v)`` is the
+    flat window starting at ``u dh w_pad + v dw``, with no copy of the input per tap."""
     (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
-    b, g = inp.shape[0], module.groups
-    c_in, c_out = inp.shape[1] // g, grad_out.shape[1] // g
+    b, g = padded.shape[0], module.groups
+    c_in, c_out = padded.shape[1] // g, grad_out.shape[1] // g
     h_out, w_out = grad_out.shape[-2:]
-    padded = inp if pre_padded else _pad(module, inp)
-    d = grad_out.reshape(b * g, c_out, h_out * w_out).transpose(1, 2).contiguous()
-    out = grad_out.new_empty(kh, kw, b * g, c_in, c_out)
-    for u in range(kh):
-        for v in range(kw):
-            tap = padded[
-                :, :, u * dh : u * dh + sh * (h_out - 1) + 1 : sh,
-                v * dw : v * dw + sw * (w_out - 1) + 1 : sw,
-            ]
-            torch.bmm(tap.reshape(b * g, c_in, h_out * w_out), d, out=out[u, v])
-    out = out.reshape(kh, kw, b, g, c_in, c_out).permute(2, 3, 5, 4, 0, 1)
-    return out.reshape(b, g * c_out, c_in, kh, kw)
+    out = grad_out.new_empty(kh * kw, b * g, c_in, c_out)
+    d = grad_out.reshape(b * g, c_out, h_out, w_out)
+    if (sh, sw) == (1, 1):
+        w_pad = padded.shape[-1]
+        flat = padded.reshape(b * g, c_in, -1)
+        span = (h_out - 1) * w_pad + w_out
+        wide = d.new_zeros(b * g, c_out, h_out, w_pad)
+        wide[..., :w_out] = d
+        d = wide.reshape(b * g, c_out, -1)[:, :, :span].transpose(1, 2)
+        for u in range(kh):
+            for v in range(kw):
+                start = u * dh * w_pad + v * dw
+                torch.bmm(flat[:, :, start : start + span], d, out=out[u * kw + v])
+    else:
+        d = d.reshape(b * g, c_out, h_out * w_out).transpose(1, 2)
+        for u in range(kh):
+            for v in range(kw):
+                tap = padded[
+                    :, :, u * dh : u * dh + sh * (h_out - 1) + 1 : sh,
+                    v * dw : v * dw + sw * (w_out - 1) + 1 : sw,
+                ]
+                torch.bmm(tap.reshape(b * g, c_in, h_out * w_out), d, out=out[u * kw + v])
+    return out.view(kh * kw, b, -1)
 
 
 class PerSampleLayer:
