@@ -43,7 +43,7 @@ class TransformerClassifier(nn.Module):
         self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, classes)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device).expand(len(ids), -1)
+        positions = torch.arange(ids.shape[1], device=ids.device).repeat(len(ids), 1)
         h = self.blocks(self.embed(ids) + self.pos(positions))
         return self.head(self.ln(h).mean(1))
 
