@@ -725,13 +725,14 @@ which is below 1 + (noise draw ÷ plain) whenever h < 20 (1 + noise ÷ plain).
 
 {SUMMARY_HEAD}
 """
-    arch_text = f"""**Issue #18** (sequence models, memory): each setting's dpsgd step against
-plain SGD and Opacus, and the rise of each arm's peak memory over its process once the model
-and the batch are built ({MEMORY_NOTE if device.type == "cpu" else "CUDA max allocated"};
-`--memory`, one subprocess per arm; "n/a" without it). Targets on the GPU: transformer ≤ 2.5×
-plain and faster than Opacus hooks, WideResNet ≤ 2× plain with peak memory ≤ Opacus ghost clipping; on the CPU
-the transformer faster than Opacus hooks. The transformer and the WideResNet are scaled down
-for the CPU (issue: Embedding 8000×256, T = 128, B = 64; WideResNet on 3×32×32 at B = 1024).
+    arch_text = f"""**Issue #18** (sequence models, memory): each setting's dpsgd step
+against plain SGD and Opacus, and the rise of each arm's peak memory over its process once the
+model and the batch are built ({MEMORY_NOTE if device.type == "cpu" else "CUDA max allocated"};
+`--memory`, one subprocess per arm; "n/a" without it). Targets on the GPU: transformer
+≤ 2.5× plain and faster than Opacus hooks, WideResNet ≤ 2× plain with peak memory ≤ Opacus
+ghost clipping; on the CPU the transformer faster than Opacus hooks. The transformer and the
+WideResNet are scaled down for the CPU (issue: Embedding 8000×256, T = 128, B = 64;
+WideResNet on 3×32×32 at B = 1024).
 
 {ARCH_HEAD}
 """ + "\n".join(arch) + "\n\n"
