@@ -164,23 +164,36 @@ class _LayerGrads:
 
 
 class _ConvGrads:
-    """A convolution with many positions: its per-sample weight gradients are materialised one
-    batched matmul per kernel tap (:func:`_conv_tap_grads`), a chunk of samples at a
-    time, only to form the squared norms; the layer keeps its (balanced) inputs and output
-    gradients, and the weighted sum is one convolution weight-gradient of the ``w``-scaled
-    output gradients (``torch.nn.grad.conv2d_weight``)."""
+    """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
+    come, a chunk of samples at a time, from the per-sample weight gradients (one batched
+    matmul per kernel tap, :func:`_conv_tap_grads`) or, where there are few positions, from
+    the Gram trick over im2col patches (:func:`_factor`), whichever is cheaper; neither the
+    per-sample gradients nor the patches outlive their chunk. The weighted sum is one
+    convolution weight-gradient of the ``w``-scaled output gradients
+    (``torch.nn.grad.conv2d_weight``)."""
 
     def __init__(self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]]) -> None:
         self.module, self.batch_size = module, calls[0][0].shape[0]
         self.calls: list[tuple[Tensor, Tensor]] = []
+        self.gram = not _conv_materialises(module, calls[0][1])
         self.bias_grad = None
         if module.bias is not None and module.bias.requires_grad:
             self.bias_grad = sum(grad.sum((2, 3)) for _, grad in calls)
         if module.weight.requires_grad:
             for inp, grad in calls:
-                padded = _pad(module, inp)
-                a, d, _, _ = _balance(padded, grad, _sq(padded), _sq(grad))
+                a, d, _, _ = _balance(inp, grad, _sq(inp), _sq(grad))
                 self.calls.append((a, d))
+
+    def _chunk_sq(self, c: slice) -> Tensor:
+        m = self.module
+        if self.gram:
+            factors = [_factor(m, a[c], d[c]) for a, d in self.calls]
+            a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
+            aa = torch.einsum("btgi,bsgi->bgts", a, a)
+            dd = torch.einsum("btgo,bsgo->bgts", d, d)
+            return (aa * dd).sum((1, 2, 3))
+        taps = sum(_conv_tap_grads(m, _pad(m, a[c]), d[c]) for a, d in self.calls)
+        return torch.linalg.vector_norm(taps, dim=(0, 2)).square()  # type: ignore[arg-type]
 
     def sq_norms(self) -> Tensor:
         w = self.module.weight
@@ -189,11 +202,13 @@ class _ConvGrads:
             sq = sq + _sq(self.bias_grad)  # type: ignore[arg-type]
         if not self.calls:
             return sq
-        parts = []
-        for c in _chunks(self.batch_size, w.numel()):
-            taps = sum(_conv_tap_grads(self.module, a[c], d[c]) for a, d in self.calls)
-            parts.append(torch.linalg.vector_norm(taps, dim=(0, 2)).square())
-        return sq + torch.cat(parts)  # type: ignore[arg-type]
+        a, d = self.calls[0]
+        positions = len(self.calls) * d.shape[-1] * d.shape[-2]
+        per_sample = (
+            positions * (a.shape[1] * w.shape[-1] * w.shape[-2] + positions)
+            if self.gram else 2 * w.numel()
+        )
+        return sq + torch.cat([self._chunk_sq(c) for c in _chunks(self.batch_size, per_sample)])
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -203,11 +218,12 @@ class _ConvGrads:
         for a, d in self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
-                mask_rows(a, keep), m.weight.shape, dw,
+                _pad(m, mask_rows(a, keep)), m.weight.shape, dw,
                 stride=m.stride, padding=0, dilation=m.dilation, groups=m.groups,
             ))
         if self.bias_grad is not None:
-            into[m.bias].addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[index, union-attr, arg-type]
+            bias = into[m.bias]  # type: ignore[index]
+            bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
 
 
 class _EmbeddingGrads:
@@ -414,7 +430,7 @@ def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerG
     """One layer's per-sample gradients from its (input, output gradient) per call."""
     if isinstance(module, nn.Embedding):
         return _EmbeddingGrads(module, calls)
-    if isinstance(module, nn.Conv2d) and _conv_materialises(module, calls[0][1]):
+    if isinstance(module, nn.Conv2d):
         return _ConvGrads(module, calls)
     if isinstance(module, GHOST_LAYERS):
         if len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2:
