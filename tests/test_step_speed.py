@@ -37,3 +37,17 @@ def test_hand_written_dpsgd_is_the_same_update_as_dpfairs_dpsgd(step_speed):
     for p, q, p0 in zip(ours.parameters(), written.parameters(), base.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
         assert not torch.equal(p, p0)
+
+
+@pytest.mark.parametrize("index", [3, 4], ids=["transformer", "wide_resnet"])
+def test_issue_18_models_take_the_fast_path_at_every_layer(step_speed, index):
+    """The benchmark's transformer and WideResNet measure the fast path, not a fallback: no
+    layer is materialised and every layer runs on the batch axis."""
+    from dpfair.privacy.gradients import batch_free_calls, plan_layers
+
+    setting = step_speed.SETTINGS[index]
+    model, (x, _, _), info = step_speed._synthetic(setting, torch.device("cpu"), 0)
+    plan = plan_layers(model)
+    assert plan.slow == [] and len(plan.fast) > 10
+    assert batch_free_calls(model, plan, x[:2]) == []
+    assert info["n_params"] == sum(p.numel() for p in model.parameters())
