@@ -547,10 +547,12 @@ def arch_row(label: str, key: dict, memory: dict[str, str] | None) -> str:
     )
     faster = key["hooks_vs_clip"]
     verdict = "n/a" if math.isnan(faster) else f"{faster:.2f}× ({'yes' if faster > 1 else 'NO'})"
+    def ratio(name: str) -> str:
+        return "n/a" if math.isnan(key[name]) else f"{key[name]:.2f}×"
+
     return (
-        f"| {label} | {key['clip_vs_plain']:.2f}× | {key['hooks_vs_plain']:.2f}× "
-        f"| {key['ghost_vs_plain']:.2f}× | {verdict} | {key['materialized_vs_plain']:.2f}× "
-        f"| {mem} |"
+        f"| {label} | {ratio('clip_vs_plain')} | {ratio('hooks_vs_plain')} "
+        f"| {ratio('ghost_vs_plain')} | {verdict} | {ratio('materialized_vs_plain')} | {mem} |"
     )
 
 
