@@ -29,11 +29,11 @@ FITTED_ON = (
 
 
 def numeric_problems(values: pd.Series) -> pd.Series:
-    """The non-missing entries of ``values`` that are not numbers (empty when all are)."""
+    """The non-missing entries of ``values`` that are not finite numbers (empty when all are)."""
     import pandas as pd
 
     parsed = pd.to_numeric(values, errors="coerce")
-    return values[parsed.isna() & values.notna()]
+    return values[(parsed.isna() | np.isinf(parsed.astype(np.float64))) & values.notna()]
 
 
 def to_numbers(values: pd.Series) -> pd.Series:
@@ -103,7 +103,7 @@ class TablePreprocessor:
             if len(bad):
                 raise DataError(
                     f"column {col!r} is numeric but holds {list(bad.astype(str).unique()[:5])}; "
-                    "give numbers (or leave the value empty)"
+                    "give finite numbers (or leave the value empty)"
                 )
             out[col] = to_numbers(frame[col])
         for col in self.categorical:
@@ -116,7 +116,10 @@ class TablePreprocessor:
 
     def transform(self, frame: pd.DataFrame) -> np.ndarray:
         """float32 array ``(n, d)`` of the raw rows ``frame`` (extra columns are ignored)."""
-        x = self._transformer.transform(self._raw(frame))
+        raw = self._raw(frame)
+        if raw.empty:
+            return np.zeros((0, len(self.feature_names)), dtype=np.float32)
+        x = self._transformer.transform(raw)
         return np.ascontiguousarray(x, dtype=np.float32)
 
     @property

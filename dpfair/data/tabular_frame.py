@@ -153,10 +153,10 @@ def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
         if len(bad):
             shown = ", ".join(repr(v) for v in bad.astype(str).unique()[:_SHOWN])
             raise DataError(
-                f"column {col!r} of {where.source} is numeric but holds non-numeric values "
-                f"{shown} ({where.rows(bad.index)}). Fix: correct those values (or leave them "
-                f"empty and set {where.key('missing')}: drop or impute), or declare the column "
-                f"categorical ({where.key('categorical')}: [{col}])"
+                f"column {col!r} of {where.source} is numeric but holds non-numeric or infinite "
+                f"values {shown} ({where.rows(bad.index)}). Fix: correct those values (or leave "
+                f"them empty and set {where.key('missing')}: drop or impute), or declare the "
+                f"column categorical ({where.key('categorical')}: [{col}])"
             )
         numeric.append(col)
     return numeric, categorical
