@@ -311,6 +311,7 @@ def tune_cmd(
     from dpfair.release import HEURISTIC, search_release, write_ledger
     from dpfair.training import REPLAYABLE_NOISE
     from dpfair.tuning import tune
+    from dpfair.tuning.config import check_storage
 
     p = resolve_params(params)
     label = _method_label(p, method)
@@ -324,6 +325,7 @@ def tune_cmd(
         given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
         raise ConfigError(f"{given}: "
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
+    check_storage(cfg.storage or "sqlite:///optuna.db")  # before the data loads
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
     base = p.experiment.train_config(label, p.experiment.seeds[0])
     result = tune(base.method, base, dataset, cfg)
