@@ -40,6 +40,7 @@ from dpfair.errors import (
     DpfairError,
     PrivacyError,
     TuningError,
+    UnreachableError,
     format_validation_error,
 )
 from dpfair.settings import DEFAULT_PARAMS
@@ -70,6 +71,7 @@ _ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
     (DataError, "data error"),
     (PrivacyError, "privacy error"),
     (TuningError, "tuning error"),
+    (UnreachableError, "unreachable"),
 )
 _STORAGE_FIX = ("give --storage (or tuning.storage) as sqlite:///FILE, journal:PATH or "
                 "postgresql://USER@HOST/DB, and check that it can be reached and written")
@@ -360,6 +362,9 @@ def run(params: ParamsOption = None) -> None:
 
     path = params or Path(DEFAULT_PARAMS)
     p = load_params(path)  # a clear error before Prefect starts
+    from dpfair.preflight import check_tracking
+
+    check_tracking(p.tracking)
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
@@ -377,9 +382,11 @@ def results(
     params: ParamsOption = None,
 ) -> None:
     """Print the comparison table of the latest (or a given) pipeline run from MLflow."""
+    from dpfair.preflight import check_tracking
     from dpfair.tracking import read_results
 
     p = resolve_params(params)
+    check_tracking(p.tracking)
     found_id, table = read_results(p.tracking, run_id)
     console.print(f"pipeline run {found_id}")
     console.print(table, soft_wrap=True)

@@ -41,6 +41,11 @@ class TuningError(DpfairError, ValueError):
     """A tuning job that cannot run as configured (raised before any training)."""
 
 
+class UnreachableError(DpfairError, OSError):
+    """A service or folder a command needs cannot be reached or written (checked before any
+    work: :mod:`dpfair.preflight`)."""
+
+
 class BudgetExceededError(TuningError):
     """The search's epsilon (known before any run) exceeds the budget."""
 
