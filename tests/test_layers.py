@@ -43,6 +43,7 @@ UPPER = (
     "dpfair.summary",
     "dpfair.checks",
     "dpfair.processes",
+    "dpfair.preflight",
     "flows",
     "tasks",
 )
