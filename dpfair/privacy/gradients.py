@@ -254,24 +254,32 @@ class GhostClipping(PerSampleGradients):
         fast = {id(m) for m in plan.fast}
         per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers = []
-        for module, args, kwargs, outs, versions in calls:
-            if any(o._version != v for o, v in zip(outs, versions, strict=True)):
-                raise RuntimeError(
-                    f"the output of {module} was modified in place after the layer ran; "
-                    "use GhostClipping(clone_outputs=True) or an out-of-place activation"
-                )
-            grads = [next(found) if o.requires_grad else None for o in outs]
-            if outs[0].dim() == 0 or outs[0].shape[0] != len(x):
-                raise RuntimeError(f"{module} ran on an input without the batch axis")
-            if id(module) in fast:
-                grad = torch.zeros_like(outs[0]) if grads[0] is None else grads[0]
-                per_layer.setdefault(module, []).append((args[0], grad))
-            else:
-                detached = [o.detach() for o in outs]
-                self._layers.append(vmap_layer_grads(module, args, kwargs, detached, grads))
-        self._layers += [layer_grads(m, c) for m, c in per_layer.items()]
-        norms = sum((layer.sq_norms() for layer in self._layers), self._params[0].new_zeros(len(x)))
-        norms = norms.sqrt()
+        dtype = self._params[0].dtype  # under autocast: norms and sums in the parameters' dtype
+        with torch.autocast(x.device.type, enabled=False):
+            for module, args, kwargs, outs, versions in calls:
+                if any(o._version != v for o, v in zip(outs, versions, strict=True)):
+                    raise RuntimeError(
+                        f"the output of {module} was modified in place after the layer ran; "
+                        "use GhostClipping(clone_outputs=True) or an out-of-place activation"
+                    )
+                grads = [_cast(next(found), dtype) if o.requires_grad else None for o in outs]
+                if outs[0].dim() == 0 or outs[0].shape[0] != len(x):
+                    raise RuntimeError(f"{module} ran on an input without the batch axis")
+                if id(module) in fast:
+                    grad = torch.zeros_like(outs[0], dtype=dtype) if grads[0] is None else grads[0]
+                    per_layer.setdefault(module, []).append((_cast(args[0], dtype), grad))
+                else:
+                    self._layers.append(vmap_layer_grads(
+                        module, tuple(_cast(a, dtype) for a in args),
+                        {k: _cast(v, dtype) for k, v in kwargs.items()},
+                        [_cast(o.detach(), dtype) for o in outs], grads,
+                        tolerance=1e-4 if outs[0].dtype == dtype else 5e-2,
+                    ))
+            self._layers += [layer_grads(m, c) for m, c in per_layer.items()]
+            norms = sum(
+                (layer.sq_norms() for layer in self._layers), self._params[0].new_zeros(len(x))
+            )
+            norms = norms.sqrt()
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
         self._all_finite = bool(torch.isfinite(norms).all())
         return norms
@@ -295,6 +303,15 @@ class GhostClipping(PerSampleGradients):
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
             layer.add_weighted(weights, keep, targets)
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    """A floating tensor in ``dtype`` (autocast's bf16 activations and output gradients are
+    widened, so norms and the weighted sum are formed from the same tensors in full precision);
+    anything else unchanged."""
+    if isinstance(value, Tensor) and value.is_floating_point() and value.dtype != dtype:
+        return value.to(dtype)
+    return value
 
 
 def _clone(value: Any) -> Any:
@@ -332,7 +349,10 @@ class Materialized(PerSampleGradients):
             return loss_fn(out, yi.unsqueeze(0)).sum()
 
         fn = self.per_sample_fn(grad_and_value(loss_one))
-        grads, losses = vmap(fn, in_dims=(None, 0, 0), randomness="different")(params, x, y)
+        # autocast and torch.func's grad do not mix (dtype errors in the backward): this path
+        # runs in the parameters' dtype
+        with torch.autocast(x.device.type, enabled=False):
+            grads, losses = vmap(fn, in_dims=(None, 0, 0), randomness="different")(params, x, y)
         self.losses = _per_sample_losses(losses, x.shape[0]).detach()
         self._grads = [grads[n] for n in names]
         return torch.stack([g.flatten(1).square().sum(1) for g in self._grads]).sum(0).sqrt()

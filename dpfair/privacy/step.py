@@ -20,11 +20,21 @@ replays each chunk's random number generator state (dropout draws the same masks
 a weight by ``min(1, n_i / n'_i)`` should a re-formed norm ``n'_i`` exceed the first ``n_i``,
 so a contribution never exceeds what the rule bounded. Gradient formers with batch terms
 (FairLens's regularisers: ``chunkable = False``) refuse chunking.
+
+Mixed precision (``autocast="bf16"``): the forward and backward passes run under
+``torch.autocast`` in bfloat16; the engine widens the captured activations and output
+gradients (or the materialised per-sample gradients) to the parameters' dtype before it forms
+the norms, so the norms, the weights, the noise and the summed update are all in full
+precision and each sample's weight is applied to exactly the gradient whose norm it was set
+for: clipping bounds every contribution as in float32. The materialised path (vmap of grad)
+ignores autocast and runs in the parameters' dtype.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -65,6 +75,8 @@ class PrivateStep:
         loss_fn: per-sample loss ``(outputs, y) -> (B,)``; default cross-entropy.
         max_physical_batch: process larger batches in chunks of at most this many samples
             (module docstring); ``None``: one chunk.
+        autocast: ``"bf16"`` runs forward and backward under bfloat16 autocast (module
+            docstring); ``"off"`` (default) does not.
     """
 
     def __init__(
@@ -77,6 +89,7 @@ class PrivateStep:
         engine: EngineKind = "auto",
         loss_fn: LossFn | None = None,
         max_physical_batch: int | None = None,
+        autocast: Literal["off", "bf16"] = "off",
     ) -> None:
         if sigma < 0 or expected_batch_size <= 0:
             raise ValueError(
@@ -99,6 +112,14 @@ class PrivateStep:
                 "batches cannot be split: remove max_physical_batch (or lower batch_size)"
             )
         self.max_physical_batch = max_physical_batch
+        if autocast not in ("off", "bf16"):
+            raise ConfigError(f"autocast must be 'off' or 'bf16', got {autocast!r}")
+        self.autocast = autocast
+
+    def _precision(self, device: torch.device) -> AbstractContextManager:
+        if self.autocast == "off":
+            return nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
 
     def _chunks(self, n: int) -> list[slice]:
         size = self.max_physical_batch or max(n, 1)
@@ -118,7 +139,8 @@ class PrivateStep:
         rng_states, norms, loss_sum = [], [], 0.0
         for c in chunks:
             rng_states.append(_rng_state(x.device) if len(chunks) > 1 else None)
-            norms.append(self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c]))
+            with self._precision(x.device):
+                norms.append(self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c]))
             loss_sum += float(self.engine.losses.sum())
         rule = self.method.step_rule(torch.cat(norms), g, generator)
         grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
@@ -130,7 +152,8 @@ class PrivateStep:
             if k != len(chunks) - 1:
                 with torch.random.fork_rng(devices=_cuda(x.device)):
                     _set_rng_state(rng_states[k], x.device)  # type: ignore[arg-type]
-                    again = self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c])
+                    with self._precision(x.device):
+                        again = self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c])
                 w = w * _shrink(norms[k], again)
             self.engine.add_weighted_grad(w, grads)
         return self._finish(grads, rule.sensitivity, loss_sum / len(x))
@@ -167,7 +190,9 @@ class PrivateStep:
             return StepInfo(0.0, self.method.state(), float("nan"))
         total = 0.0
         for c in self._chunks(len(x)):
-            loss = self.loss_fn(self.model(x[c]), y[c]).sum() / len(x)
+            with self._precision(x.device):
+                loss = self.loss_fn(self.model(x[c]), y[c]).to(self.params[0].dtype)
+            loss = loss.sum() / len(x)
             loss.backward()
             total += float(loss.detach())
         return StepInfo(0.0, self.method.state(), total)

@@ -68,6 +68,11 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     engine: Literal["auto", "fast", "materialized"] = "auto"
+    autocast: Literal["off", "bf16"] = Field(
+        "off",
+        description="bf16 autocast for forward and backward (meant for GPUs); per-sample norms, "
+        "weights, noise and the summed update stay in the parameters' dtype",
+    )
     max_physical_batch: PositiveInt | None = Field(
         None,
         description="form a larger Poisson batch's per-sample gradients in chunks of at most "
