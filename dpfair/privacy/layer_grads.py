@@ -104,17 +104,16 @@ class _DenseGrads:
 
 
 class _LayerGrads:
-    """One layer's per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``, for
-    layers with several positions (sequences, convolutions) or groups.
+    """A Linear layer on inputs with extra dimensions ``(B, T, d)``, or called several times:
+    its per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``.
 
-    ``a``: ``(B, T, G, d_in)``, ``d``: ``(B, T, G, d_out)`` with ``G`` convolution groups
-    (1 for Linear). The weight gradient has shape ``(G * d_out, d_in)`` before reshaping. The
-    weight's factors are kept (balanced, :func:`_balance`); its squared norms come from the Gram
-    trick or from per-sample gradients materialised a chunk of samples at a time, whichever is
-    cheaper, and the weighted sum is one contraction of the factors either way.
+    ``a``: ``(B, T, 1, d_in)``, ``d``: ``(B, T, 1, d_out)`` (:func:`_factor`'s layout). The
+    weight's factors are kept (balanced, :func:`_balance`); its squared
+    norms come from the Gram trick or from per-sample gradients materialised a chunk of samples
+    at a time, whichever is cheaper, and the weighted sum is one contraction of the factors.
     """
 
-    def __init__(self, module: nn.Linear | nn.Conv2d, a: Tensor, d: Tensor) -> None:
+    def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
         self.module, self.batch_size = module, a.shape[0]
         has_bias = module.bias is not None and module.bias.requires_grad
         self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
@@ -150,14 +149,9 @@ class _LayerGrads:
         b = len(weights)
         if self.a is not None and self.d is not None:
             a, d = mask_rows(self.a, keep), mask_rows(self.d, keep)
-            _, _, g, d_in = a.shape
-            d_out = d.shape[-1]
-            out = into[m.weight].view(g, d_out, d_in)
-            dw = d * w.view(-1, 1, 1, 1)
-            if g == 1:  # one (B T, d_out)^T @ (B T, d_in) matmul
-                out[0].addmm_(dw.reshape(-1, d_out).T, a.reshape(-1, d_in))
-            else:
-                out.add_(torch.einsum("btgo,btgi->goi", dw, a))
+            d_in, d_out = a.shape[-1], d.shape[-1]
+            dw = d * w.view(-1, 1, 1, 1)  # one (B T, d_out)^T @ (B T, d_in) matmul
+            into[m.weight].addmm_(dw.reshape(-1, d_out).T, a.reshape(-1, d_in))
         if self.bias_grad is not None:
             bias_grad = mask_rows(self.bias_grad, keep).reshape(b, -1)
             into[m.bias].view(-1).addmv_(bias_grad.T, w)  # type: ignore[union-attr]
