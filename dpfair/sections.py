@@ -206,6 +206,19 @@ class BudgetSection(BaseModel):
     allow_nonprivate_reference: bool = Field(
         False, description="release the non-private reference's test metrics (no guarantee)"
     )
+    lifetime_epsilon: PositiveFloat | None = Field(
+        None, description="the most ε all runs over time may release on one data source's "
+        "people, composed (dpfair/source_ledger.py; None: no limit, still recorded)"
+    )
+    ledger: str = Field(
+        ".dpfair/privacy_ledger.json",
+        description="the privacy ledger file of every release per data source (relative to "
+        "the project root); it must outlive the runs: never delete it",
+    )
+    disjoint_from_previous: bool = Field(
+        False, description="a data version not seen before holds only new people: it starts "
+        "its own account in the ledger (set it for that run only)"
+    )
 
 
 class ScheduleSection(BaseModel):
