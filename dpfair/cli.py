@@ -5,7 +5,7 @@
     dpfair train --method M [--seed S]     dpfair tune --method M [--workers N]
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
-    dpfair serve      the flow as a scheduled Prefect deployment
+    dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
 ``@cli_errors`` (on every command; a test checks) is the one error boundary. An expected failure
 is printed as one message that names the problem and the fix, without a traceback, exit code 2:
@@ -385,12 +385,17 @@ def results(
 
 @app.command("serve")
 @cli_errors
-def serve(params: ParamsOption = None) -> None:
-    """Serve the experiment as a Prefect deployment on params.yaml's cron schedule."""
+def serve(
+    params: ParamsOption = None,
+    root: Annotated[str, typer.Option(
+        help="project folder of each scheduled run (the deployment's parameter; relative "
+             "paths are resolved where this command runs)")] = ".",
+) -> None:
+    """Serve the scheduled retraining (params.yaml's cron) as a Prefect deployment: each run
+    retrains when the data version changed since the last release, else skips."""
     from flows.schedule import serve_experiment
 
-    path = params or Path(DEFAULT_PARAMS)
-    serve_experiment(str(path), ".")
+    serve_experiment(str(params or DEFAULT_PARAMS), root)
 
 
 if __name__ == "__main__":  # python -m dpfair.cli

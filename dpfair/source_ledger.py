@@ -178,6 +178,8 @@ class SourceLedger:
     def spent(self, source: str, version: str, delta: float, disjoint: bool = False) -> float:
         """ε at ``delta`` of everything a new release at ``version`` composes with."""
         account = self.account(source, version, disjoint)
+        if len(account) == 1 and account[0].delta == delta:
+            return account[0].epsilon
         return accounting.epsilon(self._composed(account), delta) if account else 0.0
 
     # ---------------------------------------------------------------------------- writing
@@ -190,6 +192,7 @@ class SourceLedger:
         delta: float,
         *,
         lifetime_epsilon: float | None = None,
+        epsilon: float | None = None,
         disjoint: bool = False,
         without_guarantee: Sequence[str] = (),
         context: Mapping[str, str] | None = None,
@@ -197,14 +200,15 @@ class SourceLedger:
         """Check the lifetime budget and record ``event`` as a pending release of
         ``source`` at ``version``, in one locked step. Raises ``BudgetExceededError`` (naming
         the spend so far and what this release adds) when the account's composition with
-        ``event`` would exceed ``lifetime_epsilon``; nothing is recorded then."""
+        ``event`` would exceed ``lifetime_epsilon``; nothing is recorded then. ``epsilon``:
+        the event's own ε at ``delta`` when the caller has it already."""
         with self._lock:
             releases = self._load()
             mine = [r for r in releases if r.source == source]
             number = self._account_of(mine, version, disjoint)
             account = [r for r in mine if r.counts and r.account == number]
-            own = accounting.epsilon(event, delta)
-            total = accounting.epsilon(self._composed(account, [event]), delta)
+            own = accounting.epsilon(event, delta) if epsilon is None else epsilon
+            total = accounting.epsilon(self._composed(account, [event]), delta) if account else own
             if lifetime_epsilon is not None and not total <= lifetime_epsilon:
                 raise BudgetExceededError(self._refusal(source, version, account, own, total,
                                                         delta, lifetime_epsilon))
@@ -285,7 +289,7 @@ def reserve_plan(ledger: SourceLedger, source: str, version: str, plan: ReleaseP
     ``source`` at ``version`` against ``budget.lifetime_epsilon``, with
     ``budget.disjoint_from_previous``; releases without a guarantee are recorded by label."""
     return ledger.reserve(
-        source, version, plan.event_total, plan.delta,
+        source, version, plan.event_total, plan.delta, epsilon=plan.epsilon_total,
         lifetime_epsilon=budget.lifetime_epsilon, disjoint=budget.disjoint_from_previous,
         without_guarantee=[f"{m.label}: {m.no_epsilon_label}" for m in plan.without_guarantee],
         context=context,
