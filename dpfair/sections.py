@@ -184,7 +184,9 @@ class BudgetSection(BaseModel):
     each seed (all trained on the same data, so they compose) and any noisy statistic. The
     spend is planned and checked before anything trains (:mod:`dpfair.release`). Releases
     without a DP guarantee (a heuristic method such as FairLens, the non-private reference)
-    have no ε to count, so they are refused unless allowed here.
+    have no ε to count, so they are refused unless allowed here. Over time, every run's
+    release is recorded per data source in ``ledger`` and held to ``lifetime_epsilon``
+    (:mod:`dpfair.source_ledger`).
     """
 
     model_config = _STRICT

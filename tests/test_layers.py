@@ -42,6 +42,7 @@ UPPER = (
     "dpfair.release",
     "dpfair.summary",
     "dpfair.checks",
+    "dpfair.source_ledger",
     "dpfair.processes",
     "flows",
     "tasks",
@@ -81,7 +82,7 @@ def test_library_loads_no_adapter_and_no_rich():
 
 
 def test_config_layer_loads_no_adapter():
-    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings")
+    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings", "dpfair.source_ledger")
     loaded = _loaded_by(_imports(modules), ADAPTERS)
     assert loaded == {m: [] for m in modules}
 
@@ -118,6 +119,9 @@ BELOW = {
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     "fairness": UPPER,
     "training": UPPER,
+    # the privacy ledger per data source: a file, no adapter, nothing that orchestrates
+    "source_ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary",
+                      "dpfair.cli", "dpfair.config", "flows", "tasks"),
 }
 
 

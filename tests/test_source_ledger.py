@@ -4,7 +4,6 @@ accountant, the lifetime budget, accounts of disjoint versions, restarts, concur
 from __future__ import annotations
 
 import json
-import multiprocessing
 import subprocess
 import sys
 
@@ -134,21 +133,25 @@ def test_a_plans_releases_without_guarantee_carry_a_label(tmp_path):
     assert reserve_plan(ledger, "loans", "v2", plan, disjoint).account == 1
 
 
-def _reserve_many(path: str, worker: int, n: int) -> None:
-    ledger = SourceLedger(path)
-    for i in range(n):
-        ledger.reserve("loans", "v1", _run(), DELTA, context={"worker": f"{worker}.{i}"})
+# Each writer process: three reserves (argv: ledger path, worker index).
+_WRITER = """
+import sys
+from dp_accounting import dp_event
+from dpfair.privacy import accounting
+from dpfair.source_ledger import SourceLedger
+ledger = SourceLedger(sys.argv[1])
+for i in range(3):
+    event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
+    ledger.reserve("loans", "v1", event, 1e-5, context={"worker": f"{sys.argv[2]}.{i}"})
+"""
 
 
 def test_concurrent_writers_lose_no_release(tmp_path):
     path = str(tmp_path / "ledger.json")
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_reserve_many, args=(path, w, 3)) for w in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0] * 3
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, str(w)],
+                              stderr=subprocess.PIPE, text=True) for w in range(3)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 3, errors
     workers = sorted(r.context["worker"] for r in SourceLedger(path).releases())
     assert workers == sorted(f"{w}.{i}" for w in range(3) for i in range(3))
 
