@@ -44,6 +44,7 @@ UPPER = (
     "dpfair.checks",
     "dpfair.source_ledger",
     "dpfair.processes",
+    "dpfair.preflight",
     "flows",
     "tasks",
 )

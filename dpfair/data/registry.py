@@ -30,7 +30,7 @@ Loader = Callable[[Any], GroupedDataset]
 
 # Modules that define the built-in datasets and the kinds; imported on first use of the registry.
 _BUILTIN_MODULES = ("adult", "dutch", "mnist", "celeba", "digits", "synthetic")
-_KIND_MODULES: tuple[str, ...] = ()
+_KIND_MODULES = ("table_file", "image_folder")
 
 
 @dataclass(frozen=True)
