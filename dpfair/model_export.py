@@ -1,0 +1,150 @@
+"""A trained model as an MLflow Model: a pyfunc that predicts from raw rows (issue 16.5).
+
+Input: a ``pandas.DataFrame``.
+
+* A dataset with a ``preprocessor`` (a file dataset: :mod:`dpfair.data`) takes the raw columns
+  ``preprocessor.columns``; the model applies ``preprocessor.transform`` (fitted on the
+  training split, saved with the model) before the network.
+* A built-in dataset has no preprocessor: its rows are already the network's numeric
+  features, columns ``x0 .. x{d-1}`` (``d`` = the product of the input shape). An image is
+  flattened in C-order (``array.reshape(n, -1)``) and reshaped back by the model.
+
+Output: a DataFrame with column ``prediction`` (the class name) and ``probability_<class>``
+per class (softmax of the logits).
+
+The signature is inferred by MLflow from an input example that is no training row: the
+preprocessor's ``example_frame()`` when it has one (synthetic rows), else one all-zero row.
+The model is logged through the explicit client (a LoggedModel of the run's experiment, the
+run's output), never through MLflow's process-wide active run: trainings run in threads.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+from mlflow.models import Model
+
+from dpfair.data import GroupedDataset
+from dpfair.errors import DataError
+from dpfair.models import build_model, parse_model_config
+from dpfair.tracking import TrackingConfig, client
+from dpfair.training import TrainResult
+
+PREDICTION = "prediction"
+PROBABILITY = "probability_"
+_STATE, _PREPROCESSOR = "model_state", "preprocessor"
+_BATCH = 4096
+
+
+def feature_columns(input_shape: tuple[int, ...]) -> list[str]:
+    """The input columns of a model without preprocessor: ``x0 .. x{d-1}``."""
+    return [f"x{i}" for i in range(int(np.prod(input_shape)))]
+
+
+class DpfairModel(mlflow.pyfunc.PythonModel):
+    """A dpfair network (rebuilt from its config and state) behind its preprocessing."""
+
+    def __init__(self, model_config: dict[str, Any], input_shape: tuple[int, ...],
+                 class_names: list[str], columns: list[str]) -> None:
+        self.model_config, self.input_shape = model_config, tuple(input_shape)
+        self.class_names, self.columns = list(class_names), list(columns)
+        self._net: torch.nn.Module | None = None
+        self._preprocessor: Any = None
+
+    def load_context(self, context: Any) -> None:
+        state = torch.load(context.artifacts[_STATE], map_location="cpu", weights_only=True)
+        net = build_model(parse_model_config(self.model_config), self.input_shape,
+                          len(self.class_names))
+        net.load_state_dict(state)
+        self._net = net.eval()
+        if _PREPROCESSOR in context.artifacts:
+            self._preprocessor = pickle.loads(Path(context.artifacts[_PREPROCESSOR]).read_bytes())
+
+    def features(self, frame: pd.DataFrame) -> torch.Tensor:
+        """The network's input of ``frame``'s rows (a DataError names missing columns)."""
+        missing = [c for c in self.columns if c not in frame.columns]
+        if missing:
+            raise DataError(f"the input lacks column(s) {', '.join(missing)}; the model takes "
+                            f"{', '.join(self.columns)}")
+        rows = frame[self.columns]
+        if self._preprocessor is not None:
+            x = np.asarray(self._preprocessor.transform(rows), dtype=np.float32)
+        else:
+            x = rows.to_numpy(dtype=np.float32)
+        return torch.from_numpy(np.ascontiguousarray(x)).reshape(len(frame), *self.input_shape)
+
+    @torch.no_grad()
+    def predict(self, context: Any, model_input: pd.DataFrame,
+                params: dict[str, Any] | None = None) -> pd.DataFrame:
+        if self._net is None:
+            raise RuntimeError("load_context was not called")
+        x = self.features(pd.DataFrame(model_input))
+        probs = torch.cat([torch.softmax(self._net(x[i : i + _BATCH]), dim=1)
+                           for i in range(0, len(x), _BATCH)] or [torch.empty(0, 1)])
+        labels = np.asarray(self.class_names, dtype=object)
+        out = pd.DataFrame({PREDICTION: labels[probs.argmax(dim=1).numpy()] if len(x) else []})
+        for k, name in enumerate(self.class_names):
+            out[f"{PROBABILITY}{name}"] = probs[:, k].numpy() if len(x) else []
+        return out
+
+
+def input_example(dataset: GroupedDataset) -> pd.DataFrame:
+    """Two rows that are no training rows: the preprocessor's synthetic ``example_frame()``
+    when it offers one, else all zeros (numeric features, or every raw column)."""
+    pre = getattr(dataset, "preprocessor", None)
+    if pre is not None and callable(getattr(pre, "example_frame", None)):
+        return pd.DataFrame(pre.example_frame())
+    columns = list(pre.columns) if pre is not None else feature_columns(dataset.input_shape)
+    return pd.DataFrame(np.zeros((2, len(columns))), columns=columns)
+
+
+def _requirements(has_preprocessor: bool) -> list[str]:
+    """Pinned requirements (given, so MLflow does not load the model to infer them)."""
+    names = ["dpfair", "torch", "numpy", "pandas", "mlflow"]
+    if has_preprocessor:
+        names.append("scikit-learn")
+    return [f"{name}=={version(name).split('+')[0]}" for name in names]
+
+
+def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result: TrainResult,
+              dataset: GroupedDataset, tags: dict[str, str]) -> str:
+    """Log ``result``'s model as an MLflow pyfunc Model of run ``run_id`` (its output in the
+    Models column) with ``tags``, and return its URI ``models:/<model_id>``."""
+    pre = getattr(dataset, "preprocessor", None)
+    columns = list(pre.columns) if pre is not None else feature_columns(dataset.input_shape)
+    python_model = DpfairModel(result.config.model.model_dump(mode="json"),
+                               result.input_shape, dataset.class_names, columns)
+    mlf = client(tracking)
+    logged = mlf.create_logged_model(experiment_id, name="model", source_run_id=run_id,
+                                     tags=tags, model_type="classifier")
+    try:
+        mlf.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        with tempfile.TemporaryDirectory() as tmp:
+            artifacts = {_STATE: str(Path(tmp) / "model_state.pt")}
+            torch.save(result.model_state, artifacts[_STATE])
+            if pre is not None:
+                artifacts[_PREPROCESSOR] = str(Path(tmp) / "preprocessor.pkl")
+                Path(artifacts[_PREPROCESSOR]).write_bytes(pickle.dumps(pre))
+            path = Path(tmp) / "model"
+            mlflow.pyfunc.save_model(
+                path, python_model=python_model, artifacts=artifacts,
+                input_example=input_example(dataset),
+                pip_requirements=_requirements(pre is not None),
+                mlflow_model=Model(artifact_path=logged.artifact_location,
+                                   model_uuid=logged.model_id, run_id=run_id,
+                                   model_id=logged.model_id))
+            mlf.log_model_artifacts(logged.model_id, str(path))
+    except BaseException:
+        mlf.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        raise
+    mlf.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    return f"models:/{logged.model_id}"
