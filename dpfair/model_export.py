@@ -13,13 +13,17 @@ Output: a DataFrame with column ``prediction`` (the class name) and ``probabilit
 per class (softmax of the logits).
 
 The signature is inferred by MLflow from an input example that is no training row: the
-preprocessor's ``example_frame()`` when it has one (synthetic rows), else one all-zero row.
+preprocessor's ``example_frame()`` when it has one (synthetic rows), else all-zero rows. MLflow
+refuses whole numbers (int64) for a float column; :func:`predict_csv` (``dpfair predict``)
+casts a CSV's columns to the signature's types first.
 The model is logged through the explicit client (a LoggedModel of the run's experiment, the
 run's output), never through MLflow's process-wide active run: trainings run in threads.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
 import tempfile
 from importlib.metadata import version
@@ -38,6 +42,9 @@ from dpfair.errors import DataError
 from dpfair.models import build_model, parse_model_config
 from dpfair.tracking import TrackingConfig, client
 from dpfair.training import TrainResult
+
+# No third-party progress bars in dpfair's output (saving a model downloads its artifacts).
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 PREDICTION = "prediction"
 PROBABILITY = "probability_"
@@ -107,6 +114,19 @@ def input_example(dataset: GroupedDataset) -> pd.DataFrame:
     return pd.DataFrame(np.zeros((2, len(columns))), columns=columns)
 
 
+class _KnownNotices(logging.Filter):
+    """Drop MLflow's notices about what :func:`log_model` does on purpose: the python model is
+    pickled by reference (its class is in dpfair), the signature comes from the example."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not text.startswith(("Passing a Python object as `python_model`",
+                                    "Inferring model signature from input example"))
+
+
+logging.getLogger("mlflow.pyfunc").addFilter(_KnownNotices())
+
+
 def _requirements(has_preprocessor: bool) -> list[str]:
     """Pinned requirements (given, so MLflow does not load the model to infer them)."""
     names = ["dpfair", "torch", "numpy", "pandas", "mlflow"]
@@ -148,3 +168,48 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
         raise
     mlf.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
     return f"models:/{logged.model_id}"
+
+
+def model_uri(cfg: TrackingConfig, model: str) -> str:
+    """The URI of ``model``: an MLflow URI (``models:/...``, ``runs:/...``) or a local model
+    folder as given; ``NAME/VERSION`` a registered version; ``NAME`` its latest version."""
+    if "/" in model and ":" in model.split("/")[0] or Path(model).exists():
+        return model
+    name, _, number = model.partition("/")
+    if number:
+        return f"models:/{name}/{number}"
+    versions = client(cfg).search_model_versions(f"name = '{name}'")
+    if not versions:
+        raise DataError(f"no registered model {name!r} in {cfg.resolved_uri()}: give "
+                        "--model models:/<model_id>, NAME/VERSION of a registered model, or a "
+                        "model folder (`dpfair run` registers its selected model)")
+    return f"models:/{name}/{max(int(v.version) for v in versions)}"
+
+
+def load(cfg: TrackingConfig, model: str) -> mlflow.pyfunc.PyFuncModel:
+    """The pyfunc model ``model`` (see :func:`model_uri`) from the tracking store of ``cfg``."""
+    mlflow.set_tracking_uri(cfg.resolved_uri())  # pyfunc resolves models:/ URIs through it
+    return mlflow.pyfunc.load_model(model_uri(cfg, model))
+
+
+def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
+    """Predict the raw rows of CSV ``rows`` with ``model``, write the predictions to CSV
+    ``out`` (written whole or not at all) and return how many rows were predicted."""
+    loaded = load(cfg, model)
+    schema = loaded.metadata.get_input_schema()
+    frame = pd.read_csv(rows)
+    if schema is not None:
+        missing = [c for c in schema.input_names() if c not in frame.columns]
+        if missing:
+            raise DataError(f"{rows}: no column(s) {', '.join(map(str, missing))}; the model "
+                            f"takes {', '.join(map(str, schema.input_names()))}")
+        for spec in schema.inputs:
+            if spec.type.name in ("double", "float"):
+                frame[spec.name] = frame[spec.name].astype(spec.type.to_numpy())
+        frame = frame[schema.input_names()]
+    predictions = pd.DataFrame(loaded.predict(frame))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    predictions.to_csv(partial, index=False)
+    partial.replace(out)
+    return len(predictions)

@@ -33,15 +33,17 @@ from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
-from dpfair.tracking import experiment_id, fail_stale_runs, run  # noqa: E402
+from dpfair.tracking import experiment_id, fail_stale_runs, run, run_url  # noqa: E402
 from flows.server import mark_owner, stop_orphan_servers  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
     evaluate,
     load_data,
+    log_inputs,
     log_release,
     log_results,
     plan_release,
     prepare_data,
+    register_model,
     train_seed,
     tune_method,
 )
@@ -111,9 +113,10 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                      len(stale), ", ".join(stale))
     data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
     failures: dict[str, str] = {}
-    with run(tracking, exp_id, f"pipeline:{prepared.name}",
+    with run(tracking, exp_id, steps.pipeline_run_name(prepared.name),
              tags={**data_tags, "dpfair.stage": "pipeline"}) as parent:
         log_release(tracking, parent, plan)
+        log_inputs(params, params_path, prepared, dataset, tracking, parent)
         tune_futures = {
             label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
                                       studies[label], plan.methods[label])
@@ -135,6 +138,8 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
             summary = evaluate(params, dataset, runs, out_dir, plan)
         with _after(failures, "logging the results", later):
             log_results(tracking, parent, summary, out_dir, failures)
+        registered = None if failures else register_model(params, tracking, dataset, runs,
+                                                           plan, data_tags, parent)
         if failures:
             raise MethodsFailed(
                 "methods failed (the others are logged in MLflow run "
@@ -144,6 +149,8 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
     return {
         "experiment_id": exp_id,
         "parent_run_id": parent,
+        "tracking_url": run_url(tracking, exp_id, parent),
+        "registered_model": registered,
         "data_version": prepared.version,
         "table": summary.markdown(),
         "results_dir": str(out_dir),
