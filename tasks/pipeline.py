@@ -1,7 +1,7 @@
-"""The experiment's Prefect tasks. Retries only where a retry is safe: preparing data and
-writing the summary, and registering the selected model (idempotent per run). Never on planning the release (it prepares the searches, drawing K), on
-tuning or on training: a DP run whose output may already have been released would spend
-privacy twice."""
+"""The experiment's Prefect tasks. Retries only where a retry is safe: preparing data, writing
+the summary, logging the inputs and registering the selected model (idempotent per run). Never
+on planning the release (it prepares the searches, drawing K), on tuning or on training: a DP
+run whose output may already have been released would spend privacy twice."""
 
 from __future__ import annotations
 
