@@ -174,7 +174,7 @@ def pipeline_run_name(dataset: str) -> str:
 
 def public_schema(dataset: GroupedDataset) -> dict[str, Any]:
     """What a logged dataset says about itself: public facts only (no row or group counts)."""
-    pre = getattr(dataset, "preprocessor", None)
+    pre = dataset.preprocessor
     return {"input_shape": list(dataset.input_shape), "classes": dataset.class_names,
             "groups": dataset.group_names,
             "columns": list(pre.columns) if pre is not None else None}

@@ -104,14 +104,33 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
         return out
 
 
+#: The value of a categorical column in the input example (a category no training row has:
+#: the one-hot transform encodes it as all zeros).
+EXAMPLE_CATEGORY = "example"
+
+
 def input_example(dataset: GroupedDataset) -> pd.DataFrame:
     """Two rows that are no training rows: the preprocessor's synthetic ``example_frame()``
-    when it offers one, else all zeros (numeric features, or every raw column)."""
-    pre = getattr(dataset, "preprocessor", None)
-    if pre is not None and callable(getattr(pre, "example_frame", None)):
+    when it offers one, else zeros, with :data:`EXAMPLE_CATEGORY` in the preprocessor's
+    ``categorical`` columns (so the signature types them as strings)."""
+    pre = dataset.preprocessor
+    if pre is None:
+        columns = feature_columns(dataset.input_shape)
+        return pd.DataFrame(np.zeros((2, len(columns))), columns=columns)
+    if callable(getattr(pre, "example_frame", None)):
         return pd.DataFrame(pre.example_frame())
-    columns = list(pre.columns) if pre is not None else feature_columns(dataset.input_shape)
-    return pd.DataFrame(np.zeros((2, len(columns))), columns=columns)
+    categorical = set(getattr(pre, "categorical", []))
+    return pd.DataFrame({c: [EXAMPLE_CATEGORY] * 2 if c in categorical else [0.0, 0.0]
+                         for c in pre.columns})
+
+
+def preprocessing_note(dataset: GroupedDataset) -> str:
+    """What a model's preprocessing releases (a tag of the model and its registered version):
+    a transform fitted on the training split holds exact statistics that ε does not cover."""
+    pre = dataset.preprocessor
+    if pre is None:
+        return "none: the model takes the dataset's numeric features"
+    return "fitted on the " + str(getattr(pre, "fitted_on", "training split (not covered by ε)"))
 
 
 class _KnownNotices(logging.Filter):
@@ -138,14 +157,16 @@ def _requirements(has_preprocessor: bool) -> list[str]:
 def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result: TrainResult,
               dataset: GroupedDataset, tags: dict[str, str]) -> str:
     """Log ``result``'s model as an MLflow pyfunc Model of run ``run_id`` (its output in the
-    Models column) with ``tags``, and return its URI ``models:/<model_id>``."""
-    pre = getattr(dataset, "preprocessor", None)
+    Models column) with ``tags`` and its :func:`preprocessing_note`, and return its URI
+    ``models:/<model_id>``."""
+    pre = dataset.preprocessor
     columns = list(pre.columns) if pre is not None else feature_columns(dataset.input_shape)
     python_model = DpfairModel(result.config.model.model_dump(mode="json"),
                                result.input_shape, dataset.class_names, columns)
     mlf = client(tracking)
     logged = mlf.create_logged_model(experiment_id, name="model", source_run_id=run_id,
-                                     tags=tags, model_type="classifier")
+                                     tags={**tags, "preprocessing": preprocessing_note(dataset)},
+                                     model_type="classifier")
     try:
         mlf.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
         with tempfile.TemporaryDirectory() as tmp:
@@ -197,15 +218,18 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
     ``out`` (written whole or not at all) and return how many rows were predicted."""
     loaded = load(cfg, model)
     schema = loaded.metadata.get_input_schema()
-    frame = pd.read_csv(rows)
-    if schema is not None:
+    if schema is None:
+        frame = pd.read_csv(rows)
+    else:
+        strings = {spec.name: str for spec in schema.inputs if spec.type.name == "string"}
+        frame = pd.read_csv(rows, dtype=strings)
         missing = [c for c in schema.input_names() if c not in frame.columns]
         if missing:
             raise DataError(f"{rows}: no column(s) {', '.join(map(str, missing))}; the model "
                             f"takes {', '.join(map(str, schema.input_names()))}")
         for spec in schema.inputs:
             if spec.type.name in ("double", "float"):
-                frame[spec.name] = frame[spec.name].astype(spec.type.to_numpy())
+                frame[spec.name] = _numbers(frame[spec.name], rows).astype(spec.type.to_numpy())
         frame = frame[schema.input_names()]
     predictions = pd.DataFrame(loaded.predict(frame))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -213,3 +237,13 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
     predictions.to_csv(partial, index=False)
     partial.replace(out)
     return len(predictions)
+
+
+def _numbers(values: pd.Series, rows: Path) -> pd.Series:
+    """``values`` as numbers (missing stays NaN); a DataError names other values."""
+    parsed = pd.to_numeric(values, errors="coerce")
+    bad = values[parsed.isna() & values.notna()]
+    if len(bad):
+        raise DataError(f"{rows}: column {values.name!r} is numeric but holds "
+                        f"{list(bad.astype(str).unique()[:5])}; give numbers (or leave empty)")
+    return parsed
