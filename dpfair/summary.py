@@ -24,6 +24,7 @@ from dpfair import fairness, report
 from dpfair.config import Params
 from dpfair.data import GroupedDataset
 from dpfair.experiment import REFERENCE, RunRecord
+from dpfair.model_export import preprocessing_note
 from dpfair.privacy import accounting
 from dpfair.release import (
     EPSILON_METHOD,
@@ -241,6 +242,7 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
         "worst_group_accuracy": f"{worst:.4f}", "largest_group_gap": f"{gap:.4f}",
         "fairness_summary": f"test: worst-group accuracy {100 * worst:.1f}%, largest gap "
                             f"between groups {100 * gap:.1f} points",
+        "preprocessing": preprocessing_note(dataset),
         "selected_by": rule,
         "source_run_id": record.run_id,
     }

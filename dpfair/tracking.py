@@ -253,11 +253,14 @@ def register_selected(cfg: TrackingConfig, name: str, model_uri: str, run_id: st
     except MlflowException as exc:
         if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise
-    for found in mlf.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
-        if found.source == model_uri:
-            return {"name": name, "version": str(found.version)}
     model_id = model_uri.removeprefix("models:/")
-    version = mlf.create_model_version(name, model_uri, run_id=run_id,
+    for found in mlf.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+        if found.model_id == model_id:
+            return {"name": name, "version": str(found.version)}
+    # the source is the model's storage: a models:/ source is resolved through MLflow's
+    # process-wide tracking URI, not this client's
+    source = mlf.get_logged_model(model_id).artifact_location
+    version = mlf.create_model_version(name, source, run_id=run_id,
                                        tags={k: str(v) for k, v in tags.items()},
                                        description=description or None, model_id=model_id)
     return {"name": name, "version": str(version.version)}
