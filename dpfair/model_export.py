@@ -12,10 +12,11 @@ Input: a ``pandas.DataFrame``.
 Output: a DataFrame with column ``prediction`` (the class name) and ``probability_<class>``
 per class (softmax of the logits).
 
-The signature is inferred by MLflow from an input example that is no training row: the
-preprocessor's ``example_frame()`` when it has one (synthetic rows), else all-zero rows. MLflow
-refuses whole numbers (int64) for a float column; :func:`predict_csv` (``dpfair predict``)
-casts a CSV's columns to the signature's types first.
+Signature: the input columns (built-in: ``double``; raw columns: MLflow's ``Any``, since a
+CSV read by pandas gives whole numbers as int64, which MLflow refuses for a ``double``
+column, and codes of a category as numbers: the preprocessor checks the values and names a
+bad one) and the outputs. The input example is no training row: the preprocessor's
+``example_frame()`` when it has one (synthetic rows), else zeros (and a placeholder category).
 The model is logged through the explicit client (a LoggedModel of the run's experiment, the
 run's output), never through MLflow's process-wide active run: trainings run in threads.
 """
@@ -35,7 +36,8 @@ import numpy as np
 import pandas as pd
 import torch
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-from mlflow.models import Model
+from mlflow.models import Model, ModelSignature
+from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
 from dpfair.data import GroupedDataset
 from dpfair.errors import DataError
@@ -87,6 +89,11 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
             x = np.asarray(self._preprocessor.transform(rows), dtype=np.float32)
         else:
             x = rows.to_numpy(dtype=np.float32)
+        bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
+        if len(bad):
+            raise DataError(f"row(s) {', '.join(map(str, bad[:5].tolist()))} of the input have "
+                            "missing or infinite values after preprocessing: fill them in (a "
+                            "model predicts nothing sensible from them)")
         return torch.from_numpy(np.ascontiguousarray(x)).reshape(len(frame), *self.input_shape)
 
     @torch.no_grad()
@@ -100,8 +107,18 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
         labels = np.asarray(self.class_names, dtype=object)
         out = pd.DataFrame({PREDICTION: labels[probs.argmax(dim=1).numpy()] if len(x) else []})
         for k, name in enumerate(self.class_names):
-            out[f"{PROBABILITY}{name}"] = probs[:, k].numpy() if len(x) else []
+            out[f"{PROBABILITY}{name}"] = probs[:, k].double().numpy() if len(x) else []
         return out
+
+
+def signature(dataset: GroupedDataset) -> ModelSignature:
+    """The model's inputs and outputs (module doc)."""
+    pre = dataset.preprocessor
+    columns = feature_columns(dataset.input_shape) if pre is None else list(pre.columns)
+    kind = DataType.double if pre is None else AnyType()
+    outputs = [ColSpec(DataType.string, PREDICTION),
+               *(ColSpec(DataType.double, f"{PROBABILITY}{c}") for c in dataset.class_names)]
+    return ModelSignature(Schema([ColSpec(kind, c) for c in columns]), Schema(outputs))
 
 
 #: The value of a categorical column in the input example (a category no training row has:
@@ -134,13 +151,11 @@ def preprocessing_note(dataset: GroupedDataset) -> str:
 
 
 class _KnownNotices(logging.Filter):
-    """Drop MLflow's notices about what :func:`log_model` does on purpose: the python model is
-    pickled by reference (its class is in dpfair), the signature comes from the example."""
+    """Drop MLflow's notice about what :func:`log_model` does on purpose: the python model is
+    pickled by reference (its class is in dpfair)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        return not text.startswith(("Passing a Python object as `python_model`",
-                                    "Inferring model signature from input example"))
+        return not record.getMessage().startswith("Passing a Python object as `python_model`")
 
 
 logging.getLogger("mlflow.pyfunc").addFilter(_KnownNotices())
@@ -178,7 +193,7 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
             path = Path(tmp) / "model"
             mlflow.pyfunc.save_model(
                 path, python_model=python_model, artifacts=artifacts,
-                input_example=input_example(dataset),
+                signature=signature(dataset), input_example=input_example(dataset),
                 pip_requirements=_requirements(pre is not None),
                 mlflow_model=Model(artifact_path=logged.artifact_location,
                                    model_uuid=logged.model_id, run_id=run_id,
@@ -221,14 +236,13 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
     if schema is None:
         frame = pd.read_csv(rows)
     else:
-        strings = {spec.name: str for spec in schema.inputs if spec.type.name == "string"}
-        frame = pd.read_csv(rows, dtype=strings)
+        frame = pd.read_csv(rows)
         missing = [c for c in schema.input_names() if c not in frame.columns]
         if missing:
             raise DataError(f"{rows}: no column(s) {', '.join(map(str, missing))}; the model "
                             f"takes {', '.join(map(str, schema.input_names()))}")
         for spec in schema.inputs:
-            if spec.type.name in ("double", "float"):
+            if spec.type in (DataType.double, DataType.float):  # whole numbers read as int64
                 frame[spec.name] = _numbers(frame[spec.name], rows).astype(spec.type.to_numpy())
         frame = frame[schema.input_names()]
     predictions = pd.DataFrame(loaded.predict(frame))

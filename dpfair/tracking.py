@@ -254,12 +254,12 @@ def register_selected(cfg: TrackingConfig, name: str, model_uri: str, run_id: st
         if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise
     model_id = model_uri.removeprefix("models:/")
-    for found in mlf.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
-        if found.model_id == model_id:
-            return {"name": name, "version": str(found.version)}
     # the source is the model's storage: a models:/ source is resolved through MLflow's
     # process-wide tracking URI, not this client's
     source = mlf.get_logged_model(model_id).artifact_location
+    for found in mlf.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+        if found.source == source:
+            return {"name": name, "version": str(found.version)}
     version = mlf.create_model_version(name, source, run_id=run_id,
                                        tags={k: str(v) for k, v in tags.items()},
                                        description=description or None, model_id=model_id)

@@ -283,3 +283,14 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     assert list(example.columns) == feature_columns(dataset.input_shape)
     assert not example.to_numpy().any()
     assert model.metadata.get_input_schema().input_names() == list(example.columns)
+    # `dpfair predict`'s reader: whole numbers are fine, a word in a numeric column is not
+    from dpfair.errors import DataError
+    from dpfair.model_export import predict_csv
+
+    csv = pipeline["tmp"] / "rows.csv"
+    rows.round().astype("int64").to_csv(csv, index=False)
+    assert predict_csv(pipeline["tracking"], "dpfair-synthetic", csv, csv.with_name("p.csv")) == (
+        len(rows))
+    rows.astype(object).assign(x2="abc").to_csv(csv, index=False)
+    with pytest.raises(DataError, match=r"column 'x2' is numeric but holds \['abc'\]"):
+        predict_csv(pipeline["tracking"], "dpfair-synthetic/1", csv, csv.with_name("q.csv"))
