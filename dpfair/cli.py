@@ -393,6 +393,10 @@ def run(params: ParamsOption = None) -> None:
     out = run_experiment(str(path), ".")
     console.print(out["table"], soft_wrap=True)
     console.print(f"figures and tables: {out['results_dir']}")
+    if registered := out.get("registered_model"):
+        console.print(f"registered model: {registered['name']} version {registered['version']} "
+                      f"(dpfair predict --model {registered['name']}/{registered['version']} "
+                      "--input rows.csv --output preds.csv)", soft_wrap=True)
     console.print(f"MLflow parent run {out['parent_run_id']}; open the UI with:\n"
                   f"  {ui_command(p.tracking)}")
 

@@ -59,6 +59,7 @@ from dpfair.training import (
     REPLAYABLE_NOISE,
     TrainConfig,
     TrainResult,
+    flat_metrics,
     make_plan,
     train,
 )
@@ -457,10 +458,9 @@ def train_logged(
         log_params(tracking, run_id, config.model_dump(mode="json"))
         result = train(config, dataset, callbacks=[_EpochLogger(tracking, run_id)])
         found = headline(result.test_metrics)
+        groups = {"group_accuracy": result.test_metrics["group_accuracy"]}
         metrics = {**{f"final/test/{k}": v for k, v in found.items()},
-                   **{f"final/test/group_accuracy/{name}": float(a) for name, a in
-                      zip(dataset.group_names, result.test_metrics["group_accuracy"],
-                          strict=True)},
+                   **flat_metrics(groups, "final/test/", group_names=dataset.group_names),
                    "wall_time_s": result.wall_time_s}
         facts = {"noise_multiplier": result.sigma, "count_noise_multiplier": result.count_sigma,
                  "steps": result.steps, "sample_rate": result.sample_rate}
