@@ -44,6 +44,7 @@ UPPER = (
     "dpfair.model_export",
     "dpfair.checks",
     "dpfair.processes",
+    "dpfair.preflight",
     "flows",
     "tasks",
 )

@@ -5,10 +5,14 @@ with the dataset (``GroupedDataset.preprocessor``) and the prepared files, so pr
 exactly the transform the model was trained on. It takes raw rows (a DataFrame with the feature
 columns, values as read from the file: numbers may still be strings) and returns float32 arrays.
 
-Privacy: the fitted transform holds exact statistics of the training rows (each numeric
+Privacy: a transform fit on the training rows holds exact statistics of them (each numeric
 column's mean and standard deviation, the categories seen and, with ``missing: impute``, the
 medians and most frequent values). None of them is covered by a run's ε; whoever publishes a
-model together with this transform publishes them too.
+model together with this transform publishes them too. Columns whose range or categories the
+user declares (public knowledge, e.g. "age lies in [18, 100]") use no statistic of the data:
+numbers are clipped to the range and mapped linearly onto [-1, 1] (missing: 0, the middle),
+categories one-hot over the declared list (missing or unknown: all zeros).
+``data_independent`` says every column was declared.
 """
 
 from __future__ import annotations
@@ -22,10 +26,18 @@ from dpfair.errors import DataError
 if TYPE_CHECKING:
     import pandas as pd
 
-FITTED_ON = (
-    "training split: exact means, standard deviations and categories of the training rows "
-    "(not covered by the reported epsilon)"
-)
+DECLARED = "declared ranges and categories only (no statistic of the data)"
+
+
+def fitted_on(fitted: list[str]) -> str:
+    return (f"training split for columns {', '.join(fitted)}: exact means, standard deviations "
+            "and categories of the training rows (not covered by the reported epsilon)")
+
+
+def scale_to_range(x: np.ndarray, low: list[float], high: list[float]) -> np.ndarray:
+    """Clip each column to ``[low, high]`` and map it linearly onto [-1, 1] (NaN stays NaN)."""
+    lo, hi = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    return (np.clip(np.asarray(x, np.float64), lo, hi) - lo) / (hi - lo) * 2.0 - 1.0
 
 
 def numeric_problems(values: pd.Series) -> pd.Series:
@@ -55,14 +67,22 @@ def to_categories(values: pd.Series) -> pd.Series:
 
 
 class TablePreprocessor:
-    """Numeric columns: (median imputation,) standardisation; categorical: (most frequent,)
-    one-hot with unknown categories encoded as all zeros."""
+    """Numeric columns: (median imputation,) standardisation, or a declared range; categorical:
+    (most frequent,) one-hot, or one-hot over declared categories; unknown categories give
+    all zeros."""
 
-    def __init__(self, numeric: list[str], categorical: list[str], *, impute: bool) -> None:
+    def __init__(self, numeric: list[str], categorical: list[str], *, impute: bool,
+                 ranges: dict[str, list[float]] | None = None,
+                 categories: dict[str, list[str]] | None = None) -> None:
         self.numeric = list(numeric)
         self.categorical = list(categorical)
         self.impute = impute
-        self.fitted_on = FITTED_ON
+        self.ranges = dict(ranges or {})
+        self.categories = dict(categories or {})
+        fitted = [c for c in self.numeric if c not in self.ranges]
+        fitted += [c for c in self.categorical if c not in self.categories]
+        self.data_independent = not fitted
+        self.fitted_on = DECLARED if not fitted else fitted_on(fitted)
         self._transformer = self._build()
 
     @property
@@ -74,19 +94,32 @@ class TablePreprocessor:
         from sklearn.compose import ColumnTransformer
         from sklearn.impute import SimpleImputer
         from sklearn.pipeline import make_pipeline
-        from sklearn.preprocessing import OneHotEncoder, StandardScaler
+        from sklearn.preprocessing import FunctionTransformer, OneHotEncoder, StandardScaler
 
-        num = [StandardScaler()]
-        cat = [OneHotEncoder(handle_unknown="ignore", sparse_output=False)]
+        fit_num = [c for c in self.numeric if c not in self.ranges]
+        fit_cat = [c for c in self.categorical if c not in self.categories]
+        num_declared = [c for c in self.numeric if c in self.ranges]
+        cat_declared = [c for c in self.categorical if c in self.categories]
+        num, cat = [StandardScaler()], [OneHotEncoder(handle_unknown="ignore",
+                                                      sparse_output=False)]
+        declared = [FunctionTransformer(scale_to_range, feature_names_out="one-to-one", kw_args={
+            "low": [self.ranges[c][0] for c in num_declared],
+            "high": [self.ranges[c][1] for c in num_declared]})]
         if self.impute:
             num.insert(0, SimpleImputer(strategy="median"))
             cat.insert(0, SimpleImputer(strategy="most_frequent"))
-        parts = []
-        if self.numeric:
-            parts.append(("numeric", make_pipeline(*num), self.numeric))
-        if self.categorical:
-            parts.append(("categorical", make_pipeline(*cat), self.categorical))
-        return ColumnTransformer(parts, remainder="drop", verbose_feature_names_out=False)
+            declared.append(SimpleImputer(strategy="constant", fill_value=0.0,
+                                          keep_empty_features=True))
+        parts = [
+            ("numeric", make_pipeline(*num), fit_num),
+            ("numeric_declared", make_pipeline(*declared), num_declared),
+            ("categorical", make_pipeline(*cat), fit_cat),
+            ("categorical_declared", OneHotEncoder(
+                categories=[self.categories[c] for c in cat_declared], handle_unknown="ignore",
+                sparse_output=False), cat_declared),
+        ]
+        return ColumnTransformer([p for p in parts if p[2]], remainder="drop",
+                                 verbose_feature_names_out=False)
 
     def _raw(self, frame: pd.DataFrame) -> pd.DataFrame:
         import pandas as pd

@@ -18,7 +18,8 @@
    ``min_group_train_rows`` training rows and every class seen in validation or test must be
    in training;
 6. features: ``TablePreprocessor`` (one-hot, standardisation) fit on the training split only,
-   attached as ``dataset.preprocessor``.
+   attached as ``dataset.preprocessor``; columns with declared ``numeric_ranges`` or
+   ``categories`` use those instead of any statistic of the data (see ``preprocess.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ class TableOptions(HoldoutOptions):
     missing: Literal["error", "drop", "impute"] = Field(
         "error", description="missing values: refuse, drop the rows, or impute the features")
     min_group_train_rows: int = Field(10, ge=1, description="fewest training rows of any group")
+    numeric_ranges: dict[str, list[float]] = Field(
+        default_factory=dict, description="public [low, high] of numeric columns: scaled "
+        "without any statistic of the data (values outside are clipped)")
+    categories: dict[str, list[str]] = Field(
+        default_factory=dict, description="public category lists: one-hot without looking at "
+        "the data (a value outside the list is an error)")
+
+    @field_validator("numeric_ranges")
+    @classmethod
+    def _ranges(cls, value: dict[str, list[float]]) -> dict[str, list[float]]:
+        for col, bounds in value.items():
+            if len(bounds) != 2 or not bounds[0] < bounds[1]:
+                raise ValueError(f"{col}: give [low, high] with low < high (got {bounds})")
+        return value
 
     @field_validator("protected", mode="before")
     @classmethod
@@ -92,7 +107,8 @@ def _columns(frame: pd.DataFrame, opts: TableOptions, where: Where) -> list[str]
     present = [str(c) for c in frame.columns]
     asked = [("target", [opts.target]), ("protected", opts.protected),
              ("features", opts.features or []), ("categorical", opts.categorical),
-             ("numeric", opts.numeric)]
+             ("numeric", opts.numeric), ("numeric_ranges", list(opts.numeric_ranges)),
+             ("categories", list(opts.categories))]
     for option, names in asked:
         for col in names:
             if col not in present:
@@ -101,7 +117,7 @@ def _columns(frame: pd.DataFrame, opts: TableOptions, where: Where) -> list[str]
                     f"{did_you_mean(col, present)}; its columns are: {', '.join(present)}. "
                     f"Fix: set {where.key(option)} to columns of the file"
                 )
-    both = set(opts.categorical) & set(opts.numeric)
+    both = {*opts.categorical, *opts.categories} & {*opts.numeric, *opts.numeric_ranges}
     if both:
         raise DataError(f"columns {sorted(both)} are listed both categorical and numeric; "
                         f"remove them from {where.key('categorical')} or {where.key('numeric')}")
@@ -140,10 +156,13 @@ def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
     numeric, categorical = [], []
     for col in features:
         values = frame[col]
-        if col in opts.categorical or pd.api.types.is_bool_dtype(values):
+        if col in opts.categories:
+            _check_declared(values, opts.categories[col], col, where)
+        if col in {*opts.categorical, *opts.categories} or pd.api.types.is_bool_dtype(values):
             categorical.append(col)
             continue
-        if col not in opts.numeric and not pd.api.types.is_numeric_dtype(values):
+        if col not in {*opts.numeric, *opts.numeric_ranges} and \
+                not pd.api.types.is_numeric_dtype(values):
             present = int(values.notna().sum())
             numbers = present - len(numeric_problems(values))
             if not present or numbers < _LOOKS_NUMERIC * present:  # text: categories
@@ -160,6 +179,18 @@ def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
             )
         numeric.append(col)
     return numeric, categorical
+
+
+def _check_declared(values: pd.Series, declared: list[str], col: str, where: Where) -> None:
+    values = to_categories(values)
+    other = values[values.notna() & ~values.isin(declared)]
+    if len(other):
+        shown = ", ".join(repr(v) for v in other.unique()[:_SHOWN])
+        raise DataError(
+            f"column {col!r} of {where.source} holds {shown} ({where.rows(other.index)}), not "
+            f"among its declared categories {declared}. Fix: add them to "
+            f"{where.key('categories')}.{col}, or correct those values"
+        )
 
 
 def _natural(values: list[str]) -> list[str]:
@@ -279,7 +310,8 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
     check_splits(y, g, index, class_names, group_names, min_rows=opts.min_group_train_rows,
                  groups_from=f"columns {', '.join(opts.protected)}",
                  target=f"the target column {opts.target!r}", where=where)
-    pre = TablePreprocessor(numeric, categorical, impute=opts.missing == "impute")
+    pre = TablePreprocessor(numeric, categorical, impute=opts.missing == "impute",
+                            ranges=opts.numeric_ranges, categories=opts.categories)
     pre.fit(frame.iloc[index["train"]])
     splits = {key: make_split(pre.transform(frame.iloc[idx]), y[idx], g[idx])
               for key, idx in index.items()}
@@ -290,7 +322,7 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
             "source": where.source,
             "feature_names": pre.feature_names,
             "columns": {"numeric": numeric, "categorical": categorical},
-            "preprocessing": f"one-hot and standardisation fit on the {pre.fitted_on}",
+            "preprocessing": f"one-hot and scaling from the {pre.fitted_on}",
         },
         preprocessor=pre,
     )

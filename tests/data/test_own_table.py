@@ -181,3 +181,23 @@ def test_dvc_add_records_the_data_version(csv: Path, tmp_path: Path):
     recorded = yaml.safe_load((tmp_path / "loans.csv.dvc").read_text())["outs"][0]["md5"]
     assert recorded == source_version("loans", table_options(csv))
     shutil.rmtree(tmp_path / ".dvc")
+
+
+def test_declared_ranges_and_categories_use_no_statistic_of_the_data(csv: Path):
+    declared = {"numeric_ranges": {"Alter": [0, 100], "Einkommen": [0, 10000]},
+                "categories": {"Beruf": ["Buero", "Handwerk", "Pflege", "Lehre", "Sonst"]}}
+    one = load_dataset("loans", table_options(csv, seed=1, **declared))
+    two = load_dataset("loans", table_options(csv, seed=2, **declared))
+    assert one.preprocessor.data_independent and "no statistic" in one.meta["preprocessing"]
+    raw = pd.read_csv(csv)
+    x = one.preprocessor.transform(raw)
+    np.testing.assert_array_equal(x, two.preprocessor.transform(raw))  # other training rows
+    np.testing.assert_allclose(x[:, 0], raw["Alter"] / 100 * 2 - 1, rtol=1e-6)
+    assert x.shape[1] == 2 + 5  # every declared category, seen or not
+    missing_income = raw["Einkommen"].isna().to_numpy()
+    assert (x[missing_income, 1] == 0).all()  # imputed with the middle of the range
+    partly = load_dataset("loans", table_options(csv, numeric_ranges={"Alter": [0, 100]}))
+    assert not partly.preprocessor.data_independent
+    assert "Einkommen, Beruf" in partly.meta["preprocessing"]
+    with pytest.raises(Exception, match=r"column 'Beruf' .* not among its declared categories"):
+        load_dataset("loans", table_options(csv, categories={"Beruf": ["Buero"]}))
