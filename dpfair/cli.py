@@ -5,6 +5,7 @@
     dpfair train --method M [--seed S]     dpfair tune --method M [--workers N]
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
+    dpfair predict --model NAME[/VERSION] --input rows.csv --output preds.csv
     dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
 ``@cli_errors`` (on every command; a test checks) is the one error boundary. An expected failure
@@ -297,14 +298,15 @@ def train_cmd(
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results."""
     from dpfair.data import load_dataset
+    from dpfair.experiment import train_standalone
     from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE
-    from dpfair.training import REPLAYABLE_NOISE, train
+    from dpfair.tracking import ui_command
+    from dpfair.training import REPLAYABLE_NOISE
 
     p = resolve_params(params)
     label = _method_label(p, method)
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
-    config = p.experiment.train_config(label, seed, progress=True)
-    result = train(config, dataset)
+    result, record = train_standalone(p, label, seed, dataset, progress=True)
     m = result.test_metrics
     console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))
@@ -320,6 +322,8 @@ def train_cmd(
     if result.reproducible:
         console.print(f"[bold red]reproducible:[/] {REPLAYABLE_NOISE}")
     console.print(TEST_METRICS_NOTE)
+    console.print(f"MLflow run {record.run_id}, model {record.model_uri}; open the UI with:\n"
+                  f"  {ui_command(p.tracking)}", soft_wrap=True)
 
 
 @app.command("tune")
@@ -340,10 +344,9 @@ def tune_cmd(
     ledger file beside the Optuna storage; with tuning.release: all_trials they are printed
     too, and the search's epsilon is the composition of all K runs."""
     from dpfair.data import load_dataset
-    from dpfair.privacy import accounting
-    from dpfair.release import HEURISTIC, search_release, write_ledger
+    from dpfair.experiment import tune_standalone
+    from dpfair.release import HEURISTIC
     from dpfair.training import REPLAYABLE_NOISE
-    from dpfair.tuning import tune
     from dpfair.tuning.config import check_storage
 
     p = resolve_params(params)
@@ -360,19 +363,14 @@ def tune_cmd(
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
     check_storage(cfg.storage or "sqlite:///optuna.db")  # before the data loads
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
-    base = p.experiment.train_config(label, p.experiment.seeds[0])
-    result = tune(base.method, base, dataset, cfg)
+    result, search, release, ledger = tune_standalone(p, label, cfg, dataset)
     mode = p.tuning.release
-    search = search_release(cfg, accounting.event_from_json(result.run_event_json or "null"),
-                            result.K, mode)
-    ledger = write_ledger(result, mode)
     console.print(f"selected ({cfg.score}, {cfg.mode} search): "
                   f"{result.best_params if result.best_params is not None else 'none'}")
-    if base.method.privacy_guarantee != "proven":
-        console.print(f"epsilon: {HEURISTIC} (privacy_guarantee: "
-                      f"{base.method.privacy_guarantee})")
+    if not release.has_epsilon:
+        console.print(f"epsilon: {HEURISTIC} (privacy_guarantee: {release.guarantee})")
     else:
-        eps = accounting.epsilon(search.event, result.delta) if search.event else math.inf
+        eps = release.epsilon_search if search.event else math.inf
         console.print(f"epsilon: one training run {result.epsilon_training:.3f}, whole search "
                       f"{eps:.3f} ({search.label}; delta {result.delta:g})")
     if mode == "all_trials":
@@ -402,6 +400,10 @@ def run(params: ParamsOption = None) -> None:
     out = run_experiment(str(path), ".")
     console.print(out["table"], soft_wrap=True)
     console.print(f"figures and tables: {out['results_dir']}")
+    if registered := out.get("registered_model"):
+        console.print(f"registered model: {registered['name']} version {registered['version']} "
+                      f"(dpfair predict --model {registered['name']}/{registered['version']} "
+                      "--input rows.csv --output preds.csv)", soft_wrap=True)
     console.print(f"MLflow parent run {out['parent_run_id']}; open the UI with:\n"
                   f"  {ui_command(p.tracking)}")
 
@@ -421,6 +423,26 @@ def results(
     found_id, table = read_results(p.tracking, run_id)
     console.print(f"pipeline run {found_id}")
     console.print(table, soft_wrap=True)
+
+
+@app.command("predict")
+@cli_errors
+def predict_cmd(
+    model: Annotated[str, typer.Option(
+        "--model", "-m", help="a registered model NAME (its latest version) or NAME/VERSION, "
+        "an MLflow URI (models:/..., runs:/...) or a model folder")],
+    rows: Annotated[Path, typer.Option(
+        "--input", "-i", help="CSV of raw rows holding the model's input columns")],
+    out: Annotated[Path, typer.Option(
+        "--output", "-o", help="CSV to write: prediction and probability_<class> per row")],
+    params: ParamsOption = None,
+) -> None:
+    """Predict with a logged or registered dpfair model (its preprocessing included)."""
+    from dpfair.model_export import predict_csv
+
+    p = resolve_params(params)
+    n = predict_csv(p.tracking, model, rows, out)
+    console.print(f"{n} predictions written to {out}", soft_wrap=True)
 
 
 @app.command("serve")

@@ -233,8 +233,23 @@ class ScheduleSection(BaseModel):
         return cron
 
 
+class RegistrySection(BaseModel):
+    """``pipeline.registry:`` which final model of a pipeline run becomes a version in MLflow's
+    Model Registry (:func:`dpfair.summary.register_model`)."""
+
+    model_config = _STRICT
+
+    enabled: bool = True
+    name: str | None = Field(
+        None, description="registered model name (None: <tracking.experiment_prefix>-<dataset>)")
+    method: str | None = Field(
+        None, description="the method label whose model is registered (None: the method with a "
+        "proven guarantee and the best mean worst-group test accuracy, noise not replayable)")
+
+
 class PipelineSection(BaseModel):
-    """``pipeline:`` how the flow runs: task runner, where prepared data goes, schedule."""
+    """``pipeline:`` how the flow runs: task runner, where prepared data goes, schedule, and
+    which model it registers."""
 
     model_config = _STRICT
 
@@ -244,3 +259,4 @@ class PipelineSection(BaseModel):
     data_dir: str = "data/prepared"
     use_dvc: bool = Field(True, description="prepare data through `dvc repro` (else directly)")
     schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+    registry: RegistrySection = Field(default_factory=RegistrySection)

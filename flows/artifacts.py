@@ -13,7 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
-from dpfair.tracking import TrackingConfig, ui_command
+from dpfair.tracking import TrackingConfig, run_url, ui_command
 
 RESULTS_KEY = "dpfair-results"
 PREFECT_RUN_TAG = "dpfair.prefect_flow_run_id"
@@ -42,15 +42,12 @@ def tag_flow_run(mlflow_run_id: str) -> None:
 
 
 def mlflow_link(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
-    """Markdown saying where MLflow shows run ``run_id``: its page on a tracking server, or the
-    command that serves a local store and the page's path there."""
-    page = f"#/experiments/{experiment_id}/runs/{run_id}"
-    uri = tracking.resolved_uri()
-    if uri.startswith(("http://", "https://")):
-        url = f"{uri.rstrip('/')}/{page}"
+    """Markdown linking MLflow's page of run ``run_id`` (:func:`dpfair.tracking.run_url`); for
+    a local store, with the command that serves it."""
+    url = run_url(tracking, experiment_id, run_id)
+    if tracking.resolved_uri().startswith(("http://", "https://")):
         return f"[{url}]({url})"
-    return (f"local store `{uri}`: run `{ui_command(tracking)}` in the project folder, "
-            f"then open `http://127.0.0.1:5000/{page}`")
+    return f"[{url}]({url}) once `{ui_command(tracking)}` serves the local store"
 
 
 def publish(title: str, facts: dict[str, str], body: str = "") -> None:

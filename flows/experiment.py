@@ -40,16 +40,18 @@ from dpfair.release import epsilon_text  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
 from dpfair.source_ledger import Release, SourceLedger, reserve_plan  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
-from dpfair.tracking import experiment_id, fail_stale_runs, run  # noqa: E402
+from dpfair.tracking import experiment_id, fail_stale_runs, run, run_url  # noqa: E402
 from flows import artifacts  # noqa: E402
 from flows.server import mark_owner, stop_orphan_servers  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
     evaluate,
     load_data,
+    log_inputs,
     log_release,
     log_results,
     plan_release,
     prepare_data,
+    register_model,
     train_seed,
     tune_method,
 )
@@ -129,12 +131,13 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                          len(stale), ", ".join(stale))
         data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
         failures: dict[str, str] = {}
-        with run(tracking, exp_id, f"pipeline:{prepared.name}",
+        with run(tracking, exp_id, steps.pipeline_run_name(prepared.name),
                  tags={**data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
                        "dpfair.ledger_release": reserved.id}) as parent:
             spend.context["mlflow_run_id"] = parent
             artifacts.tag_flow_run(parent)
             log_release(tracking, parent, plan)
+            log_inputs(params, params_path, prepared, dataset, tracking, parent)
             spend.may_release()  # from here on, tasks may log what the plan covers
             tune_futures = {
                 label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
@@ -157,8 +160,10 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                 summary = evaluate(params, dataset, runs, out_dir, plan)
             with _after(failures, "logging the results", later):
                 log_results(tracking, parent, summary, out_dir, failures)
+            registered = None if failures else register_model(params, tracking, dataset, runs,
+                                                               plan, data_tags, parent)
             with _after(failures, "publishing the results artifact", later):
-                _publish(params, book, reserved, exp_id, parent, summary, failures)
+                _publish(params, book, reserved, exp_id, parent, summary, failures, registered)
             if failures:
                 raise MethodsFailed(
                     "methods failed (the others are logged in MLflow run "
@@ -168,6 +173,8 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
     return {
         "experiment_id": exp_id,
         "parent_run_id": parent,
+        "tracking_url": run_url(tracking, exp_id, parent),
+        "registered_model": registered,
         "data_version": prepared.version,
         "source_version": source,
         "ledger_release": reserved.id,
@@ -187,14 +194,18 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
 
 
 def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str, parent: str,
-             summary: Summary | None, failures: dict[str, str]) -> None:
-    """The flow run's results artifact: where MLflow has them, the ledger's spend, the table."""
+             summary: Summary | None, failures: dict[str, str],
+             registered: dict[str, str] | None) -> None:
+    """The flow run's results artifact: where MLflow has them, the registered model, the
+    ledger's spend, the table."""
     source, version = reserved.source, reserved.version
     spent = book.spent(source, version, reserved.delta)
     lifetime = params.budget.lifetime_epsilon
     facts = {
         "MLflow run": f"`{parent}` (experiment `{exp_id}`)",
         "open in MLflow": artifacts.mlflow_link(params.tracking, exp_id, parent),
+        **({"registered model": f"`{registered['name']}` version {registered['version']}"}
+           if registered else {}),
         "data": f"{source}, version `{version}`",
         "privacy ledger": f"this run ε {epsilon_text(reserved.epsilon)}; spent on this "
                           f"source's people so far ε {epsilon_text(spent)} at δ = "

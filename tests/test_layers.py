@@ -41,6 +41,7 @@ UPPER = (
     "dpfair.report",
     "dpfair.release",
     "dpfair.summary",
+    "dpfair.model_export",
     "dpfair.checks",
     "dpfair.source_ledger",
     "dpfair.processes",

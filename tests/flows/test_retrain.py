@@ -1,6 +1,6 @@
 """Scheduled retraining (flows/schedule.py) under a local Prefect test harness: an unchanged
-data version skips, a changed one runs the pipeline and records its release in the privacy
-ledger, a retrain past the lifetime budget is refused before training; each flow run names
+data version skips, a changed one runs the pipeline, registers a new model version and records
+its release in the privacy ledger, a retrain past the lifetime budget is refused before training; each flow run names
 its MLflow run (tag and results artifact) and the MLflow run names the flow run."""
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def test_retrain_skips_unchanged_data_and_composes_changed_data(prefect_harness,
     assert f"`{parent.info.run_id}`" in artifact.data
     assert f"#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}" in artifact.data
     assert first["table"] in artifact.data and f"version `{version}`" in artifact.data
+    registered = first["registered_model"]
+    assert registered["version"] == "1"
+    assert f"`{registered['name']}` version 1" in artifact.data
 
     # unchanged data: skipped, nothing trained, nothing spent
     again = retrain_flow(params_path="params.yaml", root=str(tmp_path))
@@ -88,6 +91,10 @@ def test_retrain_skips_unchanged_data_and_composes_changed_data(prefect_harness,
     changed = retrain_flow(params_path="params.yaml", root=str(tmp_path))
     assert not changed["skipped"] and changed["previous_version"] == version
     assert changed["source_version"] != version
+    assert changed["registered_model"] == {"name": registered["name"], "version": "2"}
+    model_version = MlflowClient(load_params(params_path).tracking.uri).get_model_version(
+        registered["name"], "2")
+    assert model_version.run_id in {r["run_id"] for r in changed["runs"]}
     assert len(_pipeline_runs(params_path)) == 2
     first_release, second = ledger.releases("synthetic")
     assert second.account == first_release.account and second.status == "released"
