@@ -450,8 +450,9 @@ def predict_cmd(
 def serve(
     params: ParamsOption = None,
     root: Annotated[str, typer.Option(
-        help="project folder of each scheduled run (the deployment's parameter; relative "
-             "paths are resolved where this command runs)")] = ".",
+        help="project folder of each scheduled run, --params being relative to it (the "
+             "deployment's parameters; a relative root is resolved where this command runs)")
+    ] = ".",
 ) -> None:
     """Serve the scheduled retraining (params.yaml's cron) as a Prefect deployment: each run
     retrains when the data version changed since the last release, else skips."""
