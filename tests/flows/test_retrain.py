@@ -1,7 +1,8 @@
 """Scheduled retraining (flows/schedule.py) under a local Prefect test harness: an unchanged
 data version skips, a changed one runs the pipeline, registers a new model version and records
-its release in the privacy ledger, a retrain past the lifetime budget is refused before training; each flow run names
-its MLflow run (tag and results artifact) and the MLflow run names the flow run."""
+its release in the privacy ledger, a retrain past the lifetime budget is refused before
+training; each flow run names its MLflow run (tag and results artifact) and the MLflow run
+names the flow run."""
 
 from __future__ import annotations
 
