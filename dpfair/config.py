@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from dpfair.audit.config import AuditSection
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import get_spec, specs
 from dpfair.errors import ConfigError, TuningError, format_validation_error  # re-exported
@@ -67,6 +68,7 @@ class Params(Section):
     budget: BudgetSection = Field(default_factory=BudgetSection)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    audit: AuditSection = Field(default_factory=AuditSection)
 
     def dataset(self, name: str) -> DatasetOptions:
         """The options of dataset ``name`` (ConfigError for an unknown name)."""
