@@ -18,7 +18,9 @@ import argparse
 import datetime
 import platform
 import time
+from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import torch
 from machine import cpu_model, load_average
@@ -26,6 +28,7 @@ from machine import cpu_model, load_average
 from dpfair.audit import AuditResult, AuditSettings, audit
 from dpfair.audit.plot import score_figure
 from dpfair.data import load_dataset
+from dpfair.privacy.methods import Dpsgd, DpsgdConfig
 from dpfair.training import TrainConfig
 
 RESULTS = Path(__file__).parent / "results"
@@ -36,23 +39,47 @@ METHODS = {  # Esipova App. B.2 (01_esipova_adult.yaml): hyperparameters and lea
                             "tau": 1.0, "sigma2": 10.0}, 0.2),
     "fairlens": ({"name": "fairlens", "C": 0.5, "gamma1": 1.0, "gamma2": 1.0}, 0.01),
 }
+# Controls, not dpfair methods: the reference without any guarantee, and DPSGD with its
+# clipping removed (the deliberate bug of tests/audit: it still claims DPSGD's ε).
+CONTROLS = {
+    "nonprivate (control)": ({"name": "nonprivate"}, 0.01),
+    "dpsgd without clipping (broken control)": ({"name": "dpsgd", "C": 0.5}, 0.01),
+}
+
+
+class NoClipping(Dpsgd):
+    """DPSGD's claim (sensitivity C) without its clipping (weights 1): a bug to catch."""
+
+    def _weights(self, norms, groups):
+        return torch.ones_like(norms), self.C
+
+
+def _broken(label: str) -> mock._patch | nullcontext:
+    if "broken" not in label:
+        return nullcontext()
+    return mock.patch.object(DpsgdConfig, "build", lambda self, ctx: NoClipping(self.C))
 
 
 def run(args: argparse.Namespace) -> list[tuple[str, str, AuditResult, float]]:
     dataset = load_dataset("adult", {"protected": "sex", "balance_groups": True,
                                      "validation_fraction": 0.0, "seed": 0})
     out = []
-    for label in args.methods:
-        method, lr = METHODS[label]
+    runs = [(label, kind) for label in args.methods for kind in args.kinds]
+    if args.controls:
+        runs += [("nonprivate (control)", "mislabel"),
+                 ("dpsgd without clipping (broken control)", "gradient")]
+    for label, kind in runs:
+        method, lr = {**METHODS, **CONTROLS}[label]
         config = TrainConfig(method=method, model={"name": "mlp", "hidden": [256, 256],
                                                    "activation": "tanh"},
                              epochs=args.epochs, batch_size=256, lr=lr, sigma=1.0, delta=1e-6,
                              eval_every=args.epochs, progress=False)
-        for kind in args.kinds:
+        with _broken(label):
             started = time.perf_counter()
             result = audit(config, dataset, AuditSettings(canaries=args.canaries, kind=kind))
             seconds = time.perf_counter() - started
-            score_figure(result, RESULTS / "figures" / f"audit_{label}_{kind}.png")
+            name = label.split()[0] + ("_broken" if "broken" in label else "")
+            score_figure(result, RESULTS / "figures" / f"audit_{name}_{kind}.png")
             print(label, kind, f"{seconds:.0f} s",
                   [(g.group, round(g.epsilon_lower_bound, 3)) for g in result.groups],
                   flush=True)
@@ -61,7 +88,9 @@ def run(args: argparse.Namespace) -> list[tuple[str, str, AuditResult, float]]:
 
 
 def claimed(value: float | None) -> str:
-    return "heuristic — no DP guarantee" if value is None else f"{value:.3f}"
+    if value is None:
+        return "heuristic — no DP guarantee"
+    return "∞ (no guarantee)" if value == float("inf") else f"{value:.3f}"
 
 
 def report(args: argparse.Namespace, found: list[tuple[str, str, AuditResult, float]]) -> str:
@@ -69,7 +98,8 @@ def report(args: argparse.Namespace, found: list[tuple[str, str, AuditResult, fl
     lines = [
         "# Empirical privacy audit per group: Adult (sex)", "",
         f"Produced by `benchmarks/audit.py` (`--epochs {args.epochs} --canaries "
-        f"{args.canaries} --kinds {' '.join(args.kinds)}`) on "
+        f"{args.canaries} --kinds {' '.join(args.kinds)}"
+        f"{'' if args.controls else ' --no-controls'}`) on "
         f"{datetime.date.today().isoformat()}: {cpu_model()} ({platform.machine()}), "
         f"{torch.get_num_threads()} torch thread(s), load average {load_average()}; "
         f"{sum(s for *_, s in found) / 60:.1f} min in all.", "",
@@ -109,6 +139,8 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["gradient", "mislabel"],
                         choices=["gradient", "mislabel", "ood"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--no-controls", dest="controls", action="store_false",
+                        help="skip the nonprivate and broken-dpsgd controls")
     parser.add_argument("--out", type=Path, default=RESULTS / "audit.md")
     args = parser.parse_args()
     found = run(args)

@@ -387,7 +387,7 @@ def results(
 @cli_errors
 def audit_cmd(
     method: Annotated[str | None, typer.Option(
-        "--method", "-m", help="method label of experiment.methods (default: audit.method)")] = None,
+        "--method", "-m", help="label of experiment.methods (default: audit.method)")] = None,
     canaries: Annotated[int | None, typer.Option(min=1, help="canaries per group")] = None,
     kind: Annotated[str | None, typer.Option(help="mislabel | ood | gradient")] = None,
     beta: Annotated[float | None, typer.Option(help="the bound holds w.p. 1 - beta")] = None,

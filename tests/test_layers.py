@@ -28,6 +28,7 @@ LIBRARY = (
     "dpfair.privacy.step",
     "dpfair.training",
     "dpfair.fairness",
+    "dpfair.audit",
 )
 # The modules above the library (settings, orchestration, adapters, the user interface).
 UPPER = (
@@ -43,6 +44,7 @@ UPPER = (
     "dpfair.summary",
     "dpfair.checks",
     "dpfair.processes",
+    "dpfair.audit_tracking",
     "flows",
     "tasks",
 )
@@ -118,6 +120,7 @@ BELOW = {
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     "fairness": UPPER,
     "training": UPPER,
+    "audit": UPPER,
 }
 
 

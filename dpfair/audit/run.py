@@ -24,7 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpfair.audit import bound, gradient
-from dpfair.audit.canaries import Canaries, coin_generator, make_canaries, with_canaries
+from dpfair.audit.canaries import (
+    Canaries,
+    InputKind,
+    coin_generator,
+    make_canaries,
+    with_canaries,
+)
 from dpfair.audit.config import AuditSettings
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError, did_you_mean
@@ -34,9 +40,9 @@ from dpfair.training import TrainConfig, TrainResult, predict, train
 
 @dataclass(frozen=True)
 class GroupAudit:
-    """One group's audit (``group_id``: its index): its canaries (``included`` of them trained on), the guesses behind
-    the bound (``correct`` of ``guesses``), the ε and μ-GDP lower bounds and the claimed ε
-    (``None``: the method claims no guarantee)."""
+    """One group's audit (``group_id``: its index): its canaries (``included`` of them
+    trained on), the guesses behind the bound (``correct`` of ``guesses``), the ε and μ-GDP
+    lower bounds and the claimed ε (``None``: the method claims no guarantee)."""
 
     group: str
     group_id: int
@@ -95,7 +101,8 @@ def claimed_epsilon(result: TrainResult, group: int) -> float | None:
 def _input_space(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
                  groups: list[int], rng: np.random.Generator
                  ) -> tuple[Canaries, np.ndarray, TrainResult]:
-    canaries = make_canaries(dataset, settings.kind, groups, settings.canaries, rng,  # type: ignore[arg-type]
+    kind: InputKind = "ood" if settings.kind == "ood" else "mislabel"
+    canaries = make_canaries(dataset, kind, groups, settings.canaries, rng,
                              ood_scale=settings.ood_scale)
     result = train(config, with_canaries(dataset, canaries))
     scores = -predict(result.load_model(), canaries.split, config.eval_batch_size).loss
