@@ -45,6 +45,7 @@ UPPER = (
     "dpfair.checks",
     "dpfair.processes",
     "dpfair.audit_tracking",
+    "dpfair.preflight",
     "flows",
     "tasks",
 )
