@@ -26,7 +26,8 @@ def score_figure(result: AuditResult, path: str | Path) -> Path:
         bins = np.histogram_bin_edges(scores, bins=30)
         ax.hist(scores[included], bins=bins, alpha=0.6, label=f"included ({included.sum()})")
         ax.hist(scores[~included], bins=bins, alpha=0.6, label=f"excluded ({(~included).sum()})")
-        claim = "no guarantee" if row.epsilon_claimed is None else f"claimed ε {row.epsilon_claimed:.3g}"
+        claimed = row.epsilon_claimed
+        claim = "no guarantee" if claimed is None else f"claimed ε {claimed:.3g}"
         ax.set_title(f"{row.group}: ε ≥ {row.epsilon_lower_bound:.3g} ({claim})", fontsize=10)
         ax.set_xlabel("canary score")
         ax.legend(fontsize=8)
