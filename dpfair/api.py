@@ -4,7 +4,7 @@
 
     import dpfair
     result = dpfair.fit(net, (x, y, groups), method="dpsgd", target_epsilon=3.0, epochs=10,
-                        batch_size=64, lr=0.5, clip_bound=1.0)
+                        batch_size=64, lr=0.5, C=1.0)
     result.epsilon, result.test_metrics, result.load_model()
 
 ``fit`` only assembles a :class:`~dpfair.training.TrainConfig` and a
@@ -79,7 +79,7 @@ def fit(
             ``reproducible=True``, the batches and noise.
         **options: any other ``TrainConfig`` field (``momentum``, ``optimizer``, ``device``,
             ``engine``, ``progress``, ...); every other name is a hyperparameter of the method
-            (e.g. ``clip_bound``).
+            (e.g. ``C``, the clip bound of ``dpsgd``).
 
     Returns:
         The :class:`~dpfair.training.TrainResult`: ``epsilon`` (at ``delta``), ``sigma``,

@@ -263,8 +263,8 @@ def resolve_target(target: str) -> Callable[..., Any]:
         where += f"{':' if where == module_name else '.'}{part}"
     if not callable(value):
         raise ConfigError(
-            f"target {target!r} is a {type(value).__name__}, not a class or function that "
-            "returns an nn.Module"
+            f"target {target!r} is not callable (type {type(value).__name__}): name a class or "
+            "a function that returns an nn.Module"
         )
     return value
 

@@ -7,9 +7,10 @@ batch and nothing outside the noised gradient carries information from one step 
 the reason and the fix) a model that breaks this:
 
 * **layers that mix samples** in training mode: BatchNorm (any dimension, lazy, SyncBatchNorm)
-  normalises by batch statistics; found by type, and generically by perturbing one sample of a
-  dummy batch and finding the innermost module whose output for the *other* samples changes
-  while its input for them did not;
+  normalises by batch statistics; found by type, and generically: every module is called
+  again on the input it received in a forward pass of a random dummy batch, once as is and once
+  with sample 0 changed, and is refused when its output for the *other* samples changes
+  (only the innermost such modules are named);
 * **state updated in forward**: InstanceNorm with ``track_running_stats``, and any module whose
   buffers change during a training-mode forward on a dummy batch (running statistics are exact
   training-set statistics, shared across samples and released with the model).
@@ -112,19 +113,18 @@ def _mixing_by_type(model: nn.Module) -> dict[str, str]:
 
 
 def _state_or_mixing_by_forward(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, str]:
-    """Modules whose buffers a training-mode forward changes, and the innermost module whose
-    output for unchanged samples depends on a changed one (module docstring). Each pass runs on
-    its own copy of ``model`` with the same dropout draws."""
-    probes = [copy.deepcopy(model).cpu().train() for _ in range(2)]
-    before = {n: b.clone() for n, b in probes[0].named_buffers()}
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(_DUMMY_BATCH, *input_shape, generator=gen)
-    changed = x.clone()
-    changed[0] = torch.randn(input_shape, generator=gen) * 3 + 1
+    """Modules whose buffers a training-mode forward on a random dummy batch changes, and the
+    innermost modules whose output for the other samples changes when one sample of their
+    input does (module docstring). Runs on copies of ``model``, dropout drawn alike."""
+    probe = copy.deepcopy(model).cpu().train()
+    before = {n: b.clone() for n, b in probe.named_buffers()}
+    x = torch.randn(_DUMMY_BATCH, *input_shape, generator=torch.Generator().manual_seed(0))
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        first, second = _record(probes[0], x), _record(probes[1], changed)
+        calls = _first_calls(probe, x)
+        fresh = copy.deepcopy(model).cpu().train()
+        mixing = [name for name in calls if _mixes(fresh.get_submodule(name), *calls[name])]
     found = {}
-    for name, buffer in probes[0].named_buffers():
+    for name, buffer in probe.named_buffers():
         if name in before and not torch.equal(before[name], buffer):
             owner, _, short = name.rpartition(".")
             found.setdefault(
@@ -133,34 +133,45 @@ def _state_or_mixing_by_forward(model: nn.Module, input_shape: tuple[int, ...]) 
                 "shared across samples (and an exact training-set statistic released with the "
                 "model); compute it from each sample alone or make it a constant",
             )
-    culprit = _first_mixing(first, second)
-    if culprit is not None:
-        found.setdefault(
-            _qualified(culprit),
-            f"{_kind(model, culprit)}: its output for one sample depends on the other samples "
-            "of the batch; make its forward act on each sample alone (no statistics over the "
-            "batch dimension)",
-        )
+    for name in mixing:
+        if not any(_inside(other, name) for other in mixing):  # the innermost only
+            found.setdefault(
+                _qualified(name),
+                f"{_kind(model, name)}: its output for one sample depends on the other samples "
+                "of the batch; make its forward act on each sample alone (no statistics over "
+                "the batch dimension)",
+            )
     return found
+
+
+def _inside(name: str, parent: str) -> bool:
+    """Whether module ``name`` is a proper descendant of module ``parent`` ("" is the root)."""
+    return name != parent and (parent == "" or name.startswith(parent + "."))
 
 
 def _kind(model: nn.Module, name: str) -> str:
     return type(model.get_submodule(name)).__name__
 
 
-def _record(model: nn.Module, x: Tensor) -> list[tuple[str, Tensor | None, Tensor]]:
-    """(name, first input, output) of every module call, in completion order (children
-    before their parent), after seeding torch's global generator (dropout)."""
-    calls: list[tuple[str, Tensor | None, Tensor]] = []
+def _first_calls(model: nn.Module, x: Tensor) -> dict[str, tuple[tuple, dict]]:
+    """The arguments of each module's first call whose first argument is a floating batch of
+    ``len(x)`` samples, from one forward of ``model`` (seeded: dropout)."""
+    calls: dict[str, tuple[tuple, dict]] = {}
     names = {m: n for n, m in model.named_modules()}
 
-    def hook(module: nn.Module, args: tuple, output: object) -> None:
-        inp = args[0].detach().clone() if args and isinstance(args[0], Tensor) else None
-        if isinstance(output, Tensor):
-            calls.append((names[module], inp, output.detach().clone()))
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        first = args[0] if args else None
+        if (
+            names[module] not in calls
+            and isinstance(first, Tensor)
+            and first.is_floating_point()
+            and first.dim() > 0
+            and len(first) == len(x)
+        ):
+            calls[names[module]] = (tuple(_copy(a) for a in args), dict(kwargs))
 
     torch.manual_seed(0)
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()]
     try:
         model(x)
     except Exception as err:
@@ -175,23 +186,28 @@ def _record(model: nn.Module, x: Tensor) -> list[tuple[str, Tensor | None, Tenso
     return calls
 
 
-def _rows_equal(a: Tensor | None, b: Tensor | None) -> bool:
-    """Whether the samples other than the first agree (``None``: not a batch tensor)."""
-    if a is None or b is None or a.shape != b.shape or a.dim() == 0 or len(a) != _DUMMY_BATCH:
-        return True
-    return bool(torch.allclose(a[1:], b[1:], rtol=1e-4, atol=1e-6, equal_nan=True))
+def _copy(value: object) -> object:
+    return value.detach().clone() if isinstance(value, Tensor) else value
 
 
-def _first_mixing(
-    first: list[tuple[str, Tensor | None, Tensor]],
-    second: list[tuple[str, Tensor | None, Tensor]],
-) -> str | None:
-    """The first module to finish (so the innermost) whose input rows 1.. agree between the two
-    passes while its output rows 1.. do not."""
-    for (name, in_a, out_a), (_, in_b, out_b) in zip(first, second, strict=False):
-        if _rows_equal(in_a, in_b) and not _rows_equal(out_a, out_b):
-            return name
-    return None
+def _mixes(module: nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Whether changing sample 0 of ``module``'s first argument changes its output for the
+    other samples (each call on a fresh copy of the module, with the same dropout draws)."""
+    changed = args[0].clone()
+    changed[0] = torch.randn(
+        changed.shape[1:], generator=torch.Generator().manual_seed(1)
+    ).to(changed) * 3 + 1
+    outputs = []
+    for first in (args[0], changed):
+        torch.manual_seed(0)
+        out = copy.deepcopy(module)(_copy(first), *map(_copy, args[1:]), **kwargs)
+        outputs.append(out[0] if isinstance(out, tuple) and out else out)
+    a, b = outputs
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.shape != b.shape:
+        return False
+    if a.dim() == 0 or len(a) != len(args[0]):
+        return False
+    return not bool(torch.allclose(a[1:], b[1:], rtol=1e-4, atol=1e-6, equal_nan=True))
 
 
 def _materialise_reason(module: nn.Module) -> str | None:
