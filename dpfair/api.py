@@ -18,6 +18,7 @@ the same validation, plan (σ calibrated to ``target_epsilon`` by
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -28,11 +29,21 @@ from torch import nn
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.splits import train_val_test
-from dpfair.errors import ConfigError, DataError, format_validation_error
+from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
+from dpfair.privacy.methods import registered_methods
 from dpfair.training import TrainConfig, TrainResult, train
 
 #: Epochs when neither ``epochs`` nor ``steps`` is given.
 DEFAULT_EPOCHS = 10
+
+
+@dataclass
+class FitResult(TrainResult):
+    """A :class:`~dpfair.training.TrainResult` with the names of the classes and groups that
+    its per-class and per-group metrics (``test_metrics["group_accuracy"]``, ...) index."""
+
+    class_names: list[str] = field(default_factory=list)
+    group_names: list[str] = field(default_factory=list)
 
 
 def fit(
@@ -56,7 +67,7 @@ def fit(
     split_seed: int = 0,
     data_options: Mapping[str, Any] | None = None,
     **options: Any,
-) -> TrainResult:
+) -> FitResult:
     """Train a copy of ``model`` on ``data`` with ``method``; ``model`` itself is left as is.
 
     Args:
@@ -82,8 +93,9 @@ def fit(
             (e.g. ``C``, the clip bound of ``dpsgd``).
 
     Returns:
-        The :class:`~dpfair.training.TrainResult`: ``epsilon`` (at ``delta``), ``sigma``,
-        per-group ``test_metrics``, and ``load_model()``, the trained module.
+        A :class:`FitResult` (a ``TrainResult``): ``epsilon`` (at ``delta``), ``sigma``,
+        ``test_metrics`` (per group and class, in the order of ``group_names`` and
+        ``class_names``) and ``load_model()``, the trained module.
 
     Raises ``ConfigError`` for a bad option (naming it), ``DataError`` for bad data and
     ``PrivacyError`` for a model that cannot be trained privately.
@@ -100,7 +112,11 @@ def fit(
         epochs=epochs if epochs is not None or steps is not None else DEFAULT_EPOCHS,
         steps=steps, batch_size=batch_size, lr=lr, seed=seed,
     )
-    return train(config, dataset, model=model)
+    result = train(config, dataset, model=model)
+    return FitResult(
+        **{f.name: getattr(result, f.name) for f in fields(result)},
+        class_names=list(dataset.class_names), group_names=list(dataset.group_names),
+    )
 
 
 def _config(method: str, options: dict[str, Any], **given: Any) -> TrainConfig:
@@ -108,6 +124,16 @@ def _config(method: str, options: dict[str, Any], **given: Any) -> TrainConfig:
     (TrainConfig fields, the rest the method's); a ``ConfigError`` names every bad key."""
     train_keys = set(TrainConfig.model_fields) - {"method", "model"}
     method_options = {k: v for k, v in options.items() if k not in train_keys}
+    spec = registered_methods().get(method)
+    method_keys = set(spec.model_fields) - {"name"} if spec is not None else set()
+    unknown = sorted(method_options.keys() - method_keys) if spec is not None else []
+    if unknown:
+        key, known = unknown[0], sorted(train_keys | method_keys)
+        raise ConfigError(
+            f"fit: unknown option {key!r}{did_you_mean(key, known)} (training: "
+            f"{', '.join(sorted(train_keys))}; method {method!r}: "
+            f"{', '.join(sorted(method_keys)) or 'none'})"
+        )
     settings = {k: v for k, v in given.items() if v is not None}
     settings.update({k: v for k, v in options.items() if k in train_keys})
     data = {"method": {"name": method, **method_options}, **settings}

@@ -28,6 +28,7 @@ LIBRARY = (
     "dpfair.privacy.step",
     "dpfair.training",
     "dpfair.fairness",
+    "dpfair.api",
 )
 # The modules above the library (settings, orchestration, adapters, the user interface).
 UPPER = (
@@ -118,6 +119,7 @@ BELOW = {
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     "fairness": UPPER,
     "training": UPPER,
+    "api": UPPER,
 }
 
 

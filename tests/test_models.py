@@ -8,9 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from pydantic import ValidationError
 from torch import nn
+from typer.testing import CliRunner
 
+from dpfair.cli import app
 from dpfair.config import parse_params
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, PrivacyError
@@ -127,6 +130,7 @@ def test_bad_shapes_are_clear_errors() -> None:
 # ---------------------------------------------------------------- own model by import path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+BATCHNORM = "BatchNorm mixes samples in a batch; use GroupNorm or LayerNorm"
 
 
 @pytest.fixture
@@ -270,6 +274,21 @@ def test_fast_and_materialised_engines_agree_on_the_import_model(own_models) -> 
 def test_batchnorm_import_model_is_refused_before_training(own_models) -> None:
     params = _params("own_models:batchnorm_net")
     params["experiment"]["model"]["kwargs"] = {}
-    with pytest.raises(PrivacyError, match=r"  2: BatchNorm1d: BatchNorm mixes samples in a "
-                                           "batch; use GroupNorm or LayerNorm"):
+    with pytest.raises(PrivacyError, match=f"  2: BatchNorm1d: {BATCHNORM}"):
         _train_from(params)
+
+
+def test_cli_train_refuses_a_batchnorm_model_beside_params_yaml(tmp_path, monkeypatch) -> None:
+    """params.yaml edits only: the module sits in the working directory, the CLI imports it
+    and prints one clear message (exit code 2) instead of functorch's in-place error."""
+    (tmp_path / "cli_bn_models.py").write_text((FIXTURES / "own_models.py").read_text())
+    params = _params("cli_bn_models:batchnorm_net")
+    params["experiment"]["model"]["kwargs"] = {}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    out = CliRunner().invoke(app, ["train", "--method", "dpsgd"])
+    assert out.exit_code == 2, out.output
+    text = " ".join(out.output.split())
+    assert f"2: BatchNorm1d: {' '.join(BATCHNORM.split())}" in text
+    assert "in-place" not in text and "Traceback" not in text

@@ -43,7 +43,7 @@ from torch import nn
 
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError
-from dpfair.models import build_model
+from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting
 from dpfair.privacy.methods import Method, build_method
 from dpfair.privacy.model_check import check_model
@@ -94,6 +94,8 @@ def _init_model(
         model = copy.deepcopy(given) if given is not None else build_model(
             config.model, dataset.input_shape, dataset.n_classes
         )
+    if given is not None:
+        check_output_shape(model, dataset.input_shape, dataset.n_classes)
     check_model(model, dataset.input_shape, private=config.method.is_private)
     return model
 
