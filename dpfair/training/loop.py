@@ -147,7 +147,7 @@ def train(
     optimizer = _optimizer(config, model)
     step = PrivateStep(
         model, method, sigma=plan.sigma, expected_batch_size=float(config.batch_size),
-        engine=config.engine,
+        engine=config.engine, max_physical_batch=config.max_physical_batch,
     )
     generator = torch.Generator(device=device)
     if config.reproducible:
