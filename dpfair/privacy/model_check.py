@@ -15,24 +15,21 @@ the reason and the fix) a model that breaks this:
   buffers change during a training-mode forward on a dummy batch (running statistics are exact
   training-set statistics, shared across samples and released with the model).
 
-It also lists the layers with trainable parameters that the fast per-sample gradient path does
-not handle (they use the slower materialised path) and logs them once.
+It also lists the layers the fast per-sample gradient path has no rule for, with the reason:
+the engine's own plan (:func:`dpfair.privacy.gradients.plan_layers`), which materialises them
+one layer at a time and logs them once when it is built.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import logging
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from dpfair.errors import ConfigError, PrivacyError
-from dpfair.privacy.layer_grads import FAST_LAYERS
-
-log = logging.getLogger(__name__)
+from dpfair.privacy.gradients import plan_layers
 
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 _BATCH_NORM_REASON = "BatchNorm mixes samples in a batch; use GroupNorm or LayerNorm"
@@ -71,8 +68,7 @@ def check_model(
     Raises ``PrivacyError`` naming every layer that mixes samples or keeps state across
     samples (module docstring) when ``private``; a non-private run (the reference) is plain
     SGD and may use them. Runs the checks on a copy of the model in training mode, on a random
-    dummy batch, leaving ``model`` and torch's global random state untouched. When private,
-    logs the slow layers once per distinct list.
+    dummy batch, leaving ``model`` and torch's global random state untouched.
     """
     mixing = _mixing_by_type(model)
     for name, reason in _state_or_mixing_by_forward(model, input_shape).items():
@@ -85,10 +81,8 @@ def check_model(
             "them. Replace these layers:\n" + "\n".join(lines)
         )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    report = ModelReport(trainable, _slow_layers(model), mixing if not private else {})
-    if private and report.slow_layers:
-        _log_once(report.summary())
-    return report
+    slow = {name: reason for name, _, reason in plan_layers(model).slow}
+    return ModelReport(trainable, slow, mixing if not private else {})
 
 
 def _qualified(name: str) -> str:
@@ -118,7 +112,8 @@ def _state_or_mixing_by_forward(model: nn.Module, input_shape: tuple[int, ...]) 
     input does (module docstring). Runs on copies of ``model``, dropout drawn alike."""
     probe = copy.deepcopy(model).cpu().train()
     before = {n: b.clone() for n, b in probe.named_buffers()}
-    x = torch.randn(_DUMMY_BATCH, *input_shape, generator=torch.Generator().manual_seed(0))
+    # values in [0, 1), sample 0 changed to [1, 2): valid token ids (0, 1) after .long() too
+    x = torch.rand(_DUMMY_BATCH, *input_shape, generator=torch.Generator().manual_seed(0))
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         calls = _first_calls(probe, x)
         fresh = copy.deepcopy(model).cpu().train()
@@ -194,13 +189,14 @@ def _mixes(module: nn.Module, args: tuple, kwargs: dict) -> bool:
     """Whether changing sample 0 of ``module``'s first argument changes its output for the
     other samples (each call on a fresh copy of the module, with the same dropout draws)."""
     changed = args[0].clone()
-    changed[0] = torch.randn(
-        changed.shape[1:], generator=torch.Generator().manual_seed(1)
-    ).to(changed) * 3 + 1
+    changed[0] = 1 + torch.rand(changed.shape[1:], generator=torch.Generator().manual_seed(1))
     outputs = []
     for first in (args[0], changed):
         torch.manual_seed(0)
-        out = copy.deepcopy(module)(_copy(first), *map(_copy, args[1:]), **kwargs)
+        try:
+            out = copy.deepcopy(module)(_copy(first), *map(_copy, args[1:]), **kwargs)
+        except Exception:  # the module accepts no such input (e.g. token ids): cannot tell
+            return False
         outputs.append(out[0] if isinstance(out, tuple) and out else out)
     a, b = outputs
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.shape != b.shape:
@@ -208,26 +204,3 @@ def _mixes(module: nn.Module, args: tuple, kwargs: dict) -> bool:
     if a.dim() == 0 or len(a) != len(args[0]):
         return False
     return not bool(torch.allclose(a[1:], b[1:], rtol=1e-4, atol=1e-6, equal_nan=True))
-
-
-def _materialise_reason(module: nn.Module) -> str | None:
-    """Why the fast path does not handle ``module``'s own trainable parameters (None if it
-    does). The ``engine`` branch adds ``layer_grads.materialise_reason``; use it when merged."""
-    if isinstance(module, FAST_LAYERS):
-        return None
-    return f"{type(module).__name__}: no fast per-sample gradient rule for this layer type"
-
-
-def _slow_layers(model: nn.Module) -> dict[str, str]:
-    slow = {}
-    for name, module in model.named_modules():
-        if any(p.requires_grad for p in module.parameters(recurse=False)):
-            reason = _materialise_reason(module)
-            if reason is not None:
-                slow[_qualified(name)] = reason
-    return slow
-
-
-@functools.cache
-def _log_once(summary: str) -> None:
-    log.warning("%s", summary)
