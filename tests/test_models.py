@@ -236,7 +236,7 @@ def _params(target: str, **train) -> dict:
         "experiment": {
             "dataset": "synthetic",
             "model": {"name": "import", "target": target, "kwargs": {"width": 8}},
-            "train": {"epochs": 4, "batch_size": 64, "lr": 0.5, "sigma": 1.0, "delta": 1e-5,
+            "train": {"epochs": 2, "batch_size": 64, "lr": 0.5, "sigma": 1.0, "delta": 1e-5,
                       "progress": False, "reproducible": True, **train},
             "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0],
         },
