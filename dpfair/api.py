@@ -28,6 +28,7 @@ from torch import nn
 
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset
+from dpfair.data.options import HoldoutOptions
 from dpfair.data.splits import train_val_test
 from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
 from dpfair.privacy.methods import registered_methods
@@ -44,6 +45,9 @@ class FitResult(TrainResult):
 
     class_names: list[str] = field(default_factory=list)
     group_names: list[str] = field(default_factory=list)
+    #: a DataFrame's fitted feature transform (``.transform(raw_rows)`` before the model), else
+    #: None; it holds exact statistics of the training rows unless declared data-independent
+    preprocessor: Any = None
 
 
 def fit(
@@ -62,9 +66,9 @@ def fit(
     target: str | None = None,
     protected: str | Sequence[str] | None = None,
     features: Sequence[str] | None = None,
-    test_fraction: float = 0.2,
-    validation_fraction: float = 0.0,
-    split_seed: int = 0,
+    test_fraction: float | None = None,
+    validation_fraction: float | None = None,
+    split_seed: int | None = None,
     data_options: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> FitResult:
@@ -76,11 +80,14 @@ def fit(
             GroupNorm or LayerNorm) or keeps state across them.
         data: a :class:`~dpfair.data.GroupedDataset`; or ``(x, y)`` / ``(x, y, groups)``
             tensors or arrays (labels and groups of any kind, named by their values; one group
-            if none), split at random (``split_seed``) into ``test_fraction`` for test,
-            ``validation_fraction`` of the rest for validation, the remainder for training;
-            or a pandas DataFrame with column names ``target``, ``protected`` (one or a list)
-            and ``features`` (default: all others), prepared by
-            :func:`dpfair.data.tabular_frame.dataset_from_frame` with ``data_options``.
+            if none), split at random; or a pandas DataFrame with column names ``target``,
+            ``protected`` (one or a list) and ``features`` (default: all others), prepared by
+            :func:`dpfair.data.tabular_frame.dataset_from_frame` (stratified splits, one-hot
+            encoding and standardisation) with ``data_options`` (``missing``,
+            ``positive_label``, ...).
+        test_fraction, validation_fraction, split_seed: the splits of arrays or a DataFrame
+            (``test_fraction`` of the rows for test, ``validation_fraction`` of the rest for
+            validation); None: the defaults of :class:`dpfair.data.options.HoldoutOptions`.
         method: a method name (``dpfair.privacy.methods.registered_methods()``).
         target_epsilon, sigma: a private method needs exactly one; σ is then the smallest
             reaching ``target_epsilon`` at ``delta``.
@@ -116,6 +123,7 @@ def fit(
     return FitResult(
         **{f.name: getattr(result, f.name) for f in fields(result)},
         class_names=list(dataset.class_names), group_names=list(dataset.group_names),
+        preprocessor=dataset.preprocessor,
     )
 
 
@@ -148,6 +156,13 @@ def _config(method: str, options: dict[str, Any], **given: Any) -> TrainConfig:
 def _dataset(data: Any, *, data_options: Mapping[str, Any] | None, **kw: Any) -> GroupedDataset:
     if isinstance(data, GroupedDataset):
         return data
+    splits = {
+        key: value
+        for key, value in (("test_fraction", kw["test_fraction"]),
+                           ("validation_fraction", kw["validation_fraction"]),
+                           ("seed", kw["split_seed"]))
+        if value is not None
+    }
     if _is_frame(data):
         from dpfair.data.tabular_frame import dataset_from_frame  # pandas, only for frames
 
@@ -155,13 +170,14 @@ def _dataset(data: Any, *, data_options: Mapping[str, Any] | None, **kw: Any) ->
             raise ConfigError("fit: a DataFrame needs target= and protected= column names")
         return dataset_from_frame(
             data, target=kw["target"], protected=kw["protected"], features=kw["features"],
-            **dict(data_options or {}),
+            **{**splits, **dict(data_options or {})},
         )
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        return _from_arrays(
-            *data, test_fraction=kw["test_fraction"],
-            validation_fraction=kw["validation_fraction"], seed=kw["split_seed"],
-        )
+        try:
+            options = HoldoutOptions.model_validate(splits)
+        except ValidationError as exc:
+            raise ConfigError("fit: " + format_validation_error(exc, HoldoutOptions)) from None
+        return _from_arrays(*data, options=options)
     raise ConfigError(
         f"fit: data must be a GroupedDataset, a tuple (x, y) or (x, y, groups) of tensors or "
         f"arrays, or a pandas DataFrame with target= and protected= column names; got "
@@ -177,15 +193,7 @@ def _numpy(a: Any) -> np.ndarray:
     return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
 
 
-def _from_arrays(
-    x: Any,
-    y: Any,
-    groups: Any = None,
-    *,
-    test_fraction: float,
-    validation_fraction: float,
-    seed: int,
-) -> GroupedDataset:
+def _from_arrays(x: Any, y: Any, groups: Any = None, *, options: HoldoutOptions) -> GroupedDataset:
     """A seeded random train/validation/test split of in-memory arrays
     (:func:`dpfair.data.splits.train_val_test`), checked like every dataset."""
     x, y = _numpy(x), _numpy(y)
@@ -195,18 +203,13 @@ def _from_arrays(
             f"fit: x must be (n, ...) and y, groups (n,) with one n; got x {x.shape}, "
             f"y {y.shape}, groups {g.shape}"
         )
-    if not (0 < test_fraction < 1 and 0 <= validation_fraction < 1):
-        raise ConfigError(
-            f"fit: test_fraction must be in (0, 1) and validation_fraction in [0, 1); got "
-            f"{test_fraction}, {validation_fraction}"
-        )
     classes, y_ids = np.unique(y, return_inverse=True)
     group_values, g_ids = np.unique(g, return_inverse=True)
     if len(classes) < 2:
         raise DataError(f"fit: y has one class ({classes[0]!r}); a classifier needs two or more")
     train_split, val, test = train_val_test(
-        x, y_ids, g_ids, seed=seed, test_fraction=test_fraction,
-        validation_fraction=validation_fraction,
+        x, y_ids, g_ids, seed=options.seed, test_fraction=options.test_fraction,
+        validation_fraction=options.validation_fraction,
     )
     dataset = GroupedDataset(
         name="arrays", train=train_split, val=val, test=test,

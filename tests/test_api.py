@@ -15,6 +15,7 @@ import dpfair
 from dpfair.api import fit
 from dpfair.data import load_dataset
 from dpfair.data.synthetic import SyntheticOptions, generate
+from dpfair.data.tabular_frame import dataset_from_frame
 from dpfair.errors import ConfigError, DataError, PrivacyError
 from dpfair.privacy.methods import registered_methods
 from dpfair.training import TrainConfig
@@ -51,7 +52,7 @@ def test_fit_on_tensors_reaches_the_target_epsilon(arrays) -> None:
     result = fit(net, (x, y, g), target_epsilon=2.0, delta=1e-4, C=1.0, **FAST)
     assert 1.98 < result.epsilon <= 2.0  # calibrated σ: the target, reached from below
     assert result.method == "dpsgd" and result.delta == 1e-4 and result.sigma > 0
-    assert result.n_train == 500 - int(0.2 * 500)
+    assert result.n_train == 400 - int(0.1 * 400)  # HoldoutOptions: 20% test, 10% validation
     assert result.group_names == ["0", "1"] and len(result.test_metrics["group_accuracy"]) == 2
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())  # untouched
     trained = result.load_model()
@@ -89,7 +90,8 @@ def test_fit_refuses_batchnorm_for_a_private_method(arrays) -> None:
         ({"sigma": 1.0, "CC": 1.0}, "unknown option 'CC'; did you mean 'C'"),
         ({"sigma": 1.0, "method": "dpsdg"}, "unknown method 'dpsdg'; did you mean 'dpsgd'"),
         ({"sigma": 1.0, "momentun": 0.9}, "unknown option 'momentun'; did you mean 'momentum'"),
-        ({"sigma": 1.0, "batch_size": 10_000}, "batch_size: 10000 exceeds the 400 training"),
+        ({"sigma": 1.0, "test_fraction": 1.5}, "test_fraction: Input should be less than 1"),
+        ({"sigma": 1.0, "batch_size": 10_000}, "batch_size: 10000 exceeds the 360 training"),
     ],
 )
 def test_bad_options_are_config_errors_naming_the_key(arrays, kwargs, message) -> None:
@@ -129,15 +131,22 @@ def test_import_dpfair_stays_light_and_fit_is_the_api() -> None:
 
 
 def test_fit_on_a_dataframe_uses_the_tabular_loader(arrays) -> None:
-    tabular_frame = pytest.importorskip(
-        "dpfair.data.tabular_frame", reason="dataset_from_frame comes with the owndata branch"
-    )
+    """Columns by name, the same splits and options as dataset_from_frame, its transform
+    returned for raw rows."""
     pd = pytest.importorskip("pandas")
     x, y, g = arrays
     frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(x.shape[1])])
-    frame["label"], frame["sex"] = y, np.array(["m", "f"])[g]
-    ds = tabular_frame.dataset_from_frame(frame, target="label", protected="sex")
-    result = fit(_net(ds.input_shape[0]), frame, target="label", protected="sex", sigma=1.0,
-                 **FAST)
-    assert result.n_train == len(ds.train)
-    assert result.group_names == ds.group_names
+    frame["label"], frame["sex"] = np.array(["no", "yes"])[y], np.array(["m", "f"])[g]
+    frame["colour"] = np.array(["red", "green", "blue"])[np.arange(len(frame)) % 3]
+    options = {"target": "label", "protected": "sex", "test_fraction": 0.25, "split_seed": 3}
+    ds = dataset_from_frame(frame, target="label", protected="sex", test_fraction=0.25, seed=3)
+    assert ds.input_shape == (9,)  # 6 numbers and 3 one-hot colours
+    result = fit(_net(9), frame, sigma=1.0, C=1.0, **options, **FAST)
+    assert result.n_train == len(ds.train) and result.group_names == ds.group_names
+    assert result.class_names == ["no", "yes"]
+    raw = frame.drop(columns=["label", "sex"]).head(4)
+    with torch.no_grad():
+        logits = result.load_model()(torch.from_numpy(result.preprocessor.transform(raw)))
+    assert logits.shape == (4, 2)
+    with pytest.raises(ConfigError, match="needs target= and protected="):
+        fit(_net(9), frame, sigma=1.0, **FAST)
