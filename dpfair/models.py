@@ -334,10 +334,11 @@ def check_output_shape(
     """``ConfigError`` unless ``model`` maps a dummy batch ``(2, *input_shape)`` to logits of
     shape ``(2, n_classes)`` (evaluated in eval mode, without gradients; the mode is restored)."""
     was_training = model.training
+    device = next(model.parameters(), torch.empty(0)).device
     model.eval()
     try:
         with torch.no_grad():
-            out = model(torch.zeros(2, *input_shape))
+            out = model(torch.zeros(2, *input_shape, device=device))
     except Exception as err:
         raise ConfigError(
             f"{what}: the forward pass failed on a dummy batch of shape {(2, *input_shape)} "
