@@ -7,10 +7,10 @@ batch and nothing outside the noised gradient carries information from one step 
 the reason and the fix) a model that breaks this:
 
 * **layers that mix samples** in training mode: BatchNorm (any dimension, lazy, SyncBatchNorm)
-  normalises by batch statistics; found by type, and generically: every module is called
-  again on the input it received in a forward pass of a random dummy batch, once as is and once
-  with sample 0 changed, and is refused when its output for the *other* samples changes
-  (only the innermost such modules are named);
+  normalises by batch statistics; found by type, and generically: two forward passes of a
+  random dummy batch, the second with sample 0 changed, name the first (innermost) module whose
+  input for the *other* samples is the same in both while its output for them is not; the
+  search repeats with that module made per-sample, so every such module is named;
 * **state updated in forward**: InstanceNorm with ``track_running_stats``, and any module whose
   buffers change during a training-mode forward on a dummy batch (running statistics are exact
   training-set statistics, shared across samples and released with the model).
@@ -34,6 +34,7 @@ from dpfair.privacy.gradients import plan_layers
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 _BATCH_NORM_REASON = "BatchNorm mixes samples in a batch; use GroupNorm or LayerNorm"
 _DUMMY_BATCH = 3
+_MAX_SEARCHES = 8  # mixing modules named by the forward test, at most
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,13 @@ def check_model(
 
     Raises ``PrivacyError`` naming every layer that mixes samples or keeps state across
     samples (module docstring) when ``private``; a non-private run (the reference) is plain
-    SGD and may use them. Runs the checks on a copy of the model in training mode, on a random
+    SGD and may use them. Runs the checks on copies of the model in training mode, on a random
     dummy batch, leaving ``model`` and torch's global random state untouched.
     """
-    mixing = _mixing_by_type(model)
-    for name, reason in _state_or_mixing_by_forward(model, input_shape).items():
-        mixing.setdefault(name, reason)
+    found = _mixing_by_type(model)
+    for name, reason in _state_or_mixing_by_forward(model, input_shape, set(found)).items():
+        found.setdefault(name, reason)
+    mixing = {_qualified(name): reason for name, reason in found.items()}
     if mixing and private:
         lines = [f"  {name}: {reason}" for name, reason in mixing.items()]
         raise PrivacyError(
@@ -94,11 +96,11 @@ def _mixing_by_type(model: nn.Module) -> dict[str, str]:
     for name, module in model.named_modules():
         kind = type(module).__name__
         if isinstance(module, _BATCH_NORMS):
-            found[_qualified(name)] = f"{kind}: {_BATCH_NORM_REASON}"
+            found[name] = f"{kind}: {_BATCH_NORM_REASON}"
         elif isinstance(module, nn.modules.instancenorm._InstanceNorm) and (
             module.track_running_stats
         ):
-            found[_qualified(name)] = (
+            found[name] = (
                 f"{kind} with track_running_stats=True keeps running statistics of the "
                 "training data shared across samples; set track_running_stats=False (or use "
                 "GroupNorm)"
@@ -106,67 +108,86 @@ def _mixing_by_type(model: nn.Module) -> dict[str, str]:
     return found
 
 
-def _state_or_mixing_by_forward(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, str]:
-    """Modules whose buffers a training-mode forward on a random dummy batch changes, and the
-    innermost modules whose output for the other samples changes when one sample of their
-    input does (module docstring). Runs on copies of ``model``, dropout drawn alike."""
+def _state_or_mixing_by_forward(
+    model: nn.Module, input_shape: tuple[int, ...], known: set[str]
+) -> dict[str, str]:
+    """Modules whose buffers a training-mode forward changes, and modules whose output for
+    the other samples changes when sample 0 of the model's input does (module docstring).
+
+    The search for mixing repeats, each time with the modules already found (``known`` ones
+    too) made per-sample (:func:`_isolate`), so every mixing module is named, innermost first.
+    """
+    gen = torch.Generator().manual_seed(0)
+    # values in [0, 1), sample 0 changed to [1, 2): valid token ids (0, 1) after .long() too
+    x = torch.rand(_DUMMY_BATCH, *input_shape, generator=gen)
+    changed = x.clone()
+    changed[0] = 1 + torch.rand(input_shape, generator=gen)
     probe = copy.deepcopy(model).cpu().train()
     before = {n: b.clone() for n, b in probe.named_buffers()}
-    # values in [0, 1), sample 0 changed to [1, 2): valid token ids (0, 1) after .long() too
-    x = torch.rand(_DUMMY_BATCH, *input_shape, generator=torch.Generator().manual_seed(0))
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        calls = _first_calls(probe, x)
-        fresh = copy.deepcopy(model).cpu().train()
-        mixing = [name for name in calls if _mixes(fresh.get_submodule(name), *calls[name])]
+        _record(probe, x)
     found = {}
     for name, buffer in probe.named_buffers():
         if name in before and not torch.equal(before[name], buffer):
             owner, _, short = name.rpartition(".")
-            found.setdefault(
-                _qualified(owner),
+            found.setdefault(owner, (
                 f"{_kind(model, owner)}: its forward pass updates buffer {short!r}, state "
                 "shared across samples (and an exact training-set statistic released with the "
-                "model); compute it from each sample alone or make it a constant",
-            )
-    for name in mixing:
-        if not any(_inside(other, name) for other in mixing):  # the innermost only
-            found.setdefault(
-                _qualified(name),
-                f"{_kind(model, name)}: its output for one sample depends on the other samples "
-                "of the batch; make its forward act on each sample alone (no statistics over "
-                "the batch dimension)",
-            )
+                "model); compute it from each sample alone or make it a constant"
+            ))
+    isolated = known | set(found)
+    for _ in range(_MAX_SEARCHES):
+        if "" in isolated:
+            break
+        pair = [copy.deepcopy(model).cpu().train() for _ in range(2)]
+        for probe in pair:
+            for name in isolated:
+                _isolate(probe.get_submodule(name))
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            first, second = _record(pair[0], x), _record(pair[1], changed)
+        culprit = _first_mixing(first, second)
+        if culprit is None:
+            break
+        found.setdefault(culprit, (
+            f"{_kind(model, culprit)}: its output for one sample depends on the other samples "
+            "of the batch; make its forward act on each sample alone (no statistics over the "
+            "batch dimension)"
+        ))
+        isolated.add(culprit)
     return found
-
-
-def _inside(name: str, parent: str) -> bool:
-    """Whether module ``name`` is a proper descendant of module ``parent`` ("" is the root)."""
-    return name != parent and (parent == "" or name.startswith(parent + "."))
 
 
 def _kind(model: nn.Module, name: str) -> str:
     return type(model.get_submodule(name)).__name__
 
 
-def _first_calls(model: nn.Module, x: Tensor) -> dict[str, tuple[tuple, dict]]:
-    """The arguments of each module's first call whose first argument is a floating batch of
-    ``len(x)`` samples, from one forward of ``model`` (seeded: dropout)."""
-    calls: dict[str, tuple[tuple, dict]] = {}
+def _isolate(module: nn.Module) -> None:
+    """Take a module already named out of the search: the identity when it keeps its input's
+    shape (so a change of sample 0 still reaches the layers after it), else one call per
+    sample in evaluation mode (running statistics, no updates)."""
+    module.eval()
+    forward = module.forward
+
+    def isolated(x: Tensor, *args: object, **kwargs: object) -> Tensor:
+        out = torch.cat([forward(x[i : i + 1], *args, **kwargs) for i in range(len(x))])
+        return x if out.shape == x.shape else out
+
+    module.forward = isolated  # type: ignore[method-assign]
+
+
+def _record(model: nn.Module, x: Tensor) -> list[tuple[str, Tensor | None, Tensor]]:
+    """(name, first input, output) of every module call in completion order (children before
+    their parent), after seeding torch's global generator (the same dropout in both passes)."""
+    calls: list[tuple[str, Tensor | None, Tensor]] = []
     names = {m: n for n, m in model.named_modules()}
 
-    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        first = args[0] if args else None
-        if (
-            names[module] not in calls
-            and isinstance(first, Tensor)
-            and first.is_floating_point()
-            and first.dim() > 0
-            and len(first) == len(x)
-        ):
-            calls[names[module]] = (tuple(_copy(a) for a in args), dict(kwargs))
+    def hook(module: nn.Module, args: tuple, output: object) -> None:
+        inp = args[0].detach().clone() if args and isinstance(args[0], Tensor) else None
+        if isinstance(output, Tensor):
+            calls.append((names[module], inp, output.detach().clone()))
 
     torch.manual_seed(0)
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()]
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
         model(x)
     except Exception as err:
@@ -181,26 +202,21 @@ def _first_calls(model: nn.Module, x: Tensor) -> dict[str, tuple[tuple, dict]]:
     return calls
 
 
-def _copy(value: object) -> object:
-    return value.detach().clone() if isinstance(value, Tensor) else value
+def _rows_equal(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether samples 1.. agree (True when either is not a batch of the dummy's size)."""
+    if a is None or b is None or a.shape != b.shape or a.dim() == 0 or len(a) != _DUMMY_BATCH:
+        return True
+    a, b = a[1:], b[1:]
+    return torch.equal(a, b) or bool(((a - b).abs() <= 1e-6 + 1e-4 * b.abs()).all())
 
 
-def _mixes(module: nn.Module, args: tuple, kwargs: dict) -> bool:
-    """Whether changing sample 0 of ``module``'s first argument changes its output for the
-    other samples (each call on a fresh copy of the module, with the same dropout draws)."""
-    changed = args[0].clone()
-    changed[0] = 1 + torch.rand(changed.shape[1:], generator=torch.Generator().manual_seed(1))
-    outputs = []
-    for first in (args[0], changed):
-        torch.manual_seed(0)
-        try:
-            out = copy.deepcopy(module)(_copy(first), *map(_copy, args[1:]), **kwargs)
-        except Exception:  # the module accepts no such input (e.g. token ids): cannot tell
-            return False
-        outputs.append(out[0] if isinstance(out, tuple) and out else out)
-    a, b = outputs
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.shape != b.shape:
-        return False
-    if a.dim() == 0 or len(a) != len(args[0]):
-        return False
-    return not bool(torch.allclose(a[1:], b[1:], rtol=1e-4, atol=1e-6, equal_nan=True))
+def _first_mixing(
+    first: list[tuple[str, Tensor | None, Tensor]],
+    second: list[tuple[str, Tensor | None, Tensor]],
+) -> str | None:
+    """The first module to finish (so the innermost) whose input samples 1.. agree between the
+    two passes while its output samples 1.. do not."""
+    for (name, in_a, out_a), (_, in_b, out_b) in zip(first, second, strict=False):
+        if _rows_equal(in_a, in_b) and not _rows_equal(out_a, out_b):
+            return name
+    return None

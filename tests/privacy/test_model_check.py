@@ -159,3 +159,28 @@ class TokenNet(nn.Module):
 
 def test_a_model_of_token_ids_is_checked_without_index_errors() -> None:
     assert check_model(TokenNet(), (6,)).slow_layers == {}
+
+
+def test_two_mixing_modules_without_buffers_are_both_named() -> None:
+    inner = nn.Sequential(nn.Linear(8, 8), BatchCentre())
+    message = _refusal(_net(BatchCentre(), nn.Tanh(), inner))
+    assert "  1: BatchCentre: " in message and "  3.1: BatchCentre: " in message
+
+
+class TimeMajorLSTM(nn.Module):
+    """Runs an LSTM with the time axis first (batch second): per-sample, though its inner
+    layer's first axis is not the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(2, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x.view(len(x), 3, 2).transpose(0, 1))
+        return self.head(out[-1])
+
+
+def test_a_time_major_inner_layer_is_not_mistaken_for_mixing() -> None:
+    report = check_model(TimeMajorLSTM(), (6,))
+    assert report.mixing_layers == {}
