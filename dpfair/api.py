@@ -109,15 +109,15 @@ def fit(
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    dataset = _dataset(
-        data, target=target, protected=protected, features=features,
-        test_fraction=test_fraction, validation_fraction=validation_fraction,
-        split_seed=split_seed, data_options=data_options,
-    )
     config = _config(
         method, options, target_epsilon=target_epsilon, sigma=sigma, delta=delta,
         epochs=epochs if epochs is not None or steps is not None else DEFAULT_EPOCHS,
         steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+    )
+    dataset = _dataset(
+        data, target=target, protected=protected, features=features,
+        test_fraction=test_fraction, validation_fraction=validation_fraction,
+        split_seed=split_seed, data_options=data_options,
     )
     result = train(config, dataset, model=model)
     return FitResult(
