@@ -185,11 +185,13 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def prepare_and_show(
-    name: str, params: Params, out: Path, *, exact_counts: bool = False
+    name: str, params: Params, out: Path, *, exact_counts: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from dpfair.data.prepared import prepare
 
-    summary = prepare(name, params.dataset(name), out, exact_counts=exact_counts)
+    options = options if options is not None else params.dataset(name)
+    summary = prepare(name, options, out, exact_counts=exact_counts)
     console.print(summary_table(summary))
     console.print(f"classes: {', '.join(summary['class_names'])}")
     console.print(f"groups: {', '.join(summary['group_names'])}")
@@ -202,7 +204,7 @@ def prepare_and_show(
 @cli_errors
 def data_list() -> None:
     """List the available datasets."""
-    from dpfair.data.registry import specs
+    from dpfair.data.registry import kinds, specs
 
     table = Table(title="datasets")
     table.add_column("name")
@@ -210,14 +212,24 @@ def data_list() -> None:
     table.add_column("description")
     for name, spec in specs().items():
         table.add_row(name, "yes" if spec.needs_files else "no", spec.summary)
+    for kind, kind_spec in kinds().items():
+        table.add_row(f"kind: {kind}", "yes", f"{kind_spec.summary} (declare it in params.yaml)")
     console.print(table, soft_wrap=True)
 
 
 @data_app.command("prepare")
 @cli_errors
 def data_prepare(
-    name: Annotated[str, typer.Argument(help="dataset name (see `dpfair data list`)")],
+    name: Annotated[str, typer.Argument(
+        help="dataset name (see `dpfair data list`, or declared in params.yaml), or a CSV or "
+        "Parquet file with --target and --protected")],
     params: ParamsOption = None,
+    target: Annotated[str | None, typer.Option(help="file: the label column")] = None,
+    protected: Annotated[list[str] | None, typer.Option(
+        help="file: a protected column (repeat for intersectional groups)")] = None,
+    positive_label: Annotated[str | None, typer.Option(
+        help="file: the target value that is class 1 (binary)")] = None,
+    missing: Annotated[str, typer.Option(help="file: error | drop | impute")] = "error",
     out: Annotated[Path, typer.Option("--out", "-o", help="output root")] = Path(
         "data/prepared"
     ),
@@ -230,8 +242,27 @@ def data_prepare(
         ),
     ] = False,
 ) -> None:
-    """Preprocess dataset NAME with its options from params.yaml and write it under OUT/NAME."""
-    prepare_and_show(name, resolve_params(params), out, exact_counts=exact_counts)
+    """Preprocess dataset NAME with its options from params.yaml and write it under OUT/NAME.
+
+    NAME may also be a CSV or Parquet file: `dpfair data prepare data/loans.csv --target
+    default --protected sex --protected race` writes OUT/loans (declare it in params.yaml's
+    datasets: section to train on it).
+    """
+    p = resolve_params(params)
+    path = Path(name)
+    if path.suffix.lower() in {".csv", ".tsv", ".parquet", ".pq"}:
+        if target is None or not protected:
+            raise ConfigError(f"preparing the file {name} needs --target COLUMN and "
+                              "--protected COLUMN (repeat --protected for several)")
+        options = {"kind": "table", "path": name, "target": target, "protected": protected,
+                   "positive_label": positive_label, "missing": missing}
+        prepare_and_show(path.stem, p, out, exact_counts=exact_counts, options=options)
+        return
+    if target is not None or protected or positive_label is not None or missing != "error":
+        raise ConfigError(f"--target, --protected, --positive-label and --missing apply to a "
+                          f"CSV or Parquet file; {name!r} is a dataset name: set its options in "
+                          "params.yaml's datasets: section")
+    prepare_and_show(name, p, out, exact_counts=exact_counts)
 
 
 MethodOption = Annotated[

@@ -29,6 +29,7 @@ LIBRARY = (
     "dpfair.training",
     "dpfair.fairness",
     "dpfair.audit",
+    "dpfair.api",
 )
 # The modules above the library (settings, orchestration, adapters, the user interface).
 UPPER = (
@@ -122,6 +123,7 @@ BELOW = {
     "fairness": UPPER,
     "training": UPPER,
     "audit": UPPER,
+    "api": UPPER,
 }
 
 
