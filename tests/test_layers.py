@@ -28,6 +28,8 @@ LIBRARY = (
     "dpfair.privacy.step",
     "dpfair.training",
     "dpfair.fairness",
+    "dpfair.audit",
+    "dpfair.api",
 )
 # The modules above the library (settings, orchestration, adapters, the user interface).
 UPPER = (
@@ -45,6 +47,7 @@ UPPER = (
     "dpfair.checks",
     "dpfair.source_ledger",
     "dpfair.processes",
+    "dpfair.audit_tracking",
     "dpfair.preflight",
     "flows",
     "tasks",
@@ -124,6 +127,8 @@ BELOW = {
     # the privacy ledger per data source: a file, no adapter, nothing that orchestrates
     "source_ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary",
                       "dpfair.cli", "dpfair.config", "flows", "tasks"),
+    "audit": UPPER,
+    "api": UPPER,
 }
 
 
