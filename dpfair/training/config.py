@@ -36,7 +36,9 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     model_config = ConfigDict(extra="forbid")
 
     method: MethodConfig
-    model: ModelConfig
+    model: ModelConfig | None = Field(
+        None, description="required unless train(config, dataset, model=module) gives a module"
+    )
     epochs: PositiveInt | None = None
     steps: PositiveInt | None = None
     batch_size: PositiveInt = Field(256, description="expected batch size; q = batch_size / n")
