@@ -10,14 +10,16 @@ Two implementations of one interface (DESIGN.md section 4):
   per sample (the ghost-norm trick), else ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the
   norm of the materialised per-sample gradient of that layer, whichever is cheaper.
   A convolution's per-sample gradient is materialised by one batched matmul per kernel tap,
-  never through an im2col tensor (``kh kw`` times the input size).
-  The weighted sum is one contraction of the ``w``-scaled output gradients with the inputs,
-  added in place to the tensors the caller passes (the step's noise).
-  LayerNorm and GroupNorm parameters are small: their per-sample gradients are materialised
-  from the same captured input and output gradient.
+  only for its norms, a chunk of samples at a time. An embedding's norm is exact from the token
+  ids (:mod:`dpfair.privacy.layer_grads`). The weighted sum is one contraction of the
+  ``w``-scaled output gradients with the inputs, added in place to the tensors the caller
+  passes (the step's noise). LayerNorm and GroupNorm parameters are small: their per-sample
+  gradients are materialised from the same captured input and output gradient. Any other
+  layer with trainable parameters is materialised alone, by vmap of that layer
+  (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer.
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
-  every per-sample gradient; it serves methods that need them (BAM) and any layer the fast
-  path does not know.
+  every per-sample gradient; it serves methods that need them (BAM), models whose parameters
+  are shared between modules, and models with a layer run without the batch axis.
 
 ``loss_fn(outputs, y)`` must return per-sample losses (``reduction="none"``). Samples must not
 interact in the forward pass (no BatchNorm in training mode).
