@@ -26,6 +26,7 @@ stays one line to copy); no third-party progress bars (MLflow's artifact downloa
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import shutil
@@ -410,6 +411,9 @@ def run(
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
+    # DVC (the flow's prepare step) prints through its own handlers: not again through the
+    # root logger that Prefect configures ("Running stage" twice)
+    logging.getLogger("dvc").propagate = False
     out = run_experiment(str(path), ".")
     if copy_results is not None:
         shutil.rmtree(copy_results, ignore_errors=True)
