@@ -12,12 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from dpfair.data import data_version
 from dpfair.data.prepared import PUBLIC_SUMMARY
 from dpfair.data.sources import md5sum
+from dpfair.errors import DataError
 
 FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
          "bin/dvc-python")
@@ -192,3 +194,37 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     diff = json.loads(_dvc(repo, "params", "diff", "--json", quiet=True))
     assert diff["params.yaml"]["experiment.train.epochs"] == {"old": 2, "new": 3}
+
+
+def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
+    """The evaluate stage's numbers are the table's: worst group (the acc_worst_group column,
+    else the lower of the pair), the largest cost gap, ε only for methods with a guarantee."""
+    from dpfair.dvc_outputs import write_outputs
+    from dpfair.release import EPSILON_METHOD, EPSILON_RUN, HEURISTIC, NONPRIVATE_REFERENCE
+
+    table = pd.DataFrame(
+        {"acc_2": ["98.0 ± 0.1", "90.0 ± 0.5", "91.0 ± 0.4", ""],
+         "acc_8": ["90.0 ± 0.3", "60.5 ± 2.0", "70.0 ± 1.0", ""],
+         "acc_worst_group": ["89.5 ± 0.2", "60.5 ± 2.0", "69.0 ± 1.0", ""],
+         "pi_gap": ["-", "22.0 ± 2.0", "14.0 ± 1.0", ""],
+         "pi_gap_max": ["-", "25.0 ± 2.0", "15.0 ± 1.0", ""],
+         EPSILON_RUN: [NONPRIVATE_REFERENCE, "2.81", HEURISTIC, ""],
+         EPSILON_METHOD: [NONPRIVATE_REFERENCE, "5.62", HEURISTIC, "5.62"]},
+        index=pd.Index(["nonprivate", "dpsgd (replayable noise)", "fairlens",
+                        "run total: private releases composed (...)"], name="method"))
+    table.to_csv(tmp_path / "results.csv")
+    paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
+    metrics = json.loads(paths["metrics.json"].read_text())
+    assert metrics == {"epsilon_total": 5.62, "methods": {
+        "nonprivate": {"worst_group_accuracy": 89.5},
+        "dpsgd": {"worst_group_accuracy": 60.5, "largest_cost_gap": 25.0, "epsilon_run": 2.81,
+                  "epsilon_released": 5.62, "note": "replayable noise"},
+        "fairlens": {"worst_group_accuracy": 69.0, "largest_cost_gap": 15.0}}}
+    groups = pd.read_csv(paths["group_accuracy.csv"])
+    assert len(groups) == 9 and set(groups["group"]) == {"2", "8", "worst group"}
+    curve = pd.read_csv(paths["epsilon_accuracy.csv"])
+    assert curve.to_dict("records") == [
+        {"method": "dpsgd", "epsilon": 5.62, "worst_group_accuracy": 60.5}]
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(DataError, match="not a results table"):
+        write_outputs(tmp_path / "other.csv", tmp_path / "evaluation")
