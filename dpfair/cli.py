@@ -48,6 +48,7 @@ from dpfair.errors import (
     DpfairError,
     PrivacyError,
     TuningError,
+    UnreachableError,
     format_validation_error,
 )
 from dpfair.settings import DEFAULT_PARAMS
@@ -89,6 +90,7 @@ _ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
     (DataError, "data error"),
     (PrivacyError, "privacy error"),
     (TuningError, "tuning error"),
+    (UnreachableError, "unreachable"),
 )
 _STORAGE_FIX = ("give --storage (or tuning.storage) as sqlite:///FILE, journal:PATH or "
                 "postgresql://USER@HOST/DB, and check that it can be reached and written")
@@ -356,6 +358,7 @@ def tune_cmd(
     from dpfair.release import HEURISTIC, search_release, write_ledger
     from dpfair.training import REPLAYABLE_NOISE
     from dpfair.tuning import tune
+    from dpfair.tuning.config import check_storage
 
     p = resolve_params(params)
     label = _method_label(p, method)
@@ -369,6 +372,7 @@ def tune_cmd(
         given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
         raise ConfigError(f"{given}: "
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
+    check_storage(cfg.storage or "sqlite:///optuna.db")  # before the data loads
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
     base = p.experiment.train_config(label, p.experiment.seeds[0])
     result = tune(base.method, base, dataset, cfg)
@@ -408,6 +412,9 @@ def run(
 
     path = params or Path(DEFAULT_PARAMS)
     p = load_params(path)  # a clear error before Prefect starts
+    from dpfair.preflight import check_tracking
+
+    check_tracking(p.tracking)
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
@@ -431,9 +438,11 @@ def results(
     params: ParamsOption = None,
 ) -> None:
     """Print the comparison table of the latest (or a given) pipeline run from MLflow."""
+    from dpfair.preflight import check_tracking
     from dpfair.tracking import read_results
 
     p = resolve_params(params)
+    check_tracking(p.tracking)
     found_id, table = read_results(p.tracking, run_id)
     console.print(f"pipeline run {found_id}")
     console.print(table, soft_wrap=True)

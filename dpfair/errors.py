@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import types
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -41,13 +41,20 @@ class TuningError(DpfairError, ValueError):
     """A tuning job that cannot run as configured (raised before any training)."""
 
 
+class UnreachableError(DpfairError, OSError):
+    """A service or folder a command needs cannot be reached or written (checked before any
+    work: :mod:`dpfair.preflight`)."""
+
+
 class BudgetExceededError(TuningError):
     """The search's epsilon (known before any run) exceeds the budget."""
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""`` when none is close."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    names = [str(c) for c in choices]
+    same_letters = [c for c in names if c.casefold() == str(word).casefold()]
+    close = same_letters or difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
@@ -55,8 +62,10 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 
 def _strip_optional(ann: Any) -> list[Any]:
+    if get_origin(ann) is Annotated:
+        return _strip_optional(get_args(ann)[0])
     if get_origin(ann) in (Union, types.UnionType):
-        return [a for a in get_args(ann) if a is not type(None)]
+        return [m for a in get_args(ann) if a is not type(None) for m in _strip_optional(a)]
     return [ann]
 
 
@@ -64,6 +73,22 @@ def _as_model(ann: Any) -> type[BaseModel] | None:
     for a in _strip_optional(ann):
         if isinstance(a, type) and issubclass(a, BaseModel):
             return a
+    return None
+
+
+def _tagged_member(ann: Any, part: str | int) -> type[BaseModel] | None:
+    """The member of a discriminated union (``Annotated[A | B, Field(discriminator=...)]``)
+    whose tag is ``part``: pydantic puts the tag into an error's location."""
+    if get_origin(ann) is not Annotated:
+        return None
+    field = next((m for m in get_args(ann)[1:] if getattr(m, "discriminator", None)), None)
+    if field is None or not isinstance(field.discriminator, str):
+        return None
+    for member in _strip_optional(ann):
+        tag = getattr(member, "model_fields", {}).get(field.discriminator)
+        if tag is not None and get_origin(tag.annotation) is Literal and part in get_args(
+                tag.annotation):
+            return member
     return None
 
 
@@ -85,13 +110,23 @@ def _step(ann: Any, part: str | int) -> Any:
     return None
 
 
-def _annotation_at(model: type[BaseModel], loc: Sequence[str | int]) -> Any:
+def _walk(model: type[BaseModel], loc: Sequence[str | int]) -> tuple[Any, tuple[str | int, ...]]:
+    """The annotation at ``loc`` and the location as the user wrote it (without the tags
+    pydantic inserts for discriminated unions); the annotation is None when unknown."""
     ann: Any = model
+    shown: list[str | int] = []
     for part in loc:
-        ann = _step(ann, part)
-        if ann is None:
-            return None
-    return ann
+        member = _tagged_member(ann, part) if ann is not None else None
+        if member is not None:
+            ann = member
+            continue
+        shown.append(part)
+        ann = _step(ann, part) if ann is not None else None
+    return ann, tuple(shown)
+
+
+def _annotation_at(model: type[BaseModel], loc: Sequence[str | int]) -> Any:
+    return _walk(model, loc)[0]
 
 
 def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
@@ -130,6 +165,6 @@ def format_validation_error(
     """
     lines = []
     for error in exc.errors(include_url=False):
-        path = ".".join(str(p) for p in (*prefix, *error["loc"])) or "<top level>"
+        path = ".".join(str(p) for p in (*prefix, *_walk(model, error["loc"])[1])) or "<top level>"
         lines.append(f"{path}: {_describe(error, model)}")
     return "\n".join(lines)

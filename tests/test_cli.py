@@ -229,8 +229,21 @@ def test_tune_storage_under_a_file_names_the_path(tmp_path, monkeypatch):
     _params(tmp_path)
     (tmp_path / "afile").write_text("")
     out = runner.invoke(app, ["tune", "--method", "dpsgd", "--storage", "journal:afile/x.log"])
-    _fails_cleanly(out, f"file error: cannot use {tmp_path / 'afile' / 'x.log'}: Not a directory",
-                   "fix: check that the path exists")
+    _fails_cleanly(out, f"tuning error: storage 'journal:afile/x.log': the folder "
+                        f"{tmp_path / 'afile'} is a file, not a folder")
+
+
+def test_tune_sqlite_in_a_missing_folder_names_it_before_the_data_loads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    monkeypatch.setattr("dpfair.data.load_dataset", _must_not_load)
+    out = runner.invoke(app, ["tune", "--method", "dpsgd", "--storage", "sqlite:///no/x.db"])
+    _fails_cleanly(out, f"tuning error: storage 'sqlite:///no/x.db': the folder {tmp_path / 'no'} "
+                        "does not exist")
+
+
+def _must_not_load(*args, **kwargs):
+    raise AssertionError("the data was loaded before the storage was checked")
 
 
 def test_every_command_goes_through_the_boundary():

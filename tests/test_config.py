@@ -57,6 +57,16 @@ def test_unknown_dataset_and_section_did_you_mean():
     assert "dataset: unknown section 'dataset'; did you mean 'datasets'?" in msg
 
 
+def test_method_keys_inside_the_union_did_you_mean():
+    """pydantic puts the method's tag into the location of a discriminated union's error; the
+    message shows the path as written, and a case slip gets its suggestion."""
+    msg = _error({"experiment": {"methods": {"dpsgd": {"c": 1.0}}}})
+    assert "experiment.methods.dpsgd.c: unknown key 'c'; did you mean 'C'?" in msg
+    assert "dpsgd.dpsgd" not in msg
+    msg = _error({"experiment": {"methods": {"fair": {"name": "dpsgd_f", "C00": 1.0}}}})
+    assert "experiment.methods.fair.C00: unknown key 'C00'; did you mean 'C0'?" in msg
+
+
 @pytest.mark.parametrize(
     ("data", "expected"),
     [

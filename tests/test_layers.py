@@ -44,6 +44,7 @@ UPPER = (
     "dpfair.summary",
     "dpfair.checks",
     "dpfair.processes",
+    "dpfair.preflight",
     "flows",
     "tasks",
 )

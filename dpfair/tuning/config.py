@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 from typing import Literal, TypeAlias
 
 from pydantic import (
@@ -19,6 +21,8 @@ from pydantic import (
     SkipValidation,
     model_validator,
 )
+
+from dpfair.errors import TuningError
 
 __all__ = ["Scalar", "ScoreName", "TuningConfig"]
 
@@ -110,3 +114,36 @@ class TuningConfig(BaseModel):
     def tuning_privacy(self) -> str:
         """What every result and ledger row says of the search's privacy (``none`` for grid)."""
         return "none" if self.mode == "grid" else self.mode
+
+
+STORAGE_FORMS = "sqlite:///FILE, journal:PATH or postgresql://USER@HOST/DB"
+
+
+def storage_file(url: str) -> Path | None:
+    """The local file of a SQLite or journal storage URL (None for a database server)."""
+    if url.startswith("journal:"):
+        return Path(url[len("journal:"):]).absolute()
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return Path(url[len("sqlite:///"):]).absolute()
+    return None
+
+
+def check_storage(url: str) -> None:
+    """Refuse, before any data is loaded, a storage whose local file cannot be created or
+    written: the message names the file and the folder (the database's own error does not)."""
+    path = storage_file(url)
+    if path is None:
+        if "://" not in url:
+            raise TuningError(f"storage {url!r} is not a storage URL; give {STORAGE_FORMS}")
+        return
+    folder = path.parent
+    if not folder.is_dir():
+        problem = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise TuningError(f"storage {url!r}: the folder {folder} {problem}; create it or "
+                          f"give another path ({STORAGE_FORMS})")
+    target = path if path.exists() else folder
+    if path.is_dir():
+        raise TuningError(f"storage {url!r}: {path} is a folder; give a file path")
+    if not os.access(target, os.W_OK):
+        raise TuningError(f"storage {url!r}: {target} is not writable; choose a writable path "
+                          "or fix its permissions")

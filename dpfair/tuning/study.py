@@ -37,6 +37,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 
 from dpfair.errors import TuningError
+from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
 
@@ -64,6 +65,7 @@ _SQLITE_DEFAULT = "optuna.db"
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
     """The Optuna storage of ``cfg.storage`` and a printable description of it."""
     url = cfg.storage or f"sqlite:///{os.path.abspath(_SQLITE_DEFAULT)}"
+    check_storage(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 

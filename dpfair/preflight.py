@@ -1,0 +1,71 @@
+"""Checks of the places a command writes to, made before any data loads or anything trains.
+
+A tracking server that does not answer, or an artifact folder that cannot be written, used to
+surface after the trainings had spent their privacy budget (MLflow retries an unreachable
+server for minutes). :func:`check_tracking` and :func:`check_writable` fail in seconds with the
+place and the fix. Only the standard library: no mlflow import, so the check is fast.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+from dpfair.errors import UnreachableError
+from dpfair.settings import TrackingConfig
+
+
+def check_writable(path: str | os.PathLike[str], what: str, fix: str) -> None:
+    """``path`` is a folder that exists and is writable, or can be created (its nearest
+    existing ancestor is a writable folder). Nothing is created here."""
+    p = Path(path).absolute()
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UnreachableError(f"{what} {p}: {probe} is a file, not a folder; {fix}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UnreachableError(f"{what} {p}: {probe} is not writable; {fix}")
+
+
+def _local_path(uri: str) -> str | None:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return parsed.path
+    if "://" not in uri:
+        return uri
+    return None
+
+
+def check_tracking(cfg: TrackingConfig, timeout: float = 5.0) -> None:
+    """The tracking store answers within ``timeout`` seconds (an HTTP server's ``/health``) or
+    its local file/folder can be written; a local artifact root can be written too."""
+    uri = cfg.resolved_uri()
+    scheme = urlparse(uri).scheme
+    fix = "start the server, or set tracking.uri (or MLFLOW_TRACKING_URI) to one that answers"
+    if scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+                pass
+        except urllib.error.HTTPError:
+            pass  # the server answered (an old server may have no /health)
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UnreachableError(f"tracking server {uri} could not be reached within "
+                                   f"{timeout:g} s ({reason}); {fix}") from None
+    elif scheme.startswith("sqlite"):
+        db = uri.split(":///", 1)[-1]
+        if db and db != ":memory:":
+            check_writable(Path(db).absolute().parent, "tracking database folder",
+                           "create it, or set tracking.uri to a writable sqlite:///FILE")
+    else:
+        local = _local_path(uri)
+        if local is not None:
+            check_writable(local, "tracking folder", "choose a writable tracking.uri")
+    artifacts = _local_path(cfg.artifact_root)
+    if artifacts is not None:
+        check_writable(artifacts, "artifact folder",
+                       "set tracking.artifact_root to a writable folder")

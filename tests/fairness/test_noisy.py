@@ -1,0 +1,92 @@
+"""fairness/noisy.py: the Gaussian release of test metrics, its sensitivity and its epsilon."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+from dpfair.fairness.noisy import (
+    SENSITIVITY,
+    calibrate,
+    noisy_group_metrics,
+    release_event,
+)
+from dpfair.privacy import accounting
+
+
+def _data(n: int = 400, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    pred = np.where(rng.random(n) < 0.8, y, 1 - y)
+    g = rng.integers(0, 3, n)
+    loss = rng.exponential(0.5, n)
+    return y, pred, g, loss
+
+
+def test_epsilon_is_the_composed_gaussian_of_dp_accounting():
+    z, releases, delta = 4.0, 6, 1e-5
+    ours = accounting.epsilon(release_event(z, releases), delta)
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(z), releases)
+    assert ours == pytest.approx(acc.get_epsilon(delta), rel=1e-6)
+    # closed form of the Gaussian's RDP: R * alpha / (2 z^2), converted at the best order
+    orders = np.linspace(1.5, 200, 4000)
+    closed = min(releases * a / (2 * z * z) + math.log1p(-1 / a)
+                 - (math.log(delta) + math.log(a)) / (a - 1) for a in orders)
+    assert ours == pytest.approx(closed, rel=2e-2)
+
+
+def test_calibrate_reaches_the_target():
+    z = calibrate(1.0, 1e-5, releases=4)
+    assert accounting.epsilon(release_event(z, 4), 1e-5) == pytest.approx(1.0, rel=1e-3)
+    assert calibrate(1.0, 1e-5, releases=8) > z  # more releases need more noise
+
+
+def test_neighbours_differ_by_at_most_the_sensitivity():
+    """Remove one test example: the released sums (n_k, c_k, s_k / L) move by at most 1
+    each, an L2 distance <= sqrt(3); the metric function is then a Gaussian mechanism."""
+    y, pred, g, loss = _data()
+    clip = 2.0
+
+    def sums(keep):
+        c = (pred[keep] == y[keep]).astype(float)
+        s = np.clip(loss[keep], 0, clip) / clip
+        return np.stack([np.bincount(g[keep], weights=w, minlength=3)
+                         for w in (np.ones_like(c), c, s)])
+
+    full = sums(np.ones(len(y), bool))
+    for i in range(50):
+        keep = np.ones(len(y), bool)
+        keep[i] = False
+        assert np.linalg.norm(full - sums(keep)) <= SENSITIVITY + 1e-12
+
+
+def test_noise_has_the_calibrated_scale_and_is_centred():
+    y, pred, g, loss = _data(n=3000)
+    z = 0.5
+    rng = np.random.default_rng(1)
+    draws = np.array([noisy_group_metrics(y, pred, g, loss, 3, noise_multiplier=z,
+                                          loss_clip=10.0, rng=rng)["group_accuracy"]
+                      for _ in range(400)])
+    exact = np.array([(pred[g == k] == y[g == k]).mean() for k in range(3)])
+    assert np.abs(draws.mean(axis=0) - exact).max() < 0.01
+    n_k = np.bincount(g, minlength=3)
+    # ratio c/n with both noised: std ~ z*sqrt(3)*sqrt(1 + acc^2)/n
+    expected = z * SENSITIVITY * np.sqrt(1 + exact**2) / n_k
+    assert draws.std(axis=0) == pytest.approx(expected, rel=0.2)
+
+
+def test_bad_arguments_are_refused():
+    y, pred, g, loss = _data(n=20)
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        noisy_group_metrics(y, pred, g, loss, 3, noise_multiplier=0.0, loss_clip=1, rng=rng)
+    with pytest.raises(ValueError, match="loss_clip"):
+        noisy_group_metrics(y, pred, g, loss, 3, noise_multiplier=1.0,
+                            loss_clip=math.inf, rng=rng)
+    with pytest.raises(ValueError, match="releases"):
+        release_event(1.0, 0)
