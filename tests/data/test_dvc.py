@@ -60,10 +60,13 @@ def _dvc(cwd: Path, *args: str, quiet: bool = False, **env: str) -> str:
 
 @pytest.fixture
 def workspace(tmp_path, repo_root, mirror):
-    """tmp/repo (plain copy, no .git) with tmp/shared/datasets -> the real mirror beside it."""
+    """tmp/repo (plain copy, no .git: DVC told so in .dvc/config.local) with
+    tmp/shared/datasets -> the real mirror beside it."""
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "datasets").symlink_to(mirror, target_is_directory=True)
-    return _copy_repo(repo_root, tmp_path / "repo")
+    repo = _copy_repo(repo_root, tmp_path / "repo")
+    (repo / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")
+    return repo
 
 
 def test_dvc_pipeline_definition(repo_root):
@@ -123,6 +126,7 @@ def test_repro_adult_dutch_then_noop(workspace):
 def test_repro_inside_a_git_clone(workspace):
     if shutil.which("git") is None:
         pytest.skip("git not installed")
+    (workspace / ".dvc" / "config.local").unlink()
     git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], cwd=workspace, check=True)
     subprocess.run([*git, "add", "-A"], cwd=workspace, check=True)

@@ -32,6 +32,7 @@ def make_workspace(root: Path, repo: Path, experiment: dict, tuning: dict | None
     shutil.copytree(repo / "bin", root / "bin")  # the stage commands' interpreter
     shutil.copytree(repo / ".dvc", root / ".dvc",
                     ignore=shutil.ignore_patterns("tmp", "cache"))
+    (root / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")  # not git
     shutil.copytree(repo / "dpfair" / "data", root / "dpfair" / "data",
                     ignore=shutil.ignore_patterns("__pycache__"))
     params = {
