@@ -425,7 +425,7 @@ def run(
     if copy_results is not None:
         shutil.rmtree(copy_results, ignore_errors=True)
         shutil.copytree(out["results_dir"], copy_results)
-    console.print(out["table"], soft_wrap=True)
+    console.print(out["table"], markup=False, highlight=False)
     console.print(f"figures and tables: {out['results_dir']}")
     console.print(f"MLflow parent run {out['parent_run_id']}; open the UI with:\n"
                   f"  {ui_command(p.tracking)}")
@@ -445,7 +445,7 @@ def results(
     check_tracking(p.tracking)
     found_id, table = read_results(p.tracking, run_id)
     console.print(f"pipeline run {found_id}")
-    console.print(table, soft_wrap=True)
+    console.print(table, markup=False, highlight=False)
 
 
 @app.command("evaluate")
