@@ -223,7 +223,6 @@ def files_status(name: str) -> str:
     cache, where ``dpfair.data.sources.fetch`` looks first), without reading or fetching them."""
     from dpfair.data.sources import _downloads_enabled, cache_dir, mirror_dir, sources_of
 
-    records = sources_of(name)
     if name == "celeba":
         from dpfair.data.celeba import CelebAOptions, find_root
 
@@ -231,12 +230,11 @@ def files_status(name: str) -> str:
             return f"found: {find_root(CelebAOptions())[0]}"
         except DpfairError:
             return "not found: set datasets.celeba.root"
+    records = sources_of(name)
     if not records:
         return "-"
     roots = [root for root in (mirror_dir(), cache_dir()) if root is not None]
-    missing = [r.filename for r in records
-               if not any((root / r.dirname / r.filename).is_file() for root in roots)]
-    if not missing:
+    if all(any((root / r.dirname / r.filename).is_file() for root in roots) for r in records):
         return "found"
     return ("not found: downloaded on first use" if _downloads_enabled()
             else "not found (DPFAIR_OFFLINE is set)")
