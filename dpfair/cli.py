@@ -205,11 +205,13 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def prepare_and_show(
-    name: str, params: Params, out: Path, *, exact_counts: bool = False
+    name: str, params: Params, out: Path, *, exact_counts: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from dpfair.data.prepared import prepare
 
-    summary = prepare(name, params.dataset(name), out, exact_counts=exact_counts)
+    options = options if options is not None else params.dataset(name)
+    summary = prepare(name, options, out, exact_counts=exact_counts)
     console.print(summary_table(summary))
     console.print(f"classes: {', '.join(summary['class_names'])}")
     console.print(f"groups: {', '.join(summary['group_names'])}")
@@ -243,8 +245,9 @@ def files_status(name: str) -> str:
 @data_app.command("list")
 @cli_errors
 def data_list() -> None:
-    """List the available datasets and whether their raw files were found."""
-    from dpfair.data.registry import specs
+    """List the available datasets (and whether their raw files were found) and the kinds of
+    file dataset that params.yaml can declare."""
+    from dpfair.data.registry import kinds, specs
 
     table = Table(title="datasets")
     table.add_column("name")
@@ -253,14 +256,24 @@ def data_list() -> None:
     for name, spec in specs().items():
         table.add_row(name, files_status(name) if spec.needs_files else "none needed",
                       spec.summary)
+    for kind, kind_spec in kinds().items():
+        table.add_row(f"kind: {kind}", "yours", f"{kind_spec.summary} (declare it in params.yaml)")
     console.print(table)
 
 
 @data_app.command("prepare")
 @cli_errors
 def data_prepare(
-    name: Annotated[str, typer.Argument(help="dataset name (see `dpfair data list`)")],
+    name: Annotated[str, typer.Argument(
+        help="dataset name (see `dpfair data list`, or declared in params.yaml), or a CSV or "
+        "Parquet file with --target and --protected")],
     params: ParamsOption = None,
+    target: Annotated[str | None, typer.Option(help="file: the label column")] = None,
+    protected: Annotated[list[str] | None, typer.Option(
+        help="file: a protected column (repeat for intersectional groups)")] = None,
+    positive_label: Annotated[str | None, typer.Option(
+        help="file: the target value that is class 1 (binary)")] = None,
+    missing: Annotated[str, typer.Option(help="file: error | drop | impute")] = "error",
     out: Annotated[Path, typer.Option("--out", "-o", help="output root")] = Path(
         "data/prepared"
     ),
@@ -273,8 +286,27 @@ def data_prepare(
         ),
     ] = False,
 ) -> None:
-    """Preprocess dataset NAME with its options from params.yaml and write it under OUT/NAME."""
-    prepare_and_show(name, resolve_params(params), out, exact_counts=exact_counts)
+    """Preprocess dataset NAME with its options from params.yaml and write it under OUT/NAME.
+
+    NAME may also be a CSV or Parquet file: `dpfair data prepare data/loans.csv --target
+    default --protected sex --protected race` writes OUT/loans (declare it in params.yaml's
+    datasets: section to train on it).
+    """
+    p = resolve_params(params)
+    path = Path(name)
+    if path.suffix.lower() in {".csv", ".tsv", ".parquet", ".pq"}:
+        if target is None or not protected:
+            raise ConfigError(f"preparing the file {name} needs --target COLUMN and "
+                              "--protected COLUMN (repeat --protected for several)")
+        options = {"kind": "table", "path": name, "target": target, "protected": protected,
+                   "positive_label": positive_label, "missing": missing}
+        prepare_and_show(path.stem, p, out, exact_counts=exact_counts, options=options)
+        return
+    if target is not None or protected or positive_label is not None or missing != "error":
+        raise ConfigError(f"--target, --protected, --positive-label and --missing apply to a "
+                          f"CSV or Parquet file; {name!r} is a dataset name: set its options in "
+                          "params.yaml's datasets: section")
+    prepare_and_show(name, p, out, exact_counts=exact_counts)
 
 
 MethodOption = Annotated[
@@ -458,6 +490,62 @@ def evaluate(
 
     for path in write_outputs(results_csv, out).values():
         console.print(f"wrote {path}")
+
+
+@app.command("audit")
+@cli_errors
+def audit_cmd(
+    method: Annotated[str | None, typer.Option(
+        "--method", "-m", help="label of experiment.methods (default: audit.method)")] = None,
+    canaries: Annotated[int | None, typer.Option(min=1, help="canaries per group")] = None,
+    kind: Annotated[str | None, typer.Option(help="mislabel | ood | gradient")] = None,
+    beta: Annotated[float | None, typer.Option(help="the bound holds w.p. 1 - beta")] = None,
+    group: Annotated[list[str] | None, typer.Option(
+        "--group", "-g", help="group to audit (repeat; default: all)")] = None,
+    sigma: Annotated[float | None, typer.Option(help="noise multiplier")] = None,
+    target_epsilon: Annotated[float | None, typer.Option(help="replaces sigma")] = None,
+    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    track: Annotated[bool | None, typer.Option(
+        "--track/--no-track", help="log the audit run to MLflow (default: audit.track)")] = None,
+    params: ParamsOption = None,
+) -> None:
+    """Empirical privacy audit: train one method once with canaries (each included with
+    probability 1/2) and print an epsilon lower bound per group next to the claimed epsilon
+    (Steinke, Nasr & Jagielski 2023). A lower bound, not a proof of privacy."""
+    from dpfair.audit import AuditSection
+    from dpfair.audit_tracking import audit_from_params, claim_note, log_audit
+    from dpfair.tracking import ui_command
+
+    p = resolve_params(params)
+    given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta,
+             "groups": group or None, "sigma": sigma, "target_epsilon": target_epsilon,
+             "epochs": epochs, "track": track}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if "target_epsilon" in overrides:
+        overrides.setdefault("sigma", None)
+    elif "sigma" in overrides:
+        overrides["target_epsilon"] = None
+    try:
+        section = AuditSection.model_validate({**p.audit.model_dump(), **overrides})
+    except ValidationError as exc:
+        raise ConfigError("command-line options: " + format_validation_error(
+            exc, AuditSection, prefix=("audit",))) from None
+    config, dataset, result = audit_from_params(p, section)
+    table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
+                        f"canaries, confidence {result.confidence:.0%}")
+    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=", "mu >=",
+                "claimed epsilon"):
+        table.add_column(col, justify="left" if col == "group" else "right")
+    for g in result.groups:
+        claimed = "—" if g.epsilon_claimed is None else f"{g.epsilon_claimed:.3f}"
+        table.add_row(g.group, str(g.canaries), str(g.included), f"{g.correct} / {g.guesses}",
+                      f"{g.epsilon_lower_bound:.3f}", f"{g.mu_lower_bound:.3f}", claimed)
+    console.print(table)
+    console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
+                  "bound: above the claim shows a bug, below it proves nothing")
+    if section.track:
+        run_id = log_audit(p.tracking, section.method, config, dataset, result)
+        console.print(f"MLflow audit run {run_id}; open the UI with:\n  {ui_command(p.tracking)}")
 
 
 @app.command("serve")

@@ -13,15 +13,30 @@ tuning's pure config, tracking's settings), never mlflow, optuna, prefect or dvc
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WrapValidator,
+    create_model,
+    model_validator,
+)
 
+from dpfair.audit.config import AuditSection
 from dpfair.data.options import DatasetOptions
-from dpfair.data.registry import get_spec, specs
-from dpfair.errors import ConfigError, TuningError, format_validation_error  # re-exported
+from dpfair.data.registry import get_spec, kind_spec, kinds, specs
+from dpfair.errors import (  # ConfigError and format_validation_error re-exported
+    ConfigError,
+    TuningError,
+    did_you_mean,
+    format_validation_error,
+)
 from dpfair.sections import (
     BudgetSection,
     ExperimentSection,
@@ -42,13 +57,62 @@ class Section(BaseModel):
     config_key_noun: ClassVar[str] = "key"
 
 
+@dataclass(frozen=True)
+class _Undeclared:
+    """A ``datasets:`` key that is neither built in nor declared with a ``kind``."""
+
+    message: str
+
+
+def _user_dataset(value: Any, handler: Any) -> Any:
+    """The options model of the kind ``value`` declares (its errors keep their key paths)."""
+    if isinstance(value, _Undeclared):
+        raise ValueError(value.message)
+    spec = kind_spec(value)  # a ConfigError (a ValueError) names the known kinds
+    assert spec is not None  # _declared let only mappings with a kind through
+    return spec.options.model_validate(value)
+
+
+# a user's dataset: the options of one kind, chosen by its ``kind:`` key
+UserDataset = Annotated[Any, WrapValidator(_user_dataset)]
+
+
+class _DatasetsBase(Section):
+    """Built-in datasets are fields; any other key is a user's dataset declared by its kind."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    __pydantic_extra__: dict[str, UserDataset] = Field(init=False)  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        out = dict(data)
+        builtin = list(cls.model_fields)
+        for key, value in data.items():
+            if key in cls.model_fields or (isinstance(value, Mapping) and "kind" in value):
+                continue
+            if key in specs():
+                why = (f"dataset {key!r} was registered after dpfair.config was imported, so "
+                       "params.yaml cannot set its options; declare it here with a kind "
+                       f"({' | '.join(kinds())}) instead, no Python registration needed")
+            else:
+                why = (f"unknown dataset {key!r}{did_you_mean(str(key), builtin)} (built in: "
+                       f"{', '.join(builtin)}); to declare your own dataset give it a kind: "
+                       f"{' | '.join(kinds())}")
+            out[key] = _Undeclared(why)
+        return out
+
+
 def _datasets_section() -> type[Section]:
-    """``datasets:``: one key per registered dataset, each the options model of its loader."""
+    """``datasets:``: one key per built-in dataset, each the options model of its loader, plus
+    the user's datasets (``kind: table`` ...)."""
     fields: dict[str, Any] = {
         name: (spec.options, Field(default_factory=spec.options, description=spec.summary))
         for name, spec in specs().items()
     }
-    section = create_model("DatasetsSection", __base__=Section, **fields)
+    section = create_model("DatasetsSection", __base__=_DatasetsBase, **fields)
     section.config_key_noun = "dataset"
     return section
 
@@ -67,11 +131,30 @@ class Params(Section):
     budget: BudgetSection = Field(default_factory=BudgetSection)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    audit: AuditSection = Field(default_factory=AuditSection)
+
+    def declared_datasets(self) -> list[str]:
+        """The user's datasets declared in ``datasets:`` with a kind."""
+        return list(self.datasets.model_extra or {})
 
     def dataset(self, name: str) -> DatasetOptions:
-        """The options of dataset ``name`` (ConfigError for an unknown name)."""
-        get_spec(name)
-        return getattr(self.datasets, name)
+        """The options of dataset ``name``: declared in ``datasets:``, or a built-in's (a
+        dataset registered in Python after this module was imported gets its defaults).
+        A ConfigError for an unknown name."""
+        declared = self.datasets.model_extra or {}
+        if name in declared:
+            return declared[name]
+        if name in type(self.datasets).model_fields:
+            return getattr(self.datasets, name)
+        if name in specs():
+            return get_spec(name).options()
+        known = [*type(self.datasets).model_fields, *declared]
+        raise ConfigError(
+            f"unknown dataset {name!r}{did_you_mean(name, known)} (available: "
+            f"{', '.join(known)}); declare your own under datasets: with a kind "
+            f"({' | '.join(kinds())}), e.g. datasets: {{{name}: {{kind: table, path: ..., "
+            "target: ..., protected: [...]}}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,6 +183,10 @@ def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -
         raise ConfigError(f"invalid {source}:{body}") from None
     except TuningError as exc:
         raise ConfigError(f"invalid {source}: {exc}") from None
+    try:
+        params.dataset(params.experiment.dataset)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid {source}: experiment.dataset: {exc}") from None
     return params
 
 

@@ -21,7 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from dpfair.data.registry import get_spec
 from dpfair.errors import TuningError, did_you_mean, format_validation_error
 from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
@@ -82,12 +81,6 @@ class ExperimentSection(BaseModel):
                 for label, cfg in value.items()
             }
         return value
-
-    @field_validator("dataset")
-    @classmethod
-    def _known_dataset(cls, name: str) -> str:
-        get_spec(name)  # ConfigError with a did-you-mean
-        return name
 
     @model_validator(mode="after")
     def _runs_are_valid(self) -> ExperimentSection:

@@ -28,6 +28,8 @@ LIBRARY = (
     "dpfair.privacy.step",
     "dpfair.training",
     "dpfair.fairness",
+    "dpfair.audit",
+    "dpfair.api",
 )
 # The modules above the library (settings, orchestration, adapters, the user interface).
 UPPER = (
@@ -44,6 +46,7 @@ UPPER = (
     "dpfair.summary",
     "dpfair.checks",
     "dpfair.processes",
+    "dpfair.audit_tracking",
     "dpfair.preflight",
     "flows",
     "tasks",
@@ -120,6 +123,8 @@ BELOW = {
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     "fairness": UPPER,
     "training": UPPER,
+    "audit": UPPER,
+    "api": UPPER,
 }
 
 

@@ -7,7 +7,8 @@ Public API::
     prepare(name, options=None, out_dir="data/prepared", *, exact_counts=False) -> dict
         # the summary: public facts only unless exact_counts (then marked not private)
     load_prepared(path) -> GroupedDataset
-    data_version(name, lock_path="dvc.lock") -> str | None
+    data_version(name, lock_path="dvc.lock") -> str | None   # the prepared arrays' DVC md5
+    source_version(name, options=None) -> str   # md5 of the source, without preparing it
 """
 
 from dpfair.data.dataset import GroupedDataset, Split
@@ -21,6 +22,7 @@ from dpfair.data.registry import (
     parse_options,
     specs,
 )
+from dpfair.data.version import source_version
 from dpfair.errors import DataError
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "options_model",
     "parse_options",
     "prepare",
+    "source_version",
     "specs",
     "summarize",
 ]

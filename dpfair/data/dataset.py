@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,10 @@ class GroupedDataset:
     """Train/validation/test splits with class and group names.
 
     ``x`` has shape ``(n, d)`` for tabular data and ``(n, c, h, w)`` for images.
+    ``meta["data_version"]`` is the md5 of the source (``dpfair.data.source_version``).
+    ``preprocessor`` is None for the built-in datasets; for a table read from a file it is the
+    transform fitted on the training split (``.columns``: the raw feature columns in order,
+    ``.transform(frame) -> float32 array``), so prediction applies the same transform.
     """
 
     name: str
@@ -46,6 +51,7 @@ class GroupedDataset:
     class_names: list[str]
     group_names: list[str]
     meta: dict = field(default_factory=dict)
+    preprocessor: Any = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -11,6 +11,10 @@ data gives the same md5 on every machine -- the data version DVC records in ``dv
 ``data_version`` reads back. Images whose loader declares ``meta["pixel_scale"]`` (x = pixel /
 scale) are stored as their uint8 pixels when that is exact, and divided again on loading, which
 gives bit-identical float32 tensors at a quarter of the size.
+
+A dataset with a fitted feature transform (``GroupedDataset.preprocessor``, tables read from a
+file) also gets ``<out_dir>/<name>/preprocessor.pkl`` (pickle: load prepared directories you
+wrote yourself only), read back by ``load_prepared``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shutil
 import uuid
 import zipfile
@@ -37,6 +42,7 @@ from dpfair.data.registry import load_dataset
 
 ARRAYS = "arrays.npz"
 SUMMARY = "summary.json"
+PREPROCESSOR = "preprocessor.pkl"
 SPLITS = ("train", "val", "test")
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -142,6 +148,8 @@ def write_prepared(
     try:
         write_npz(tmp / ARRAYS, _arrays(ds))
         (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        if ds.preprocessor is not None:
+            (tmp / PREPROCESSOR).write_bytes(pickle.dumps(ds.preprocessor))
         _replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -209,14 +217,19 @@ def load_prepared(path: str | Path) -> GroupedDataset:
                 class_names=[str(s) for s in z["class_names"]],
                 group_names=[str(s) for s in z["group_names"]],
                 meta=json.loads(str(z["meta"].item())),
+                preprocessor=_read_preprocessor(path.parent / PREPROCESSOR),
             )
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile, pickle.UnpicklingError) as exc:
         raise DataError(f"corrupt prepared dataset {path}: {exc}") from exc
     return check_values(
         ds, f"prepared dataset {path}",
         f"prepare it again from its source (`dpfair data prepare {ds.name}`); do not edit "
         "the arrays by hand",
     )
+
+
+def _read_preprocessor(path: Path) -> Any:
+    return pickle.loads(path.read_bytes()) if path.is_file() else None
 
 
 def data_version(name: str, lock_path: str | Path = "dvc.lock") -> str | None:

@@ -1,9 +1,15 @@
-"""Dataset registry: name -> (options model, loader). Loaders register themselves.
+"""Dataset registry: name -> (options model, loader), and kind -> (options model, loader).
+
+Built-in datasets register under their name (``@register``). A user's own dataset is declared in
+params.yaml by its options alone: a ``kind:`` key (``table``, ``image_folder``) picks the loader
+registered with ``@register_kind``, and the dataset takes the name it was declared under, so no
+Python registration is needed.
 
 ``load_dataset(name, options)`` validates ``options`` (a mapping, an options model or None for
-the defaults) against the dataset's pydantic model, calls its loader and checks the values it
+the defaults) against the dataset's pydantic model, calls its loader, checks the values it
 produced (``checks.check_values``: finite features, integer ids in range), so every loader is
-covered.
+covered, and records the source's version (``version.source_version``) as
+``meta["data_version"]``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from dpfair.errors import ConfigError, did_you_mean, format_validation_error
 
 Loader = Callable[[Any], GroupedDataset]
 
-# Modules that define the built-in datasets; imported on first use of the registry.
+# Modules that define the built-in datasets and the kinds; imported on first use of the registry.
 _BUILTIN_MODULES = ("adult", "dutch", "mnist", "celeba", "digits", "synthetic")
+_KIND_MODULES = ("table_file", "image_folder")
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,19 @@ class DatasetSpec:
     needs_files: bool
 
 
+@dataclass(frozen=True)
+class KindSpec:
+    """A kind of user dataset: ``loader(name, options)`` and ``version(options)`` (an md5)."""
+
+    kind: str
+    options: type[DatasetOptions]
+    loader: Callable[[str, Any], GroupedDataset]
+    version: Callable[[Any], str]
+    summary: str
+
+
 _REGISTRY: dict[str, DatasetSpec] = {}
+_KINDS: dict[str, KindSpec] = {}
 
 
 def register(
@@ -50,9 +69,52 @@ def register(
     return deco
 
 
+def register_kind(
+    kind: str, options: type[DatasetOptions], summary: str, *, version: Callable[[Any], str]
+) -> Callable[[Callable[[str, Any], GroupedDataset]], Callable[[str, Any], GroupedDataset]]:
+    """Decorator registering ``loader(name, options)`` for datasets declared ``kind: <kind>``."""
+
+    def deco(loader: Callable[[str, Any], GroupedDataset]) -> Callable[[str, Any], GroupedDataset]:
+        _KINDS[kind] = KindSpec(kind, options, loader, version, summary)
+        return loader
+
+    return deco
+
+
 def _ensure_builtin() -> None:
-    for mod in _BUILTIN_MODULES:
+    for mod in (*_BUILTIN_MODULES, *_KIND_MODULES):
         importlib.import_module(f"dpfair.data.{mod}")
+
+
+def kinds() -> dict[str, KindSpec]:
+    """The kinds a params.yaml dataset may declare (``kind: table`` ...)."""
+    _ensure_builtin()
+    return dict(_KINDS)
+
+
+def _kind_name(options: Mapping[str, Any] | BaseModel | None) -> str | None:
+    if isinstance(options, Mapping):
+        kind = options.get("kind")
+    else:
+        kind = getattr(options, "kind", None)
+    return None if kind is None else str(kind)
+
+
+def kind_spec(options: Mapping[str, Any] | BaseModel | None) -> KindSpec | None:
+    """The kind ``options`` declare (``kind: ...``), None for a built-in's options.
+
+    A ConfigError names the known kinds when the declared one is not among them.
+    """
+    kind = _kind_name(options)
+    if kind is None:
+        return None
+    all_kinds = kinds()
+    if kind not in all_kinds:
+        raise ConfigError(
+            f"unknown dataset kind {kind!r}{did_you_mean(kind, list(all_kinds))} "
+            f"(known kinds: {', '.join(all_kinds)})"
+        )
+    return all_kinds[kind]
 
 
 def _builtin_rank(spec: DatasetSpec) -> int:
@@ -93,8 +155,12 @@ def options_model(name: str) -> type[DatasetOptions]:
 def parse_options(
     name: str, options: Mapping[str, Any] | BaseModel | None = None
 ) -> DatasetOptions:
-    """Validate ``options`` for dataset ``name`` (ConfigError naming ``datasets.<name>.<key>``)."""
-    model = options_model(name)
+    """Validate ``options`` for dataset ``name`` (ConfigError naming ``datasets.<name>.<key>``).
+
+    Options with a ``kind`` are validated by that kind's model whatever the name.
+    """
+    kind = kind_spec(options)
+    model = kind.options if kind is not None else options_model(name)
     if options is None:
         return model()
     if isinstance(options, model):
@@ -114,10 +180,15 @@ def load_dataset(
 ) -> GroupedDataset:
     """Load dataset ``name`` with ``options`` (defaults when None) as a GroupedDataset.
 
-    A DataError if the loader's output holds a NaN or inf feature or an id out of range.
+    ``options`` with a ``kind`` (``table``, ``image_folder``) load the user's own dataset under
+    ``name``. A DataError if the loader's output holds a NaN or inf feature or an id out of range.
     """
-    spec = get_spec(name)
-    ds = spec.loader(parse_options(name, options))
+    from dpfair.data.version import source_version
+
+    opts = parse_options(name, options)
+    kind = kind_spec(opts)
+    ds = kind.loader(name, opts) if kind is not None else get_spec(name).loader(opts)
+    ds.meta["data_version"] = source_version(name, opts)
     sources = ds.meta.get("sources") or {}
     read_from = f" (read from {', '.join(sorted(sources))})" if sources else ""
     return check_values(

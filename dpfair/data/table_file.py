@@ -1,0 +1,106 @@
+"""``kind: table``: a user's CSV or Parquet file declared in params.yaml (pandas, pyarrow).
+
+::
+
+    datasets:
+      loans:
+        kind: table
+        path: data/loans.csv          # relative to the working directory (the project root)
+        target: default
+        positive_label: "yes"
+        protected: [sex, race]
+
+The file is read, then ``tabular_frame.build_dataset`` does the rest. Its data version is the
+md5 of its bytes, the hash ``dvc add data/loans.csv`` records in ``data/loans.csv.dvc``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from dpfair.data.errors import DataError, SourceMissingError
+from dpfair.data.registry import register_kind
+from dpfair.data.tabular_frame import TableOptions, Where, build_dataset
+from dpfair.data.version import file_version
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dpfair.data.dataset import GroupedDataset
+
+_FORMATS = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+class TableFileOptions(TableOptions):
+    """Options of a ``kind: table`` dataset: the file, then the columns (``TableOptions``)."""
+
+    kind: Literal["table"] = Field(description="a CSV or Parquet file")
+    path: str = Field(min_length=1, description="the file (relative to the working directory)")
+    format: Literal["auto", "csv", "parquet"] = Field(
+        "auto", description="auto: from the suffix (.csv/.tsv/.txt or .parquet/.pq)")
+    separator: str | None = Field(None, description="CSV field separator (default: a comma, a "
+                                  "tab for .tsv)")
+
+
+def source_path(opts: TableFileOptions) -> Path:
+    """The file, which must exist (SourceMissingError naming where it was looked for)."""
+    path = Path(opts.path).expanduser()
+    if not path.is_file():
+        where = path if path.is_absolute() else f"{path} (relative to {Path.cwd()})"
+        raise SourceMissingError(
+            f"data file not found: {where}. Fix: set the dataset's path to an existing CSV or "
+            "Parquet file; a DVC-tracked file may need `dvc pull`"
+        )
+    return path
+
+
+def _format(path: Path, opts: TableFileOptions) -> str:
+    if opts.format != "auto":
+        return opts.format
+    fmt = _FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise DataError(f"cannot tell the format of {path} from its suffix; name it .csv or "
+                        ".parquet, or set the dataset's format: csv | parquet")
+    return fmt
+
+
+def read_table(opts: TableFileOptions) -> tuple[pd.DataFrame, Where]:
+    """The file's rows and where they came from (DataError if the file cannot be parsed)."""
+    import pandas as pd
+    import pyarrow
+
+    path = source_path(opts)
+    fmt = _format(path, opts)
+    try:
+        if fmt == "csv":
+            tab = path.suffix.lower() == ".tsv"
+            sep = opts.separator if opts.separator is not None else ("\t" if tab else ",")
+            frame = pd.read_csv(path, sep=sep)
+        else:
+            frame = pd.read_parquet(path)
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError,
+            pyarrow.ArrowException) as exc:
+        raise DataError(
+            f"cannot read {path} as {fmt.upper()}: {type(exc).__name__}: {exc}. Fix: check that "
+            f"the file is a valid {fmt.upper()} file (export it again, or set format)"
+        ) from None
+    if frame.empty:
+        raise DataError(f"{path} holds no data rows; give a file with a header and rows")
+    return frame, Where(str(path), first_line=2 if fmt == "csv" else None)
+
+
+def table_version(opts: TableFileOptions) -> str:
+    """md5 of the file's bytes (the hash DVC records for it)."""
+    return file_version(source_path(opts))
+
+
+@register_kind("table", TableFileOptions, "your CSV or Parquet file", version=table_version)
+def load_table(name: str, opts: TableFileOptions) -> GroupedDataset:
+    frame, where = read_table(opts)
+    where = Where(where.source, f"datasets.{name}.", where.first_line)
+    ds = build_dataset(frame, opts, name=name, where=where)
+    ds.meta["sources"] = {Path(opts.path).name: table_version(opts)}
+    return ds

@@ -1,0 +1,354 @@
+"""A user's table (a pandas DataFrame) as a GroupedDataset: labels, groups, splits, features.
+
+``dataset_from_frame(frame, target=..., protected=[...])`` is the Python entry point; the
+``kind: table`` loader (``table_file.py``) reads a CSV or Parquet file and calls the same
+``build_dataset``. Steps, each with a clear DataError naming the source, the column and the fix:
+
+1. columns: the target, the protected columns and the features (default: every other column)
+   must exist; a feature is numeric when its dtype is, or when listed in ``numeric``, and
+   categorical otherwise or when listed in ``categorical``;
+2. missing values (``missing``): ``error`` refuses them, ``drop`` drops the rows holding one,
+   ``impute`` fills features (median / most frequent, fit on the training split) and drops rows
+   without a target or a protected value (neither can be imputed);
+3. labels: the target's values (sorted), or binary with ``positive_label``; at least two classes;
+4. groups: one per combination of the protected columns' values, named ``"female × black"``;
+5. seeded train/validation/test splits stratified by group and label (scikit-learn's
+   ``train_test_split``; strata with a single row are pooled, and if the test fraction is too
+   small for one row per stratum the split is random); every group needs
+   ``min_group_train_rows`` training rows and every class seen in validation or test must be
+   in training;
+6. features: ``TablePreprocessor`` (one-hot, standardisation) fit on the training split only,
+   attached as ``dataset.preprocessor``; columns with declared ``numeric_ranges`` or
+   ``categories`` use those instead of any statistic of the data (see ``preprocess.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import Field, ValidationError, field_validator
+
+from dpfair.data.checks import check_values
+from dpfair.data.dataset import GroupedDataset
+from dpfair.data.options import HoldoutOptions
+from dpfair.data.preprocess import TablePreprocessor, numeric_problems, to_categories
+from dpfair.data.splits import make_split
+from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GROUP_SEPARATOR = " × "
+_SHOWN = 5
+_LOOKS_NUMERIC = 0.8  # an object column with this share of numbers holds typos, not categories
+
+
+class TableOptions(HoldoutOptions):
+    """Which columns are what, and how missing values and small groups are treated."""
+
+    target: str = Field(description="label column (binary or multi-class)")
+    protected: list[str] = Field(min_length=1, description="group columns (several: their "
+                                 "combinations are the groups)")
+    positive_label: str | int | float | bool | None = Field(
+        None, description="binary target: this value is class 1, every other value class 0")
+    features: list[str] | None = Field(None, description="feature columns (default: all others)")
+    categorical: list[str] = Field(default_factory=list, description="force these categorical")
+    numeric: list[str] = Field(default_factory=list, description="force these numeric")
+    missing: Literal["error", "drop", "impute"] = Field(
+        "error", description="missing values: refuse, drop the rows, or impute the features")
+    min_group_train_rows: int = Field(10, ge=1, description="fewest training rows of any group")
+    numeric_ranges: dict[str, list[float]] = Field(
+        default_factory=dict, description="public [low, high] of numeric columns: scaled "
+        "without any statistic of the data (values outside are clipped)")
+    categories: dict[str, list[str]] = Field(
+        default_factory=dict, description="public category lists: one-hot without looking at "
+        "the data (a value outside the list is an error)")
+
+    @field_validator("numeric_ranges")
+    @classmethod
+    def _ranges(cls, value: dict[str, list[float]]) -> dict[str, list[float]]:
+        for col, bounds in value.items():
+            if len(bounds) != 2 or not bounds[0] < bounds[1]:
+                raise ValueError(f"{col}: give [low, high] with low < high (got {bounds})")
+        return value
+
+    @field_validator("protected", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [value]
+        return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the rows come from, for messages: the source, the options' key prefix, and the
+    first line of data in a text file (None: rows are named by their index)."""
+
+    source: str
+    setting: str = ""
+    first_line: int | None = None
+
+    def key(self, option: str) -> str:
+        return f"{self.setting}{option}" if self.setting else f"the {option!r} argument"
+
+    def rows(self, index: Any) -> str:
+        idx = list(index)
+        shown = [str(int(i) + self.first_line) if self.first_line is not None else str(i)
+                 for i in idx[:_SHOWN]]
+        more = f" and {len(idx) - _SHOWN} more" if len(idx) > _SHOWN else ""
+        return f"{'lines' if self.first_line is not None else 'rows'} {', '.join(shown)}{more}"
+
+
+def _columns(frame: pd.DataFrame, opts: TableOptions, where: Where) -> list[str]:
+    present = [str(c) for c in frame.columns]
+    asked = [("target", [opts.target]), ("protected", opts.protected),
+             ("features", opts.features or []), ("categorical", opts.categorical),
+             ("numeric", opts.numeric), ("numeric_ranges", list(opts.numeric_ranges)),
+             ("categories", list(opts.categories))]
+    for option, names in asked:
+        for col in names:
+            if col not in present:
+                raise DataError(
+                    f"column {col!r} ({option}) is not in {where.source}"
+                    f"{did_you_mean(col, present)}; its columns are: {', '.join(present)}. "
+                    f"Fix: set {where.key(option)} to columns of the file"
+                )
+    both = {*opts.categorical, *opts.categories} & {*opts.numeric, *opts.numeric_ranges}
+    if both:
+        raise DataError(f"columns {sorted(both)} are listed both categorical and numeric; "
+                        f"remove them from {where.key('categorical')} or {where.key('numeric')}")
+    if opts.features is not None:
+        if opts.target in opts.features:
+            raise DataError(f"the target {opts.target!r} is also listed in "
+                            f"{where.key('features')}; remove it (a model may not see its label)")
+        return list(opts.features)
+    return [c for c in present if c not in {opts.target, *opts.protected}]
+
+
+def _missing(frame: pd.DataFrame, opts: TableOptions, where: Where) -> pd.DataFrame:
+    labels = [opts.target, *opts.protected]
+    if opts.missing == "error":
+        for col in frame.columns:
+            rows = frame.index[frame[col].isna()]
+            if len(rows):
+                raise DataError(
+                    f"column {col!r} of {where.source} has missing values ({where.rows(rows)}) "
+                    f"and {where.key('missing')} is 'error'. Fix: fill them in, or set "
+                    f"{where.key('missing')} to 'drop' (drop those rows) or 'impute'"
+                )
+        return frame
+    check = list(frame.columns) if opts.missing == "drop" else labels
+    kept = frame.dropna(subset=check)
+    if kept.empty:
+        raise DataError(f"no row of {where.source} is left after dropping the rows with missing "
+                        f"values in {check}; fill them in or set {where.key('missing')}: impute")
+    return kept
+
+
+def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
+                   where: Where) -> tuple[list[str], list[str]]:
+    import pandas as pd
+
+    numeric, categorical = [], []
+    for col in features:
+        values = frame[col]
+        if col in opts.categories:
+            _check_declared(values, opts.categories[col], col, where)
+        if col in {*opts.categorical, *opts.categories} or pd.api.types.is_bool_dtype(values):
+            categorical.append(col)
+            continue
+        if col not in {*opts.numeric, *opts.numeric_ranges} and \
+                not pd.api.types.is_numeric_dtype(values):
+            present = int(values.notna().sum())
+            numbers = present - len(numeric_problems(values))
+            if not present or numbers < _LOOKS_NUMERIC * present:  # text: categories
+                categorical.append(col)
+                continue
+        bad = numeric_problems(values)
+        if len(bad):
+            shown = ", ".join(repr(v) for v in bad.astype(str).unique()[:_SHOWN])
+            raise DataError(
+                f"column {col!r} of {where.source} is numeric but holds non-numeric or infinite "
+                f"values {shown} ({where.rows(bad.index)}). Fix: correct those values (or leave "
+                f"them empty and set {where.key('missing')}: drop or impute), or declare the "
+                f"column categorical ({where.key('categorical')}: [{col}])"
+            )
+        numeric.append(col)
+    return numeric, categorical
+
+
+def _check_declared(values: pd.Series, declared: list[str], col: str, where: Where) -> None:
+    values = to_categories(values)
+    other = values[values.notna() & ~values.isin(declared)]
+    if len(other):
+        shown = ", ".join(repr(v) for v in other.unique()[:_SHOWN])
+        raise DataError(
+            f"column {col!r} of {where.source} holds {shown} ({where.rows(other.index)}), not "
+            f"among its declared categories {declared}. Fix: add them to "
+            f"{where.key('categories')}.{col}, or correct those values"
+        )
+
+
+def _natural(values: list[str]) -> list[str]:
+    try:
+        return sorted(values, key=float)
+    except ValueError:
+        return sorted(values)
+
+
+def _labels(target: pd.Series, opts: TableOptions, where: Where) -> tuple[np.ndarray, list[str]]:
+    values = to_categories(target)
+    seen = _natural(list(values.unique()))
+    if opts.positive_label is not None:
+        pos = str(opts.positive_label)
+        if pos not in seen:
+            raise DataError(
+                f"{where.key('positive_label')} {pos!r} is not a value of the target column "
+                f"{opts.target!r} in {where.source} (values: {', '.join(seen[:10])}). Fix: give "
+                "one of them (in params.yaml quote it: \"yes\" is a string, yes is a boolean)"
+            )
+        others = [v for v in seen if v != pos]
+        class_names = [others[0] if len(others) == 1 else f"not {pos}", pos]
+        y = (values == pos).to_numpy(np.int64)
+    else:
+        class_names = seen
+        y = values.map({v: i for i, v in enumerate(seen)}).to_numpy(np.int64)
+    if len(seen) < 2:
+        raise DataError(
+            f"the target column {opts.target!r} of {where.source} has a single class "
+            f"({seen[0]!r}) in the rows used: a classifier needs at least two. Fix: choose "
+            f"another {where.key('target')} or add rows of the other classes"
+        )
+    return y, class_names
+
+
+def _groups(protected: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    parts = [to_categories(protected[c]) for c in protected.columns]
+    keys = list(zip(*(p.tolist() for p in parts), strict=True))
+    order = sorted(set(keys), key=lambda k: [(_natural([v]), v) for v in k])
+    code = {k: i for i, k in enumerate(order)}
+    return np.array([code[k] for k in keys], np.int64), [GROUP_SEPARATOR.join(k) for k in order]
+
+
+def _pool_rare(strata: np.ndarray) -> np.ndarray:
+    values, counts = np.unique(strata, return_counts=True)
+    rare = np.isin(strata, values[counts < 2])
+    out = strata.copy()
+    out[rare] = -1
+    if rare.sum() == 1:
+        out[rare] = values[np.argmax(counts)]
+    return out
+
+
+def _holdout(index: np.ndarray, strata: np.ndarray, fraction: float,
+             seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.model_selection import train_test_split
+
+    if fraction == 0 or len(index) < 2:
+        return index, index[:0]
+    try:
+        kept, held = train_test_split(index, test_size=fraction, random_state=seed,
+                                      stratify=_pool_rare(strata))
+    except ValueError:  # fewer held-out rows than strata: a plain seeded split
+        kept, held = train_test_split(index, test_size=fraction, random_state=seed)
+    return np.asarray(kept), np.asarray(held)
+
+
+def split_index(y: np.ndarray, g: np.ndarray, opts: HoldoutOptions
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded (train, val, test) row indices stratified by group and label."""
+    strata = g * (int(y.max()) + 1) + y
+    rest, test = _holdout(np.arange(len(y)), strata, opts.test_fraction, opts.seed)
+    train, val = _holdout(rest, strata[rest], opts.validation_fraction, opts.seed)
+    return train, val, test
+
+
+def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
+                 class_names: list[str], group_names: list[str], *, min_rows: int,
+                 groups_from: str, target: str, where: Where) -> None:
+    """Every group has ``min_rows`` training rows; no class is in val or test but not train.
+
+    The message says "fewer than" and never the count (an exact count of a training group).
+    """
+    counts = np.bincount(g[index["train"]], minlength=len(group_names))
+    small = [group_names[k] for k in np.flatnonzero(counts < min_rows)]
+    if small:
+        plural = len(small) > 1
+        raise DataError(
+            f"group{'s' if plural else ''} {', '.join(repr(s) for s in small)} of "
+            f"{where.source} ({groups_from}) {'have' if plural else 'has'} fewer than "
+            f"{min_rows} training rows ({where.key('min_group_train_rows')}). Fix: add rows, "
+            f"merge rare groups, or lower {where.key('min_group_train_rows')}"
+        )
+    trained = set(np.unique(y[index["train"]]).tolist())
+    for split in ("val", "test"):
+        unseen = sorted(set(np.unique(y[index[split]]).tolist()) - trained)
+        if unseen:
+            names = ", ".join(repr(class_names[c]) for c in unseen)
+            raise DataError(
+                f"the {split} split of {where.source} holds the label {names} of "
+                f"{target}, never seen in the training split: the class has too "
+                "few rows. Fix: add rows of that class, merge it with another, or drop its rows"
+            )
+
+
+def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
+                  where: Where) -> GroupedDataset:
+    """The GroupedDataset of ``frame`` (steps in the module docstring)."""
+    frame = frame.rename(columns=str)
+    features = _columns(frame, opts, where)
+    used = list(dict.fromkeys([opts.target, *opts.protected, *features]))
+    frame = _missing(frame[used], opts, where)
+    numeric, categorical = _feature_types(frame, features, opts, where)
+    y, class_names = _labels(frame[opts.target], opts, where)
+    g, group_names = _groups(frame[opts.protected])
+    index = dict(zip(("train", "val", "test"), split_index(y, g, opts), strict=True))
+    check_splits(y, g, index, class_names, group_names, min_rows=opts.min_group_train_rows,
+                 groups_from=f"columns {', '.join(opts.protected)}",
+                 target=f"the target column {opts.target!r}", where=where)
+    pre = TablePreprocessor(numeric, categorical, impute=opts.missing == "impute",
+                            ranges=opts.numeric_ranges, categories=opts.categories)
+    pre.fit(frame.iloc[index["train"]])
+    splits = {key: make_split(pre.transform(frame.iloc[idx]), y[idx], g[idx])
+              for key, idx in index.items()}
+    return GroupedDataset(
+        name=name, **splits, class_names=class_names, group_names=group_names,
+        meta={
+            "options": opts.model_dump(mode="json"),
+            "source": where.source,
+            "feature_names": pre.feature_names,
+            "columns": {"numeric": numeric, "categorical": categorical},
+            "preprocessing": f"one-hot and scaling from the {pre.fitted_on}",
+        },
+        preprocessor=pre,
+    )
+
+
+def frame_version(frame: pd.DataFrame) -> str:
+    """md5 of a DataFrame's content (values, index and column names)."""
+    import pandas as pd
+
+    h = hashlib.md5(repr(list(frame.columns)).encode())
+    h.update(pd.util.hash_pandas_object(frame, index=True).to_numpy().tobytes())
+    return h.hexdigest()
+
+
+def dataset_from_frame(frame: pd.DataFrame, *, target: str, protected: str | list[str],
+                       features: list[str] | None = None, name: str = "frame",
+                       **options: Any) -> GroupedDataset:
+    """A GroupedDataset from a DataFrame: ``options`` are those of ``TableOptions`` (seed,
+    validation_fraction, test_fraction, positive_label, categorical, numeric, missing,
+    min_group_train_rows). A ConfigError for bad options, a DataError for bad data."""
+    try:
+        opts = TableOptions.model_validate(
+            {"target": target, "protected": protected, "features": features, **options})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, TableOptions)) from None
+    ds = build_dataset(frame, opts, name=name, where=Where(f"the DataFrame {name!r}"))
+    ds.meta["data_version"] = frame_version(frame)
+    return check_values(ds, f"the DataFrame {name!r}",
+                        "every numeric feature must be a finite number")

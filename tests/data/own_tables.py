@@ -1,0 +1,39 @@
+"""Synthetic tables the project has never seen, for the own-data tests (no fixture magic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+TARGET = "Ausfall"
+PROTECTED = ["Geschlecht", "Herkunft"]  # two- and three-valued: six intersectional groups
+
+
+def loans_frame(n: int = 900, seed: int = 0) -> pd.DataFrame:
+    """Renamed columns, a three-valued protected attribute, missing values in two features."""
+    rng = np.random.default_rng(seed)
+    age = rng.integers(18, 80, n)
+    income = rng.normal(3000, 800, n).round(2)
+    job = rng.choice(["Buero", "Handwerk", "Pflege", "Lehre"], n)
+    sex = rng.choice(["w", "m"], n)
+    origin = rng.choice(["Nord", "Sued", "Ost"], n, p=[0.5, 0.3, 0.2])
+    risk = (income < 2800) + (age < 30) + (job == "Lehre") + rng.normal(0, 0.5, n)
+    frame = pd.DataFrame({"Alter": age, "Einkommen": income, "Beruf": job,
+                          "Geschlecht": sex, "Herkunft": origin,
+                          TARGET: np.where(risk > 1.0, "ja", "nein")})
+    frame.loc[rng.choice(n, 25, replace=False), "Einkommen"] = np.nan
+    frame.loc[rng.choice(n, 15, replace=False), "Beruf"] = np.nan
+    return frame
+
+
+def table_options(path: Path, **overrides: object) -> dict:
+    return {"kind": "table", "path": str(path), "target": TARGET, "positive_label": "ja",
+            "protected": list(PROTECTED), "missing": "impute", **overrides}
+
+
+def write_params(path: Path, datasets: dict, dataset: str) -> Path:
+    path.write_text(yaml.safe_dump({"datasets": datasets, "experiment": {"dataset": dataset}}))
+    return path

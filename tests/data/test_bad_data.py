@@ -1,0 +1,140 @@
+"""Every kind of bad data gets a DataError naming the file, the column and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpfair.data import load_dataset, prepare
+from dpfair.data.errors import SourceMissingError
+from dpfair.errors import DataError
+
+from .own_tables import TARGET, loans_frame, table_options
+
+
+def _csv(tmp_path: Path, frame: pd.DataFrame, name: str = "loans.csv") -> Path:
+    path = tmp_path / name
+    frame.to_csv(path, index=False)
+    return path
+
+
+def _error(path: Path, **options) -> str:
+    with pytest.raises(DataError) as info:
+        load_dataset("loans", table_options(path, **options))
+    return str(info.value)
+
+
+def test_missing_file(tmp_path: Path):
+    with pytest.raises(SourceMissingError, match=r"data file not found: .*nowhere\.csv.*set "
+                                                 r"the dataset's path.*dvc pull"):
+        load_dataset("loans", table_options(tmp_path / "nowhere.csv"))
+
+
+def test_unreadable_files(tmp_path: Path):
+    parquet = tmp_path / "loans.parquet"
+    parquet.write_text("this is not parquet\n")
+    msg = _error(parquet)
+    assert f"cannot read {parquet} as PARQUET" in msg and "valid PARQUET file" in msg
+    binary = tmp_path / "loans.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x81garbage\x00" * 50)
+    assert f"cannot read {binary} as CSV" in _error(binary)
+    odd = tmp_path / "loans.xlsx"
+    odd.write_text("x")
+    assert "cannot tell the format" in _error(odd)
+
+
+def test_missing_target_and_protected_columns(tmp_path: Path):
+    path = _csv(tmp_path, loans_frame())
+    msg = _error(path, target="Ausfal")
+    assert f"column 'Ausfal' (target) is not in {path}; did you mean 'Ausfall'?" in msg
+    assert "Fix: set datasets.loans.target" in msg
+    msg = _error(path, protected=["Geschlecht", "Herkunf"])
+    assert "column 'Herkunf' (protected) is not in" in msg and "did you mean 'Herkunft'" in msg
+    assert "datasets.loans.protected" in msg
+
+
+def test_target_with_one_class(tmp_path: Path):
+    path = _csv(tmp_path, loans_frame().assign(**{TARGET: "nein"}))
+    msg = _error(path, positive_label=None)
+    assert f"the target column 'Ausfall' of {path} has a single class ('nein')" in msg
+    assert "datasets.loans.target" in msg
+    msg = _error(path)  # positive label "ja" never occurs
+    assert "datasets.loans.positive_label 'ja' is not a value of the target column" in msg
+
+
+def test_group_with_too_few_training_rows(tmp_path: Path):
+    frame = loans_frame()
+    frame.loc[frame.index[:40], "Herkunft"] = "West"
+    frame.loc[frame.index[:40], "Geschlecht"] = "w"  # 40 rows of "w × West"
+    msg = _error(_csv(tmp_path, frame), min_group_train_rows=30)
+    assert "group 'w × West' of" in msg and "(columns Geschlecht, Herkunft)" in msg
+    assert "fewer than 30 training rows (datasets.loans.min_group_train_rows)" in msg
+    assert "lower datasets.loans.min_group_train_rows" in msg
+    ds = load_dataset("loans", table_options(_csv(tmp_path, frame), min_group_train_rows=20))
+    assert "w × West" in ds.group_names
+
+
+def test_missing_values_under_the_error_policy(tmp_path: Path):
+    path = _csv(tmp_path, loans_frame())
+    msg = _error(path, missing="error")
+    assert f"column 'Einkommen' of {path} has missing values (lines " in msg
+    assert "datasets.loans.missing is 'error'" in msg and "'drop'" in msg and "'impute'" in msg
+    first = int(loans_frame()["Einkommen"].isna().to_numpy().argmax())
+    assert f"(lines {first + 2}," in msg  # line 1 is the header
+
+
+def test_non_numeric_values_in_a_numeric_column(tmp_path: Path):
+    frame = loans_frame().astype({"Alter": object})
+    frame.loc[[3, 7], "Alter"] = "unbekannt"
+    path = _csv(tmp_path, frame)
+    msg = _error(path)
+    assert (f"column 'Alter' of {path} is numeric but holds non-numeric or infinite values "
+            "'unbekannt'") in msg
+    assert "(lines 5, 9)" in msg and "datasets.loans.categorical: [Alter]" in msg
+    declared = _error(_csv(tmp_path, loans_frame(), "b.csv"), numeric=["Beruf"])
+    assert "column 'Beruf'" in declared and "'Buero'" in declared
+
+
+def test_label_in_test_split_never_seen_in_training(tmp_path: Path):
+    frame = loans_frame(n=300)
+    frame.loc[0, TARGET] = "vielleicht"  # one row: train or test, depending on the seed
+    path = _csv(tmp_path, frame)
+    messages = []
+    for seed in range(12):
+        try:
+            ds = load_dataset("loans", table_options(path, positive_label=None, seed=seed,
+                                                     validation_fraction=0.0,
+                                                     min_group_train_rows=1))
+            assert ds.class_names == ["ja", "nein", "vielleicht"]
+            assert 2 in ds.train.y.tolist()
+        except DataError as exc:
+            messages.append(str(exc))
+    assert messages, "no seed put the single row in the test split"
+    assert all(f"the test split of {path} holds the label 'vielleicht' of the target column "
+               "'Ausfall', never seen in the training split" in m for m in messages)
+
+
+def test_nothing_half_written_after_an_error(tmp_path: Path):
+    good = _csv(tmp_path, loans_frame())
+    out = tmp_path / "prepared"
+    prepare("loans", table_options(good), out)
+    before = {p.name: p.read_bytes() for p in (out / "loans").iterdir()}
+    assert "preprocessor.pkl" in before
+    bad = _csv(tmp_path, loans_frame().assign(Alter="x"), "bad.csv")
+    with pytest.raises(DataError):
+        prepare("loans", table_options(bad, categorical=[], numeric=["Alter"]), out)
+    with pytest.raises(DataError):
+        prepare("other", table_options(bad, numeric=["Alter"]), out)
+    assert sorted(p.name for p in out.iterdir()) == ["loans"]  # no temporary, no "other"
+    assert {p.name: p.read_bytes() for p in (out / "loans").iterdir()} == before
+
+
+def test_infinite_number_is_refused_with_its_feature(tmp_path: Path):
+    frame = loans_frame()
+    frame["Einkommen"] = frame["Einkommen"].astype(float)
+    frame.loc[5, "Einkommen"] = np.inf
+    msg = _error(_csv(tmp_path, frame))
+    assert "column 'Einkommen'" in msg and "non-numeric or infinite values 'inf' (lines 7)" in msg
