@@ -6,7 +6,8 @@
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
     dpfair evaluate   DVC metrics and plot tables from a results table (dvc.yaml)
-    dpfair serve      the flow as a scheduled Prefect deployment
+    dpfair predict --model NAME[/VERSION] --input rows.csv --output preds.csv
+    dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
 ``@cli_errors`` (on every command; a test checks) is the one error boundary. An expected failure
 is printed as one message that names the problem and the fix, without a traceback, exit code 2:
@@ -341,14 +342,15 @@ def train_cmd(
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results."""
     from dpfair.data import load_dataset
+    from dpfair.experiment import train_standalone
     from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
-    from dpfair.training import REPLAYABLE_NOISE, train
+    from dpfair.tracking import ui_command
+    from dpfair.training import REPLAYABLE_NOISE
 
     p = resolve_params(params)
     label = _method_label(p, method)
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
-    config = p.experiment.train_config(label, seed)
-    result = train(config, dataset)
+    result, record = train_standalone(p, label, seed, dataset)  # progress: params (auto)
     m = result.test_metrics
     console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))
@@ -364,6 +366,8 @@ def train_cmd(
     if result.reproducible:
         console.print(f"[bold red]reproducible:[/] {REPLAYABLE_NOISE}")
     console.print(TEST_METRICS_NOTE)
+    console.print(f"MLflow run {record.run_id}, model {record.model_uri}; open the UI with:\n"
+                  f"  {ui_command(p.tracking)}", soft_wrap=True)
 
 
 @app.command("tune")
@@ -384,10 +388,9 @@ def tune_cmd(
     ledger file beside the Optuna storage; with tuning.release: all_trials they are printed
     too, and the search's epsilon is the composition of all K runs."""
     from dpfair.data import load_dataset
-    from dpfair.privacy import accounting
-    from dpfair.release import HEURISTIC, search_release, write_ledger
+    from dpfair.experiment import tune_standalone
+    from dpfair.release import HEURISTIC
     from dpfair.training import REPLAYABLE_NOISE
-    from dpfair.tuning import tune
     from dpfair.tuning.config import check_storage
 
     p = resolve_params(params)
@@ -404,19 +407,14 @@ def tune_cmd(
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
     check_storage(cfg.storage or "sqlite:///optuna.db")  # before the data loads
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
-    base = p.experiment.train_config(label, p.experiment.seeds[0])
-    result = tune(base.method, base, dataset, cfg)
+    result, search, release, ledger = tune_standalone(p, label, cfg, dataset)
     mode = p.tuning.release
-    search = search_release(cfg, accounting.event_from_json(result.run_event_json or "null"),
-                            result.K, mode)
-    ledger = write_ledger(result, mode)
     console.print(f"selected ({cfg.score}, {cfg.mode} search): "
                   f"{result.best_params if result.best_params is not None else 'none'}")
-    if base.method.privacy_guarantee != "proven":
-        console.print(f"epsilon: {HEURISTIC} (privacy_guarantee: "
-                      f"{base.method.privacy_guarantee})")
+    if not release.has_epsilon:
+        console.print(f"epsilon: {HEURISTIC} (privacy_guarantee: {release.guarantee})")
     else:
-        eps = accounting.epsilon(search.event, result.delta) if search.event else math.inf
+        eps = release.epsilon_search if search.event else math.inf
         console.print(f"epsilon: one training run {result.epsilon_training:.3f}, whole search "
                       f"{eps:.3f} ({search.label}; delta {result.delta:g})")
     if mode == "all_trials":
@@ -457,6 +455,10 @@ def run(
         shutil.copytree(out["results_dir"], copy_results)
     console.print(out["table"], markup=False, highlight=False)
     console.print(f"figures and tables: {out['results_dir']}")
+    if registered := out.get("registered_model"):
+        console.print(f"registered model: {registered['name']} version {registered['version']} "
+                      f"(dpfair predict --model {registered['name']}/{registered['version']} "
+                      "--input rows.csv --output preds.csv)", soft_wrap=True)
     console.print(f"MLflow parent run {out['parent_run_id']}; open the UI with:\n"
                   f"  {ui_command(p.tracking)}")
 
@@ -490,6 +492,26 @@ def evaluate(
 
     for path in write_outputs(results_csv, out).values():
         console.print(f"wrote {path}")
+
+
+@app.command("predict")
+@cli_errors
+def predict_cmd(
+    model: Annotated[str, typer.Option(
+        "--model", "-m", help="a registered model NAME (its latest version) or NAME/VERSION, "
+        "an MLflow URI (models:/..., runs:/...) or a model folder")],
+    rows: Annotated[Path, typer.Option(
+        "--input", "-i", help="CSV of raw rows holding the model's input columns")],
+    out: Annotated[Path, typer.Option(
+        "--output", "-o", help="CSV to write: prediction and probability_<class> per row")],
+    params: ParamsOption = None,
+) -> None:
+    """Predict with a logged or registered dpfair model (its preprocessing included)."""
+    from dpfair.model_export import predict_csv
+
+    p = resolve_params(params)
+    n = predict_csv(p.tracking, model, rows, out)
+    console.print(f"{n} predictions written to {out}", soft_wrap=True)
 
 
 @app.command("audit")
@@ -550,12 +572,18 @@ def audit_cmd(
 
 @app.command("serve")
 @cli_errors
-def serve(params: ParamsOption = None) -> None:
-    """Serve the experiment as a Prefect deployment on params.yaml's cron schedule."""
+def serve(
+    params: ParamsOption = None,
+    root: Annotated[str, typer.Option(
+        help="project folder of each scheduled run, --params being relative to it (the "
+             "deployment's parameters; a relative root is resolved where this command runs)")
+    ] = ".",
+) -> None:
+    """Serve the scheduled retraining (params.yaml's cron) as a Prefect deployment: each run
+    retrains when the data version changed since the last release, else skips."""
     from flows.schedule import serve_experiment
 
-    path = params or Path(DEFAULT_PARAMS)
-    serve_experiment(str(path), ".")
+    serve_experiment(str(params or DEFAULT_PARAMS), root)
 
 
 if __name__ == "__main__":  # python -m dpfair.cli

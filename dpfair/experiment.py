@@ -11,25 +11,24 @@ own MLflow run through explicit run ids, so steps may run in threads or processe
 from __future__ import annotations
 
 import hashlib
-import io
+import json
 import math
 import os
 import sys
-import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import yaml
 from dp_accounting import dp_event
 
 from dpfair.checks import check_against_data
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
-from dpfair.errors import ConfigError, PrivacyError
-from dpfair.fairness import GroupMetrics
+from dpfair.errors import ConfigError, PrivacyError, did_you_mean
+from dpfair.fairness import GroupMetrics, max_gap
 from dpfair.privacy import accounting
 from dpfair.release import (
     SECRET_NOISE,
@@ -45,14 +44,17 @@ from dpfair.release import (
 from dpfair.sections import ReleaseMode
 from dpfair.tracking import (
     TrackingConfig,
+    log_dataset,
     log_file,
     log_json,
     log_metrics,
     log_params,
+    log_table,
     log_text,
     run,
     set_tags,
 )
+from dpfair.tracking import experiment_id as open_experiment
 from dpfair.training import (
     REPLAYABLE_NOISE,
     TrainConfig,
@@ -65,6 +67,9 @@ from dpfair.tuning import TuningConfig, TuningResult, tune
 from dpfair.tuning import prepare as prepare_search
 
 REFERENCE = "nonprivate"
+#: The fairness summary of a model's test metrics: one chart each on a run, one column each
+#: per method on the pipeline run, tags of a registered model (see :func:`headline`).
+HEADLINE = ("accuracy", "macro_accuracy", "worst_group_accuracy", "largest_group_gap")
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ class PreparedData:
 @dataclass
 class RunRecord:
     """What a final training leaves for the summary (plain data: crosses process borders).
-    ``epsilon``: of this training run alone (``inf`` for a release without guarantee)."""
+    ``epsilon``: of this training run alone (``inf`` for a release without guarantee);
+    ``model_uri``: its logged MLflow Model; ``headline``: its test :data:`HEADLINE` metrics."""
 
     label: str
     seed: int
@@ -88,6 +94,8 @@ class RunRecord:
     epsilon: float
     privacy_guarantee: str
     tuning_privacy: str
+    model_uri: str
+    headline: dict[str, float]
 
 
 @dataclass
@@ -155,6 +163,48 @@ def load_data(prepared: PreparedData) -> GroupedDataset:
     return load_prepared(prepared.path)
 
 
+def run_name(dataset: str, *parts: str) -> str:
+    """A run's name in MLflow's runs table: the dataset, then what ran (method, seed)."""
+    return " · ".join([dataset, *parts])
+
+
+def pipeline_run_name(dataset: str) -> str:
+    """The pipeline (parent) run's name: the dataset and when it started."""
+    return run_name(dataset, time.strftime("%Y-%m-%d %H:%M"))
+
+
+def public_schema(dataset: GroupedDataset) -> dict[str, Any]:
+    """What a logged dataset says about itself: public facts only (no row or group counts)."""
+    pre = dataset.preprocessor
+    return {"input_shape": list(dataset.input_shape), "classes": dataset.class_names,
+            "groups": dataset.group_names,
+            "columns": list(pre.columns) if pre is not None else None}
+
+
+def log_data_input(tracking: TrackingConfig, run_id: str, dataset: GroupedDataset,
+                   version: str, source: str) -> None:
+    """``dataset`` as the run's logged input (MLflow's Dataset column): digest = its data
+    version (the source's content hash when the loader records one, else ``version``)."""
+    log_dataset(tracking, run_id, name=dataset.name,
+                digest=dataset.meta.get("data_version") or version,
+                source=str(dataset.meta.get("source") or source), schema=public_schema(dataset))
+
+
+def log_pipeline_inputs(params: Params, params_path: str | Path, prepared: PreparedData,
+                        dataset: GroupedDataset, tracking: TrackingConfig, run_id: str) -> None:
+    """What a pipeline run was asked to do, on its run: the settings as params (compare page,
+    parallel coordinates), ``params.yaml`` as given and the resolved configuration (defaults
+    filled in) as artifacts under ``config/``, and the dataset as its logged input."""
+    settings = {"experiment": params.experiment.model_dump(mode="json"),
+                "budget": params.budget.model_dump(mode="json"),
+                "tuning": {"release": params.tuning.release, **params.tuning.settings}}
+    log_params(tracking, run_id, settings)
+    log_file(tracking, run_id, params_path, "config")
+    log_text(tracking, run_id, yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False),
+             "config/resolved_params.yaml")
+    log_data_input(tracking, run_id, dataset, prepared.version, prepared.path)
+
+
 # ------------------------------------------------------------------------- release, tuning
 
 
@@ -178,8 +228,14 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
     exp = params.experiment
     delta = params.budget.delta or exp.train.delta
     n_train, n_groups = len(dataset.train), dataset.n_groups
+    labels = [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]
+    chosen = params.pipeline.registry.method
+    if chosen is not None and chosen not in labels:
+        raise ConfigError(f"pipeline.registry.method: {chosen!r} is not trained by this run"
+                          f"{did_you_mean(chosen, labels)} (it trains: {', '.join(labels)}); "
+                          "name one of them, or null to register the fairest private model")
     releases = []
-    for label in [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]:
+    for label in labels:
         base = exp.train_config(label, exp.seeds[0])
         search = None
         if label in params.tuning.spaces:
@@ -226,45 +282,19 @@ def tune_method(
     release: MethodRelease,
 ) -> TuneRecord:
     """Private search for ``label`` (DESIGN.md section 6) in the study :func:`plan_release`
-    prepared, logged as one MLflow run.
-
-    ``tuning.release: selected`` (default): the run holds only what the search's ε covers,
-    the selected hyperparameters (params ``selected.*``), ε and the search's event; K, the
-    trials and their scores go to the private ledger beside the Optuna storage
-    (:func:`dpfair.release.write_ledger`). ``all_trials``: K, the ledger and every trial (a
-    nested run with its score) are logged too, and ε is their composition.
-    """
+    prepared, logged as one MLflow run (:func:`log_search`)."""
     exp = params.experiment
     base = exp.train_config(label, exp.seeds[0])
     cfg = params.tuning.config(label, study_name)
     mode = params.tuning.release
-    with run(tracking, experiment_id, f"tune:{label}", parent_run_id=parent_run_id,
+    with run(tracking, experiment_id, run_name(dataset.name, f"tune {label}"),
+             parent_run_id=parent_run_id,
              tags={"dpfair.stage": "tuning", "dpfair.method": label,
                    "dpfair.release": mode}) as tune_run_id:
         result: TuningResult = tune(base.method, base, dataset, cfg)
         search = _check_planned(result, cfg, release, mode)
-        write_ledger(result, mode)
-        log_params(tracking, tune_run_id, {"tuning": cfg.model_dump(mode="json"),
-                                           "selected": result.best_params or {}})
-        metrics: dict[str, float] = {}
-        if release.has_epsilon:
-            assert release.epsilon_search is not None  # a tuned method's release has a search
-            metrics = {"epsilon_search": release.epsilon_search,
-                       "epsilon_training": release.epsilon_run, "delta": release.delta}
-        set_tags(tracking, tune_run_id, {
-            "tuning_privacy": result.tuning_privacy, "score_privacy": result.score_privacy,
-            "dpfair.epsilon_search": search.label if release.has_epsilon
-            else release.no_epsilon_label,
-            **({"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}),
-        })
-        if search.event is not None and release.has_epsilon:
-            log_text(tracking, tune_run_id, accounting.event_to_json(search.event),
-                     "dp_event_search.json")
-        if mode == "all_trials":
-            metrics.update({"K": result.K, "runs": result.n_runs})
-            log_json(tracking, tune_run_id, result.trials, "ledger.json")
-            _log_trials(tracking, experiment_id, tune_run_id, label, result)
-        log_metrics(tracking, tune_run_id, metrics)
+        log_search(tracking, experiment_id, tune_run_id, label, cfg, result, search, release,
+                   mode)
     best = result.best_config
     return TuneRecord(
         label=label,
@@ -274,11 +304,48 @@ def tune_method(
     )
 
 
+def log_search(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, label: str,
+               cfg: TuningConfig, result: TuningResult, search: SearchRelease,
+               release: MethodRelease, mode: ReleaseMode) -> Path:
+    """A finished search on its run, and its ledger file.
+
+    ``tuning.release: selected`` (default): the run holds only what the search's ε covers,
+    the selected hyperparameters (params ``selected.*``), ε and the search's event; K, the
+    trials and their scores go to the private ledger beside the Optuna storage
+    (:func:`dpfair.release.write_ledger`). ``all_trials``: K, the ledger and every trial (a
+    nested run with its score) are logged too, and ε is their composition.
+    Returns the ledger's path.
+    """
+    ledger = write_ledger(result, mode)
+    log_params(tracking, tune_run_id, {"tuning": cfg.model_dump(mode="json"),
+                                       "selected": result.best_params or {}})
+    metrics: dict[str, float] = {}
+    if release.has_epsilon:
+        assert release.epsilon_search is not None  # a tuned method's release has a search
+        metrics = {"epsilon_search": release.epsilon_search,
+                   "epsilon_training": release.epsilon_run, "delta": release.delta}
+    set_tags(tracking, tune_run_id, {
+        "tuning_privacy": result.tuning_privacy, "score_privacy": result.score_privacy,
+        "dpfair.epsilon_search": search.label if release.has_epsilon
+        else release.no_epsilon_label,
+        **({"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}),
+    })
+    if search.event is not None and release.has_epsilon:
+        log_text(tracking, tune_run_id, accounting.event_to_json(search.event),
+                 "dp_event_search.json")
+    if mode == "all_trials":
+        metrics.update({"K": result.K, "runs": result.n_runs})
+        log_json(tracking, tune_run_id, result.trials, "ledger.json")
+        _log_trials(tracking, experiment_id, tune_run_id, label, result)
+    log_metrics(tracking, tune_run_id, metrics)
+    return ledger
+
+
 def _log_trials(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, label: str,
                 result: TuningResult) -> None:
     """Every trial as a nested run with its hyperparameters and score (``all_trials`` only)."""
     for trial in result.trials:
-        with run(tracking, experiment_id, f"trial:{label}:{trial['number']}",
+        with run(tracking, experiment_id, f"{label} trial {trial['number']}",
                  parent_run_id=tune_run_id,
                  tags={"dpfair.stage": "tuning-trial", "dpfair.method": label,
                        "state": trial["state"], "ledger": trial["ledger"]}) as trial_id:
@@ -290,17 +357,28 @@ def _log_trials(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, 
 # -------------------------------------------------------------------------------- training
 
 
-class _EpochLogger:
-    """Training callback: per-epoch TEST metrics into the run (held-out data that ε does not
-    cover, released without noise: :data:`dpfair.release.TEST_METRICS_NOTE`)."""
+def headline(metrics: dict[str, Any]) -> dict[str, float]:
+    """The :data:`HEADLINE` of a model's metrics: accuracy, macro accuracy, worst-group
+    accuracy and the largest gap between two groups' accuracies (NaN with < 2 groups)."""
+    try:
+        gap = max_gap(metrics["group_accuracy"])[0]
+    except ValueError:
+        gap = math.nan
+    return {**{k: float(metrics[k]) for k in HEADLINE[:3]}, "largest_group_gap": gap}
 
-    def __init__(self, tracking: TrackingConfig, run_id: str, dataset: GroupedDataset) -> None:
+
+class _EpochLogger:
+    """Training callback: per-epoch TEST headline metrics into the run (held-out data that ε
+    does not cover, released without noise: :data:`dpfair.release.TEST_METRICS_NOTE`)."""
+
+    def __init__(self, tracking: TrackingConfig, run_id: str) -> None:
         self.tracking, self.run_id = tracking, run_id
-        self.names = {"group_names": dataset.group_names, "class_names": dataset.class_names}
 
     def on_epoch_end(self, epoch: int, entry: dict[str, Any]) -> None:
-        metrics = flat_metrics(entry["test"], "test/", **self.names)
-        log_metrics(self.tracking, self.run_id, metrics, step=epoch)
+        found = headline(entry["test"])
+        log_metrics(self.tracking, self.run_id,
+                    {f"test/{k}": found[k] for k in HEADLINE if k != "macro_accuracy"},
+                    step=epoch)
 
     def on_train_end(self, result: TrainResult) -> None:
         return None
@@ -334,52 +412,78 @@ def train_and_log(
     dataset: GroupedDataset,
     tracking: TrackingConfig,
     experiment_id: str,
-    parent_run_id: str,
+    parent_run_id: str | None,
     data_tags: dict[str, str],
     release: MethodRelease,
     tuned: TuneRecord | None = None,
 ) -> RunRecord:
-    """Train one configuration in a nested MLflow run and log everything of section 7.
+    """Train one configuration in a (nested) MLflow run and log it (:func:`train_logged`)."""
+    return train_logged(config, label, dataset, tracking, experiment_id, parent_run_id,
+                        data_tags, release, tuned)[1]
 
-    A method with a proven guarantee logs ``epsilon`` (this run alone) and
-    ``epsilon_method_release`` (everything released for the method: ``release``); one without
-    logs no ε, and its ``dpfair.epsilon`` tag says why (:mod:`dpfair.release`)."""
+
+def train_logged(
+    config: TrainConfig,
+    label: str,
+    dataset: GroupedDataset,
+    tracking: TrackingConfig,
+    experiment_id: str,
+    parent_run_id: str | None,
+    data_tags: dict[str, str],
+    release: MethodRelease,
+    tuned: TuneRecord | None = None,
+) -> tuple[TrainResult, RunRecord]:
+    """Train one configuration in a run named dataset · method · seed and log section 7.
+
+    Metrics (about 20 charts whatever the dataset): the test :data:`HEADLINE` per epoch
+    (``test/*``) and at the end (``final/test/*``), each group's final accuracy under
+    ``final/test/group_accuracy/<group name>``, ``wall_time_s``, and for a method with a
+    proven guarantee ``epsilon`` (this run alone) and ``epsilon_method_release`` (everything
+    released for the method: ``release``); one without logs no ε, and its ``dpfair.epsilon``
+    tag says why (:mod:`dpfair.release`). No counts: the run's facts (σ, steps, q, δ) are
+    params ``privacy.*``; DPSGD-F's per-group ε is the table ``privacy/epsilon_by_group``.
+    The model is an MLflow Model of the run (:mod:`dpfair.model_export`)."""
+    from dpfair.model_export import log_model
+
     tuning_privacy = tuned.tuning_privacy if tuned else "not tuned"
+    noise = REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE
     tags = {**data_tags, "dpfair.stage": "final", "dpfair.method": label,
             "dpfair.seed": str(config.seed), "tuning_privacy": tuning_privacy,
             "dpfair.diagnostics": "non-private" if config.nonprivate_stats else "off",
-            "dpfair.epsilon": release.epsilon_note,
-            "dpfair.noise": REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE}
-    with run(tracking, experiment_id, f"{label}:seed{config.seed}",
+            "dpfair.epsilon": release.epsilon_note, "dpfair.noise": noise}
+    with run(tracking, experiment_id, run_name(dataset.name, label, f"seed {config.seed}"),
              parent_run_id=parent_run_id, tags=tags) as run_id:
+        version = data_tags.get("dpfair.data_version", "")
+        log_data_input(tracking, run_id, dataset, version, dataset.name)
         log_params(tracking, run_id, config.model_dump(mode="json"))
-        result = train(config, dataset, callbacks=[_EpochLogger(tracking, run_id, dataset)])
-        names = {"group_names": dataset.group_names, "class_names": dataset.class_names}
-        metrics = {**flat_metrics(result.test_metrics, "final/test/", **names),
-                   "sigma": result.sigma, "steps": result.steps,
-                   "sample_rate": result.sample_rate, "wall_time_s": result.wall_time_s}
+        result = train(config, dataset, callbacks=[_EpochLogger(tracking, run_id)])
+        found = headline(result.test_metrics)
+        groups = {"group_accuracy": result.test_metrics["group_accuracy"]}
+        metrics = {**{f"final/test/{k}": v for k, v in found.items()},
+                   **flat_metrics(groups, "final/test/", group_names=dataset.group_names),
+                   "wall_time_s": result.wall_time_s}
+        facts = {"noise_multiplier": result.sigma, "count_noise_multiplier": result.count_sigma,
+                 "steps": result.steps, "sample_rate": result.sample_rate}
         if release.has_epsilon:
-            metrics.update({"epsilon": result.epsilon, "delta": result.delta,
-                            "epsilon_method_release": release.epsilon,
-                            "delta_release": release.delta})
-            metrics.update({f"epsilon_group/{dataset.group_names[k]}": e
-                            for k, e in enumerate(result.group_epsilons or [])})
+            metrics.update({"epsilon": result.epsilon,
+                            "epsilon_method_release": release.epsilon})
+            facts.update({"delta": result.delta, "delta_release": release.delta})
         log_metrics(tracking, run_id, metrics)
+        log_params(tracking, run_id, {"privacy": facts})
         set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
                                     "dpfair.device": result.device})
         if release.has_epsilon:
-            log_text(tracking, run_id, accounting.event_to_json(result.event), "dp_event.json")
+            log_text(tracking, run_id, _event_with_note(result), "dp_event.json")
+            if result.group_epsilons:
+                log_table(tracking, run_id, _epsilon_by_group(result, dataset),
+                          "privacy/epsilon_by_group.json")
         trajectory = _trajectory(result)
         if trajectory:
             log_json(tracking, run_id, trajectory, "clip_trajectory.json")
         if config.nonprivate_stats:
             log_json(tracking, run_id, result.nonprivate_stats, "nonprivate_stats.json")
-        buffer = io.BytesIO()
-        torch.save(result.model_state, buffer)
-        with tempfile.TemporaryDirectory() as tmp:
-            model_path = Path(tmp) / "model_state.pt"
-            model_path.write_bytes(buffer.getvalue())
-            log_file(tracking, run_id, model_path, "model")
+        model_uri = log_model(tracking, experiment_id, run_id, result, dataset,
+                              {"method": label, "seed": str(config.seed), "dpfair.noise": noise})
     gm = GroupMetrics(**{k: np.asarray(v) if isinstance(v, list) else v
                          for k, v in result.test_metrics.items()})
     history = {
@@ -387,10 +491,93 @@ def train_and_log(
                           for k, a in enumerate(h["test"]["group_accuracy"])}
         for h in result.history
     }
-    return RunRecord(
+    return result, RunRecord(
         label=label, seed=config.seed, run_id=run_id,
         records=gm.to_records(label, config.seed, dataset.group_names, dataset.class_names),
         history=history, clip_trajectory=trajectory,
         epsilon=result.epsilon if release.has_epsilon else math.inf,
         privacy_guarantee=result.privacy_guarantee, tuning_privacy=tuning_privacy,
+        model_uri=model_uri, headline=found,
     )
+
+
+def _epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
+    """DPSGD-F's per-group ε (Xu 5.2) as a table: group name, ε at the run's δ."""
+    import pandas as pd
+
+    return pd.DataFrame({"group": dataset.group_names, "epsilon": result.group_epsilons,
+                         "delta": result.delta}).set_index("group")
+
+
+def _event_with_note(result: TrainResult) -> str:
+    """The run's DpEvent JSON (:func:`~dpfair.privacy.accounting.event_from_json` reads it)
+    with a ``note`` saying how its noise multipliers relate to the ``sigma`` param."""
+    how = ("set by the sigma param" if result.config.sigma is not None else
+           f"calibrated so that the run reaches target_epsilon {result.config.target_epsilon:g}")
+    note = (f"noise_multiplier of the GaussianDpEvent on the clipped gradient sum is sigma = "
+            f"{result.sigma:g} ({how}); the event is Poisson-sampled with probability "
+            f"sampling_probability and self-composed count = {result.steps} times (steps).")
+    if result.count_sigma is not None:
+        eff = (result.sigma ** -2 + result.count_sigma ** -2) ** -0.5
+        note += (f" The second GaussianDpEvent is the method's noisy count release "
+                 f"(noise multiplier {result.count_sigma:g}); both query the same batch, so "
+                 f"the accountant treats them as one Gaussian of noise multiplier "
+                 f"(sigma^-2 + count_sigma^-2)^-1/2 = {eff:.4g} (Zhao et al., Lemma 3.1): "
+                 "this is the noise_multiplier a reduced event shows.")
+    return json.dumps({**json.loads(accounting.event_to_json(result.event)), "note": note},
+                      indent=2, sort_keys=True)
+
+
+# ------------------------------------------------------------- `dpfair train` / `dpfair tune`
+
+
+def _arrays_md5(dataset: GroupedDataset) -> str:
+    """The md5 of a loaded dataset's arrays (its version when the loader records none)."""
+    digest = hashlib.md5()
+    for split in dataset.splits().values():
+        for tensor in (split.x, split.y, split.g):
+            digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _standalone(params: Params, dataset: GroupedDataset) -> tuple[str, dict[str, str]]:
+    """A CLI command's experiment and data tags (as a pipeline run would have them)."""
+    version = dataset.meta.get("data_version") or _arrays_md5(dataset)
+    exp_id = open_experiment(params.tracking, dataset.name)
+    return exp_id, {"dpfair.dataset": dataset.name, "dpfair.data_version": version}
+
+
+def train_standalone(params: Params, label: str, seed: int, dataset: GroupedDataset,
+                     **overrides: Any) -> tuple[TrainResult, RunRecord]:
+    """``dpfair train``: one method on one seed in a run of its own (no parent), logged like
+    a pipeline's final run; its release is this one training run."""
+    config = params.experiment.train_config(label, seed, **overrides)
+    exp_id, data_tags = _standalone(params, dataset)
+    delta = params.budget.delta or config.delta
+    event = make_plan(config, len(dataset.train), dataset.n_groups).event
+    release = method_release(label, config.method.privacy_guarantee, [seed], [event], None,
+                             config.reproducible, delta)
+    return train_logged(config, label, dataset, params.tracking, exp_id, None,
+                        data_tags, release)
+
+
+def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: GroupedDataset
+                    ) -> tuple[TuningResult, SearchRelease, MethodRelease, Path]:
+    """``dpfair tune``: a search in a run of its own, logged like a pipeline's search (only
+    what ``tuning.release`` releases, :func:`log_search`); returns the ledger's path too."""
+    base = params.experiment.train_config(label, params.experiment.seeds[0])
+    exp_id, data_tags = _standalone(params, dataset)
+    mode = params.tuning.release
+    with run(params.tracking, exp_id, run_name(dataset.name, f"tune {label}"),
+             tags={**data_tags, "dpfair.stage": "tuning", "dpfair.method": label,
+                   "dpfair.release": mode}) as run_id:
+        log_data_input(params.tracking, run_id, dataset, data_tags["dpfair.data_version"],
+                       dataset.name)
+        result = tune(base.method, base, dataset, cfg)
+        search = search_release(cfg, accounting.event_from_json(result.run_event_json or "null"),
+                                result.K, mode)
+        release = method_release(label, base.method.privacy_guarantee, (), [search.run_event],
+                                 search, search.reproducible, result.delta)
+        ledger = log_search(params.tracking, exp_id, run_id, label, cfg, result, search,
+                            release, mode)
+    return result, search, release, ledger

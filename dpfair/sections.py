@@ -177,7 +177,9 @@ class BudgetSection(BaseModel):
     each seed (all trained on the same data, so they compose) and any noisy statistic. The
     spend is planned and checked before anything trains (:mod:`dpfair.release`). Releases
     without a DP guarantee (a heuristic method such as FairLens, the non-private reference)
-    have no ε to count, so they are refused unless allowed here.
+    have no ε to count, so they are refused unless allowed here. Over time, every run's
+    release is recorded per data source in ``ledger`` and held to ``lifetime_epsilon``
+    (:mod:`dpfair.source_ledger`).
     """
 
     model_config = _STRICT
@@ -199,6 +201,19 @@ class BudgetSection(BaseModel):
     allow_nonprivate_reference: bool = Field(
         False, description="release the non-private reference's test metrics (no guarantee)"
     )
+    lifetime_epsilon: PositiveFloat | None = Field(
+        None, description="the most ε all runs over time may release on one data source's "
+        "people, composed (dpfair/source_ledger.py; None: no limit, still recorded)"
+    )
+    ledger: str = Field(
+        ".dpfair/privacy_ledger.json",
+        description="the privacy ledger file of every release per data source (relative to "
+        "the project root); it must outlive the runs: never delete it",
+    )
+    disjoint_from_previous: bool = Field(
+        False, description="a data version not seen before holds only new people: it starts "
+        "its own account in the ledger (set it for that run only)"
+    )
 
 
 class ScheduleSection(BaseModel):
@@ -218,8 +233,23 @@ class ScheduleSection(BaseModel):
         return cron
 
 
+class RegistrySection(BaseModel):
+    """``pipeline.registry:`` which final model of a pipeline run becomes a version in MLflow's
+    Model Registry (:func:`dpfair.summary.register_model`)."""
+
+    model_config = _STRICT
+
+    enabled: bool = True
+    name: str | None = Field(
+        None, description="registered model name (None: <tracking.experiment_prefix>-<dataset>)")
+    method: str | None = Field(
+        None, description="the method label whose model is registered (None: the method with a "
+        "proven guarantee and the best mean worst-group test accuracy, noise not replayable)")
+
+
 class PipelineSection(BaseModel):
-    """``pipeline:`` how the flow runs: task runner, where prepared data goes, schedule."""
+    """``pipeline:`` how the flow runs: task runner, where prepared data goes, schedule, and
+    which model it registers."""
 
     model_config = _STRICT
 
@@ -229,3 +259,4 @@ class PipelineSection(BaseModel):
     data_dir: str = "data/prepared"
     use_dvc: bool = Field(True, description="prepare data through `dvc repro` (else directly)")
     schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+    registry: RegistrySection = Field(default_factory=RegistrySection)

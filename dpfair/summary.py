@@ -1,34 +1,67 @@
 """What a pipeline run reports (DESIGN.md sections 5 and 7): the results table with each
-method's two ε columns and the run's total, the notes on what ε covers, the figures, and what
-the pipeline's parent MLflow run holds (:func:`log_release`, :func:`log_summary`).
+method's two ε columns and the run's total, the notes on what ε covers, the figures, what the
+pipeline's parent MLflow run holds (:func:`log_release`, :func:`log_summary`) and which model
+it registers (:func:`register_model`).
+
+The parent run carries the comparison, one metric per method and question (the runs table's
+columns, the compare page): ``worst_group_accuracy/<method>``, ``largest_group_gap/<method>``
+and ``accuracy/<method>`` (test, mean over seeds), ``epsilon_run/<method>`` and
+``epsilon_released/<method>`` (the table's two ε columns; none for a release without
+guarantee), ``epsilon_total``; the results table is an MLflow table artifact
+(``results/results_table.json``) beside ``results.md`` and ``results.csv``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dpfair import fairness, report
 from dpfair.config import Params
 from dpfair.data import GroupedDataset
 from dpfair.experiment import REFERENCE, RunRecord
+from dpfair.model_export import preprocessing_note
 from dpfair.privacy import accounting
-from dpfair.release import EPSILON_METHOD, EPSILON_RUN, ReleasePlan, epsilon_cells, epsilon_text
-from dpfair.tracking import TrackingConfig, log_file, log_json, log_metrics, log_text, set_tags
+from dpfair.release import (
+    EPSILON_METHOD,
+    EPSILON_RUN,
+    SECRET_NOISE,
+    TEST_METRICS_NOTE,
+    ReleasePlan,
+    epsilon_cells,
+    epsilon_text,
+)
+from dpfair.tracking import (
+    TrackingConfig,
+    log_file,
+    log_json,
+    log_metrics,
+    log_table,
+    log_text,
+    register_selected,
+    set_tags,
+)
 from dpfair.training import REPLAYABLE_NOISE
+
+#: The per-method comparison on the pipeline run: the test headline metrics it averages.
+COMPARED = ("worst_group_accuracy", "largest_group_gap", "accuracy")
 
 
 @dataclass
 class Summary:
-    """The results of a pipeline run: the table, the p-values, the figures' paths and the
-    notes on what ε covers (:meth:`dpfair.release.ReleasePlan.notes`)."""
+    """The results of a pipeline run: the table, the p-values, the figures' paths, the notes
+    on what ε covers (:meth:`dpfair.release.ReleasePlan.notes`) and the per-method metrics of
+    the pipeline run (``compared``: ``<metric>/<method>``, :data:`COMPARED`)."""
 
     table: pd.DataFrame
     significance: pd.DataFrame
     figures: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    compared: dict[str, float] = field(default_factory=dict)
 
     def markdown(self) -> str:
         parts = ["## Per-group results (mean ± SE over seeds)", "", self.table.to_markdown()]
@@ -41,11 +74,13 @@ class Summary:
 
 
 def log_release(tracking: TrackingConfig, run_id: str, plan: ReleasePlan) -> None:
-    """The plan on the pipeline run: the total ε (with what it leaves out), each method's,
-    the composed event, and the release notes as the run's description."""
+    """The plan on the pipeline run: the total ε (with what it leaves out), each method's two
+    ε columns, the composed event, and the release notes as the run's description."""
     metrics = {"epsilon_total": plan.epsilon_total, "delta": plan.delta}
-    metrics.update({f"epsilon_released/{m.label}": m.epsilon
-                    for m in plan.methods.values() if m.has_epsilon})
+    for m in plan.methods.values():
+        if m.has_epsilon:
+            metrics.update({f"epsilon_run/{m.label}": m.epsilon_run,
+                            f"epsilon_released/{m.label}": m.epsilon})
     log_metrics(tracking, run_id, metrics)
     set_tags(tracking, run_id, {
         "dpfair.epsilon_total": plan.total_label,
@@ -105,7 +140,17 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     (out / "results.md").write_text(Summary(table, significance, notes=notes).markdown())
     table.to_csv(out / "results.csv")
     return Summary(table=table, significance=significance,
-                   figures={k: str(v) for k, v in figures.items()}, notes=notes)
+                   figures={k: str(v) for k, v in figures.items()}, notes=notes,
+                   compared=_compared(runs))
+
+
+def _compared(runs: list[RunRecord]) -> dict[str, float]:
+    """``<metric>/<method>``: each :data:`COMPARED` test metric's mean over the method's seeds
+    (released test metrics, averaged: no new release)."""
+    labels = sorted({r.label for r in runs})
+    return {f"{metric}/{label}": float(np.nanmean([r.headline[metric] for r in runs
+                                                   if r.label == label]))
+            for metric in COMPARED for label in labels}
 
 
 def _with_release(table: pd.DataFrame, plan: ReleasePlan) -> pd.DataFrame:
@@ -122,14 +167,109 @@ def _with_release(table: pd.DataFrame, plan: ReleasePlan) -> pd.DataFrame:
 
 def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary | None,
                 out_dir: str | Path, failures: dict[str, str]) -> None:
-    """The results table and figures on the pipeline run (if ``summary``: none when the
-    summary failed), and the methods that failed."""
+    """The per-method comparison, the results table (files and an MLflow table) and figures
+    on the pipeline run (if ``summary``: none when the summary failed), and the methods that
+    failed."""
     out = Path(out_dir)
     if summary is not None:
+        log_metrics(tracking, run_id, summary.compared)
         for name in ("results.md", "results.csv"):
             log_file(tracking, run_id, out / name, "results")
+        log_table(tracking, run_id, summary.table, "results/results_table.json")
         for path in summary.figures.values():
             log_file(tracking, run_id, path, "figures")
     if failures:
         log_json(tracking, run_id, failures, "failures.json")
     set_tags(tracking, run_id, {"dpfair.failed_methods": ",".join(sorted(failures)) or "none"})
+
+
+# ------------------------------------------------------------------------ model registry
+
+
+def select_model(runs: list[RunRecord], plan: ReleasePlan, method: str | None = None
+                 ) -> tuple[RunRecord | None, str]:
+    """The final run whose model a pipeline run registers, and why (or None and why not).
+
+    ``method`` None: among the methods with a proven guarantee whose noise is secret (a
+    replayable run's ε protects nothing), the one with the best worst-group test accuracy
+    (mean over seeds; ties: the smaller ε released for the method), and of its seeds the one
+    with the best worst-group test accuracy. ``method`` given: that method's best seed, with
+    whatever guarantee it has (its registry tags say which). Selection reads only the test
+    metrics the run already released (post-processing: it costs no privacy), never validation
+    metrics, which ε does not cover; the choice is thereby tuned on the test split, so the
+    registered model's test metrics are optimistic by that choice (at most one of a handful).
+    """
+    if method is not None:
+        candidates = [r for r in runs if r.label == method]
+        rule = f"method {method!r} chosen by pipeline.registry.method; its best seed"
+    else:
+        candidates = [r for r in runs if plan.methods[r.label].has_epsilon
+                      and not plan.methods[r.label].reproducible]
+        rule = ("the proven-private method (secret noise) with the best mean worst-group test "
+                "accuracy over seeds, and its seed with the best worst-group test accuracy")
+    if not candidates:
+        return None, ("no final model of " + (f"method {method!r}" if method else
+                      "a method with a proven guarantee and secret noise") + " finished")
+
+    def worst(r: RunRecord) -> float:
+        value = r.headline["worst_group_accuracy"]
+        return -math.inf if math.isnan(value) else value
+
+    labels = sorted({r.label for r in candidates})
+    mean = {label: float(np.mean([worst(r) for r in candidates if r.label == label]))
+            for label in labels}
+    best = max(labels, key=lambda label: (mean[label], -plan.methods[label].epsilon))
+    chosen = max((r for r in candidates if r.label == best), key=lambda r: (worst(r), -r.seed))
+    return chosen, rule
+
+
+def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
+                  data_version: str, rule: str) -> dict[str, str]:
+    """The tags of a registered model version: method, both ε (or the label of a release
+    without guarantee), δ, guarantee, noise, data version and the fairness summary."""
+    release = plan.methods[record.label]
+    eps_run, eps_method = epsilon_cells(release)
+    worst, gap = (record.headline[k] for k in ("worst_group_accuracy", "largest_group_gap"))
+    return {
+        "method": record.label, "seed": str(record.seed), "dataset": dataset.name,
+        "privacy_guarantee": release.guarantee,
+        "epsilon_training_run": eps_run, "epsilon_released_for_method": eps_method,
+        "epsilon_pipeline_total": epsilon_text(plan.epsilon_total) if release.has_epsilon
+        else release.no_epsilon_label,
+        "delta": f"{release.delta:g}",
+        "noise": REPLAYABLE_NOISE if release.reproducible else SECRET_NOISE,
+        "data_version": data_version,
+        "worst_group_accuracy": f"{worst:.4f}", "largest_group_gap": f"{gap:.4f}",
+        "fairness_summary": f"test: worst-group accuracy {100 * worst:.1f}%, largest gap "
+                            f"between groups {100 * gap:.1f} points",
+        "preprocessing": preprocessing_note(dataset),
+        "selected_by": rule,
+        "source_run_id": record.run_id,
+    }
+
+
+def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDataset,
+                   runs: list[RunRecord], plan: ReleasePlan, data_tags: dict[str, str],
+                   parent_run_id: str) -> dict[str, str] | None:
+    """Register the selected final model (:func:`select_model`) in MLflow's Model Registry as
+    a new version of ``pipeline.registry.name`` with :func:`registry_tags`; the pipeline run's
+    tag ``dpfair.registered_model`` names it (or says why nothing was registered). Returns
+    ``{"name", "version"}``, or None (registry disabled, or no candidate)."""
+    settings = params.pipeline.registry
+    if not settings.enabled:
+        set_tags(tracking, parent_run_id, {"dpfair.registered_model": "none: registry disabled"})
+        return None
+    record, rule = select_model(runs, plan, settings.method)
+    if record is None:
+        set_tags(tracking, parent_run_id, {"dpfair.registered_model": f"none: {rule}"})
+        return None
+    name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
+    version = dataset.meta.get("data_version") or data_tags.get("dpfair.data_version", "")
+    tags = {**registry_tags(record, plan, dataset, version, rule),
+            "pipeline_run_id": parent_run_id}
+    note = plan.methods[record.label].epsilon_note
+    registered = register_selected(tracking, name, record.model_uri, record.run_id, tags,
+                                   description=f"{note}. {TEST_METRICS_NOTE}")
+    set_tags(tracking, parent_run_id,
+             {"dpfair.registered_model": f"{registered['name']}/{registered['version']}"})
+    return registered

@@ -10,6 +10,12 @@ only when ``tuning.release: all_trials`` (what a run releases: :mod:`dpfair.rele
 settings model ``TrackingConfig`` lives in :mod:`dpfair.settings` (no mlflow) and is
 re-exported here.
 
+What MLflow users expect (issue 17): experiments open on their runs (the experiment kind tag
+:data:`EXPERIMENT_KIND`), runs carry MLflow's standard source tags (user, entry point, git
+commit when known), datasets are logged inputs (:func:`log_dataset`), tables are MLflow table
+artifacts (:func:`log_table`) and the selected model is a Model Registry version
+(:func:`register_selected`).
+
 Crashes: every run records the host and pid that opened it (tags ``dpfair.host`` and
 ``dpfair.pid``). A killed process leaves its runs RUNNING; :func:`fail_stale_runs`, called
 when a pipeline starts, marks those of dead processes on this host FAILED with a note
@@ -18,6 +24,8 @@ when a pipeline starts, marks those of dead processes on this host FAILED with a
 
 from __future__ import annotations
 
+import functools
+import getpass
 import json
 import math
 import os
@@ -31,13 +39,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.utils.mlflow_tags import (
+    MLFLOW_DATASET_CONTEXT,
+    MLFLOW_GIT_COMMIT,
+    MLFLOW_SOURCE_NAME,
+    MLFLOW_SOURCE_TYPE,
+    MLFLOW_USER,
+)
 
 from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
+#: The experiment tag MLflow 3's UI reads to open an experiment on its runs (model training),
+#: not on the GenAI traces overview (``ExperimentKind`` of MLflow's web app; the Python package
+#: has no constant for it).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+UI_PORT = 5000
 
 
 def client(cfg: TrackingConfig) -> MlflowClient:
@@ -45,43 +68,60 @@ def client(cfg: TrackingConfig) -> MlflowClient:
 
 
 def experiment_id(cfg: TrackingConfig, dataset: str) -> str:
-    """The experiment of ``dataset``, created with an explicit artifact location (MLflow 3)."""
+    """The experiment of ``dataset``, created with an explicit artifact location (MLflow 3)
+    and tagged as a model-training experiment (:data:`EXPERIMENT_KIND`; an older experiment
+    gets the tag too)."""
     mlf = client(cfg)
     name = f"{cfg.experiment_prefix}-{dataset}"
     found = mlf.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    location = cfg.artifact_root
-    if "://" not in location:
-        location = Path(location).resolve().as_uri()
-    try:
-        return mlf.create_experiment(name, artifact_location=f"{location}/{name}")
-    except Exception:  # created concurrently by another worker
-        found = mlf.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
+    if found is None:
+        location = cfg.artifact_root
+        if "://" not in location:
+            location = Path(location).resolve().as_uri()
+        try:
+            return mlf.create_experiment(name, artifact_location=f"{location}/{name}",
+                                         tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:  # created concurrently by another worker
+            found = mlf.get_experiment_by_name(name)
+            if found is None:
+                raise
+    if found.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        mlf.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return found.experiment_id
 
 
-def git_commit() -> str:
-    """The current git commit, or ``unknown`` outside a git checkout."""
+@functools.cache
+def git_commit() -> str | None:
+    """The git commit of the working directory's checkout, or None outside one."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
         )
-        return out.stdout.strip()
+        return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's standard source tags (the runs table's User and Source columns, the git
+    commit on the run page): the entry point is the command that ran (``dpfair run``)."""
+    argv = [Path(sys.argv[0]).name, *sys.argv[1:2]] if sys.argv and sys.argv[0] else ["python"]
+    tags = {MLFLOW_USER: getpass.getuser(), MLFLOW_SOURCE_NAME: " ".join(argv),
+            MLFLOW_SOURCE_TYPE: "LOCAL"}
+    if commit := git_commit():
+        tags[MLFLOW_GIT_COMMIT] = commit
+    return tags
 
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested mapping -> ``{"a.b": "value"}`` strings, as MLflow params."""
+    """Nested mapping -> ``{"a.b": "value"}`` strings, as MLflow params. ``None`` (an unset
+    option) is left out: a param reading "None" says nothing."""
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten(value, f"{name}."))
-        else:
+        elif value is not None:
             flat[name] = str(value)[:_MAX_PARAM_LEN]
     return flat
 
@@ -97,8 +137,8 @@ def run(
 ) -> Iterator[str]:
     """Open a (nested) run and yield its id; it ends FINISHED, or FAILED if the body raises.
     The run is tagged with this host and pid (see :func:`fail_stale_runs`)."""
-    all_tags = {"dpfair.git_commit": git_commit(), "dpfair.host": host(),
-                "dpfair.pid": str(os.getpid()), **(tags or {})}
+    all_tags = {**source_tags(), "dpfair.host": host(), "dpfair.pid": str(os.getpid()),
+                **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     mlf = client(cfg)
@@ -181,11 +221,64 @@ def log_file(cfg: TrackingConfig, run_id: str, path: str | Path, artifact_dir: s
     client(cfg).log_artifact(run_id, str(path), artifact_dir or None)
 
 
+def log_table(cfg: TrackingConfig, run_id: str, table: pd.DataFrame, artifact_file: str) -> None:
+    """``table`` as an MLflow table artifact (the UI shows it as a table; runs compare in the
+    artifact view); the index becomes the first column."""
+    frame = table.reset_index()
+    frame.columns = [str(c) for c in frame.columns]
+    client(cfg).log_table(run_id, frame.astype(str), artifact_file)
+
+
+def log_dataset(cfg: TrackingConfig, run_id: str, *, name: str, digest: str, source: str,
+                context: str = "training", schema: Mapping[str, Any] | None = None) -> None:
+    """The run's input dataset (the runs table's Dataset column): ``name``, ``digest`` (the
+    data version) and ``source`` (where it was read). ``schema`` holds public facts only
+    (no row counts: DESIGN.md section 5)."""
+    dataset = Dataset(name=name, digest=digest[:36], source_type="local",
+                      source=json.dumps({"uri": source}),
+                      schema=json.dumps(dict(schema or {}), default=str))
+    client(cfg).log_inputs(run_id, datasets=[
+        DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+
+
+def register_selected(cfg: TrackingConfig, name: str, model_uri: str, run_id: str,
+                      tags: Mapping[str, Any], description: str = "") -> dict[str, str]:
+    """Register the logged model ``model_uri`` (``models:/<model_id>``) of run ``run_id`` as a
+    new version of registered model ``name`` (created when absent) with ``tags``; returns
+    ``{"name", "version"}``. Idempotent per run: a version of ``name`` from the same run
+    and model is returned instead of a second one (a retried task registers once)."""
+    mlf = client(cfg)
+    try:
+        mlf.create_registered_model(name, description=description or None)
+    except MlflowException as exc:
+        if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+    model_id = model_uri.removeprefix("models:/")
+    # the source is the model's storage: a models:/ source is resolved through MLflow's
+    # process-wide tracking URI, not this client's
+    source = mlf.get_logged_model(model_id).artifact_location
+    for found in mlf.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+        if found.source == source:
+            return {"name": name, "version": str(found.version)}
+    version = mlf.create_model_version(name, source, run_id=run_id,
+                                       tags={k: str(v) for k, v in tags.items()},
+                                       description=description or None, model_id=model_id)
+    return {"name": name, "version": str(version.version)}
+
+
+def run_url(cfg: TrackingConfig, experiment_id: str, run_id: str) -> str:
+    """The run's page: on the tracking server, or on the local UI of :func:`ui_command`."""
+    uri = cfg.resolved_uri()
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else (
+        f"http://127.0.0.1:{UI_PORT}")
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def ui_command(cfg: TrackingConfig) -> str:
     """The exact command that opens the MLflow UI on these results."""
     mlflow = Path(sys.executable).parent / "mlflow"
     program = mlflow if mlflow.exists() else "mlflow"
-    return f"{program} ui --backend-store-uri {cfg.resolved_uri()} --port 5000"
+    return f"{program} ui --backend-store-uri {cfg.resolved_uri()} --port {UI_PORT}"
 
 
 def read_results(cfg: TrackingConfig, run_id: str | None = None) -> tuple[str, str]:

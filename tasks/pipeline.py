@@ -1,7 +1,7 @@
-"""The experiment's Prefect tasks. Retries only where a retry is safe: preparing data and
-writing the summary. Never on planning the release (it prepares the searches, drawing K), on
-tuning or on training: a DP run whose output may already have been released would spend
-privacy twice."""
+"""The experiment's Prefect tasks. Retries only where a retry is safe: preparing data, writing
+the summary, logging the inputs and registering the selected model (idempotent per run). Never
+on planning the release (it prepares the searches, drawing K), on tuning or on training: a DP
+run whose output may already have been released would spend privacy twice."""
 
 from __future__ import annotations
 
@@ -23,3 +23,7 @@ log_release = task(summary.log_release, name="log_release", retries=2, retry_del
                    cache_policy=NO_CACHE)
 log_results = task(summary.log_summary, name="log_results", retries=2,
                    retry_delay_seconds=2, cache_policy=NO_CACHE)
+log_inputs = task(experiment.log_pipeline_inputs, name="log_inputs", retries=2,
+                  retry_delay_seconds=2, cache_policy=NO_CACHE)
+register_model = task(summary.register_model, name="register_model", retries=2,
+                      retry_delay_seconds=2, cache_policy=NO_CACHE)

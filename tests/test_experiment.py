@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
 from dpfair.data import load_dataset
 from dpfair.experiment import _trajectory
 from dpfair.summary import _bounds
@@ -95,3 +103,194 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     assert markdown.count(TEST_METRICS_NOTE) == 1 and REPLAYABLE_NOISE in markdown
     csv = (tmp_path / "out" / "results.csv").read_text()
     assert EPSILON_METHOD in csv and HEURISTIC in csv and plan.total_label in csv
+
+
+# ------------------------------------------------------- what MLflow holds after a pipeline
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """The flow's steps without Prefect on a tiny config: a proven method, a heuristic one
+    and the non-private reference, one seed; the selected model is registered."""
+    from dpfair.config import parse_params
+    from dpfair.experiment import (
+        PreparedData,
+        log_pipeline_inputs,
+        pipeline_run_name,
+        plan_release,
+        train_logged,
+    )
+    from dpfair.summary import log_release, log_summary, register_model, summarise
+    from dpfair.tracking import experiment_id, run
+
+    tmp = tmp_path_factory.mktemp("pipeline")
+    raw = {
+        "datasets": {"synthetic": {"n": 400}},
+        "experiment": {"dataset": "synthetic", "model": {"name": "logistic_regression"},
+                       "train": {"epochs": 2, "batch_size": 50, "lr": 0.5, "sigma": 1.0,
+                                 "delta": 1e-5, "progress": False},
+                       "methods": {"dpsgd": {"C": 1.0}, "fairlens": {"C": 1.0}},
+                       "seeds": [0], "baseline": "dpsgd"},
+        "budget": {"allow_heuristic": True, "allow_nonprivate_reference": True},
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}",
+                     "artifact_root": str(tmp / "art")},
+    }
+    params_path = tmp / "params.yaml"
+    params_path.write_text(yaml.safe_dump(raw))
+    params = parse_params(raw)
+    tracking = params.tracking
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    prepared = PreparedData(name="synthetic", path=str(tmp / "prepared"), version="a" * 32)
+    data_tags = {"dpfair.dataset": "synthetic", "dpfair.data_version": prepared.version}
+    plan = plan_release(params, dataset, {})
+    exp = experiment_id(tracking, "synthetic")
+    trained = {}
+    with run(tracking, exp, pipeline_run_name("synthetic"),
+             tags={**data_tags, "dpfair.stage": "pipeline"}) as parent:
+        log_release(tracking, parent, plan)
+        log_pipeline_inputs(params, params_path, prepared, dataset, tracking, parent)
+        for label in plan.methods:
+            trained[label] = train_logged(params.experiment.train_config(label, 0), label,
+                                          dataset, tracking, exp, parent, data_tags,
+                                          plan.methods[label])
+        records = [record for _, record in trained.values()]
+        summary = summarise(params, dataset, records, tmp / "out", plan)
+        log_summary(tracking, parent, summary, tmp / "out", {})
+        registered = register_model(params, tracking, dataset, records, plan, data_tags, parent)
+    return {"tracking": tracking, "client": MlflowClient(tracking.uri), "exp": exp,
+            "parent": parent, "trained": trained, "plan": plan, "dataset": dataset,
+            "registered": registered, "version": prepared.version, "tmp": tmp}
+
+
+def test_experiment_opens_on_runs_named_by_dataset_method_and_seed(pipeline):
+    from dpfair.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, git_commit
+
+    client = pipeline["client"]
+    assert client.get_experiment(pipeline["exp"]).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    parent = client.get_run(pipeline["parent"])
+    assert re.fullmatch(r"synthetic · \d{4}-\d\d-\d\d \d\d:\d\d", parent.info.run_name)
+    names = {client.get_run(r.run_id).info.run_name for _, r in pipeline["trained"].values()}
+    assert names == {f"synthetic · {m} · seed 0" for m in ("dpsgd", "fairlens", "nonprivate")}
+    tags = parent.data.tags
+    assert tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL"
+    assert tags.get("mlflow.source.git.commit") == git_commit()  # absent outside a checkout
+
+
+def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
+    from dpfair.release import EPSILON_METHOD, HEURISTIC
+
+    client, plan = pipeline["client"], pipeline["plan"]
+    parent = client.get_run(pipeline["parent"])
+    metrics = parent.data.metrics
+    for label, (_, record) in pipeline["trained"].items():
+        assert metrics[f"worst_group_accuracy/{label}"] == pytest.approx(
+            record.headline["worst_group_accuracy"])
+        assert metrics[f"largest_group_gap/{label}"] == pytest.approx(
+            record.headline["largest_group_gap"])
+    assert metrics["epsilon_run/dpsgd"] == pytest.approx(plan.methods["dpsgd"].epsilon_run)
+    assert metrics["epsilon_released/dpsgd"] == pytest.approx(plan.methods["dpsgd"].epsilon)
+    assert not [k for k in metrics if k.startswith("epsilon") and k.endswith(
+        ("/fairlens", "/nonprivate"))]
+    # the results table as an MLflow table, params.yaml as given and resolved
+    table = json.loads(Path(client.download_artifacts(
+        parent.info.run_id, "results/results_table.json", str(pipeline["tmp"]))).read_text())
+    assert EPSILON_METHOD in table["columns"]
+    rows = {row[0]: row for row in table["data"]}
+    assert HEURISTIC in rows["fairlens"]
+    config = {a.path for a in client.list_artifacts(parent.info.run_id, "config")}
+    assert config == {"config/params.yaml", "config/resolved_params.yaml"}
+    given = client.download_artifacts(parent.info.run_id, "config/params.yaml",
+                                      str(pipeline["tmp"] / "dl"))
+    assert yaml.safe_load(Path(given).read_text())["experiment"]["methods"]["dpsgd"] == {
+        "C": 1.0}
+    assert parent.data.params["experiment.methods.dpsgd.C"] == "1.0"
+    # the dataset is the run's logged input, its digest the data version
+    [logged] = parent.inputs.dataset_inputs
+    # (the source's version: dataset.meta, what a scheduler compares; not the arrays' hash)
+    source_version = pipeline["dataset"].meta["data_version"]
+    assert (logged.dataset.name, logged.dataset.digest) == ("synthetic", source_version)
+    assert json.loads(logged.dataset.schema)["groups"] == pipeline["dataset"].group_names
+    assert "rows" not in logged.dataset.schema and "count" not in logged.dataset.schema
+
+
+def test_final_runs_have_few_well_named_metrics_and_no_none_params(pipeline):
+    from dpfair.privacy import accounting
+
+    client = pipeline["client"]
+    groups = pipeline["dataset"].group_names
+    result, record = pipeline["trained"]["dpsgd"]
+    logged = client.get_run(record.run_id)
+    expected = {*(f"test/{k}" for k in ("accuracy", "worst_group_accuracy",
+                                         "largest_group_gap")),
+                *(f"final/test/{k}" for k in ("accuracy", "macro_accuracy",
+                                               "worst_group_accuracy", "largest_group_gap")),
+                *(f"final/test/group_accuracy/{g}" for g in groups),
+                "wall_time_s", "epsilon", "epsilon_method_release"}
+    assert set(logged.data.metrics) == expected
+    assert [m.step for m in client.get_metric_history(record.run_id, "test/accuracy")] == [1, 2]
+    for _, r in pipeline["trained"].values():
+        run_ = client.get_run(r.run_id)
+        assert "None" not in run_.data.params.values()
+        assert not [k for k in run_.data.metrics if "count" in k]
+        assert len(run_.data.metrics) <= 20
+        [inp] = run_.inputs.dataset_inputs
+        assert inp.dataset.digest == pipeline["dataset"].meta["data_version"]
+    assert float(logged.data.params["privacy.noise_multiplier"]) == result.sigma
+    # dp_event.json: the accountant's event, with a note relating it to the sigma param
+    path = client.download_artifacts(record.run_id, "dp_event.json", str(pipeline["tmp"]))
+    text = Path(path).read_text()
+    assert "sigma = 1" in json.loads(text)["note"]
+    assert accounting.epsilon(accounting.event_from_json(text), result.delta) == pytest.approx(
+        result.epsilon)
+
+
+def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
+    import mlflow
+    import numpy as np
+    import pandas as pd
+
+    from dpfair.model_export import PREDICTION, feature_columns
+
+    client, plan, dataset = pipeline["client"], pipeline["plan"], pipeline["dataset"]
+    registered = pipeline["registered"]
+    assert registered == {"name": "dpfair-synthetic", "version": "1"}
+    version = client.get_model_version("dpfair-synthetic", "1")
+    result, record = pipeline["trained"]["dpsgd"]  # the only proven-private method
+    assert version.run_id == record.run_id
+    tags = version.tags
+    assert tags["method"] == "dpsgd" and tags["privacy_guarantee"] == "proven"
+    assert tags["epsilon_training_run"] == f"{plan.methods['dpsgd'].epsilon_run:.2f}"
+    assert tags["epsilon_released_for_method"] == f"{plan.methods['dpsgd'].epsilon:.2f}"
+    assert float(tags["delta"]) == plan.delta
+    assert tags["data_version"] == dataset.meta["data_version"]
+    assert float(tags["worst_group_accuracy"]) == pytest.approx(
+        record.headline["worst_group_accuracy"], abs=1e-4)
+    assert "largest gap" in tags["fairness_summary"]
+    parent_tags = client.get_run(pipeline["parent"]).data.tags
+    assert parent_tags["dpfair.registered_model"] == "dpfair-synthetic/1"
+    # the registered model predicts raw rows as the training-time evaluation did
+    mlflow.set_tracking_uri(pipeline["tracking"].uri)
+    model = mlflow.pyfunc.load_model("models:/dpfair-synthetic/1")
+    rows = pd.DataFrame(dataset.test.x.numpy().astype(np.float64),
+                        columns=feature_columns(dataset.input_shape))
+    predicted = model.predict(rows)[PREDICTION].to_numpy()
+    expected = np.asarray(dataset.class_names)[result.test_predictions.y_pred]
+    np.testing.assert_array_equal(predicted, expected)
+    # its input example is no training row (all zeros), its signature names the columns
+    local = mlflow.artifacts.download_artifacts("models:/dpfair-synthetic/1",
+                                                dst_path=str(pipeline["tmp"] / "model"))
+    example = mlflow.models.Model.load(local).load_input_example(local)
+    assert list(example.columns) == feature_columns(dataset.input_shape)
+    assert not example.to_numpy().any()
+    assert model.metadata.get_input_schema().input_names() == list(example.columns)
+    # `dpfair predict`'s reader: whole numbers are fine, a word in a numeric column is not
+    from dpfair.errors import DataError
+    from dpfair.model_export import predict_csv
+
+    csv = pipeline["tmp"] / "rows.csv"
+    rows.round().astype("int64").to_csv(csv, index=False)
+    assert predict_csv(pipeline["tracking"], "dpfair-synthetic", csv, csv.with_name("p.csv")) == (
+        len(rows))
+    rows.astype(object).assign(x2="abc").to_csv(csv, index=False)
+    with pytest.raises(DataError, match=r"column 'x2' is numeric but holds \['abc'\]"):
+        predict_csv(pipeline["tracking"], "dpfair-synthetic/1", csv, csv.with_name("q.csv"))

@@ -44,7 +44,9 @@ UPPER = (
     "dpfair.dvc_outputs",
     "dpfair.release",
     "dpfair.summary",
+    "dpfair.model_export",
     "dpfair.checks",
+    "dpfair.source_ledger",
     "dpfair.processes",
     "dpfair.audit_tracking",
     "dpfair.preflight",
@@ -86,7 +88,7 @@ def test_library_loads_no_adapter_and_no_rich():
 
 
 def test_config_layer_loads_no_adapter():
-    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings")
+    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings", "dpfair.source_ledger")
     loaded = _loaded_by(_imports(modules), ADAPTERS)
     assert loaded == {m: [] for m in modules}
 
@@ -123,6 +125,9 @@ BELOW = {
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     "fairness": UPPER,
     "training": UPPER,
+    # the privacy ledger per data source: a file, no adapter, nothing that orchestrates
+    "source_ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary",
+                      "dpfair.cli", "dpfair.config", "flows", "tasks"),
     "audit": UPPER,
     "api": UPPER,
 }

@@ -14,6 +14,8 @@ import pytest
 from mlflow import MlflowClient
 
 from dpfair.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
     TrackingConfig,
     experiment_id,
     fail_stale_runs,
@@ -23,6 +25,7 @@ from dpfair.tracking import (
     metric_key,
     read_results,
     run,
+    run_url,
 )
 
 
@@ -49,6 +52,27 @@ def test_logged_metrics_with_dataset_names_reach_mlflow(tmp_path):
 def test_flatten_nested_params():
     assert flatten({"a": {"b": 1, "c": {"d": "x"}}, "e": [1, 2]}) == {
         "a.b": "1", "a.c.d": "x", "e": "[1, 2]"}
+
+
+def test_unset_options_are_no_params():
+    assert flatten({"a": {"b": None, "c": 0}, "d": None, "e": "None"}) == {"a.c": "0",
+                                                                           "e": "None"}
+
+
+def test_experiments_open_on_their_runs_in_the_ui(tmp_path):
+    """MLflow 3's UI opens an experiment by its kind tag: new experiments get it, and so does
+    one created before dpfair set it."""
+    cfg = _cfg(tmp_path)
+    client = MlflowClient(cfg.uri)
+    older = client.create_experiment("dpfair-older")
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(older).tags
+    for dataset in ("older", "new"):
+        exp = experiment_id(cfg, dataset)
+        assert client.get_experiment(exp).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    assert experiment_id(cfg, "older") == older
+    assert run_url(cfg, older, "abc") == f"http://127.0.0.1:5000/#/experiments/{older}/runs/abc"
+    remote = TrackingConfig(uri="https://mlflow.example.org/")
+    assert run_url(remote, "1", "abc") == "https://mlflow.example.org/#/experiments/1/runs/abc"
 
 
 _OPEN_AND_SLEEP = """

@@ -252,7 +252,8 @@ def _decode(value: Any) -> Any:
             cls = _EXTRA_TYPES.get(name) or getattr(dp_event, name, None)
             if cls is None or not (isinstance(cls, type) and issubclass(cls, dp_event.DpEvent)):
                 raise PrivacyError(f"unknown DpEvent type {name!r}")
-            kwargs = {k: _decode(v) for k, v in value.items() if k != "type"}
+            # "note": a human explanation beside the event (MLflow's dp_event.json), not a field
+            kwargs = {k: _decode(v) for k, v in value.items() if k not in ("type", "note")}
             return cls(**kwargs)
         raise PrivacyError(f"cannot decode {value!r}")
     return value
@@ -269,7 +270,7 @@ def event_to_json(event: dp_event.DpEvent) -> str:
 
 
 def event_from_json(s: str) -> dp_event.DpEvent:
-    """Inverse of :func:`event_to_json`."""
+    """Inverse of :func:`event_to_json` (a ``"note"`` key beside a ``"type"`` is ignored)."""
     event = _decode(json.loads(s))
     if not isinstance(event, dp_event.DpEvent):
         raise PrivacyError(f"not the JSON of a DpEvent: {s!r}")

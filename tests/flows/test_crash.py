@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow import MlflowClient
+from mlflow.entities import LoggedModelStatus
 
 from dpfair.config import load_params
 from dpfair.processes import alive
@@ -87,7 +88,8 @@ def test_sigterm_during_training_ends_cleanly(tmp_path, repo_root, monkeypatch):
               if r.data.tags.get("dpfair.method") != "nonprivate"}
     assert status == {"pipeline": "FAILED", "final": "FINISHED"}
     [trained] = [r.info.run_id for r in runs if r.data.tags.get("dpfair.method") == "dpsgd"]
-    assert [a.path for a in client.list_artifacts(trained, "model")] == ["model/model_state.pt"]
+    [logged] = client.get_run(trained).outputs.model_outputs  # its MLflow Model
+    assert client.get_logged_model(logged.model_id).status == LoggedModelStatus.READY
 
 
 def test_kill_9_during_training_then_rerun(prefect_harness, tmp_path, repo_root, monkeypatch):
