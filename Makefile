@@ -23,8 +23,8 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-data: $(STAMP)  ## every DVC prepare stage (the stage commands need the venv on PATH)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro
+data: $(STAMP)  ## every DVC prepare stage (`dvc repro` runs the whole pipeline)
+	$(BIN)/dvc repro prepare
 
 lint: $(STAMP)
 	$(BIN)/ruff check dpfair tasks flows tests benchmarks

@@ -5,6 +5,7 @@
     dpfair train --method M [--seed S]     dpfair tune --method M [--workers N]
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
+    dpfair evaluate   DVC metrics and plot tables from a results table (dvc.yaml)
     dpfair predict --model NAME[/VERSION] --input rows.csv --output preds.csv
     dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
@@ -17,12 +18,19 @@ asking to report it with the dpfair version, exit code 1.
 
 ``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors`` and
 ``dpfair.settings`` at import time; each command imports what it needs when it runs.
+
+Output: accuracies in percent with one decimal (as the results tables), other scores to four
+significant digits; lines are never hard-wrapped (``soft_wrap``: a printed command or ε line
+stays one line to copy); no third-party progress bars (MLflow's artifact downloads).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import os
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -61,8 +69,19 @@ app = typer.Typer(
 data_app = typer.Typer(help="Datasets: list, prepare.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def percent(fraction: float) -> str:
+    """An accuracy as every dpfair output shows it: percent with one decimal."""
+    return f"{100.0 * fraction:.1f}%"
+
+
+def score(value: float) -> str:
+    """A score or loss: four significant digits."""
+    return f"{value:.4g}"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -167,8 +186,9 @@ def resolve_params(path: Path | None) -> Params:
 def summary_table(summary: dict[str, Any]) -> Table:
     """Rows per split; per-class / per-group counts only when the summary holds them (opt-in)."""
     exact = "per_class" in summary and "per_group" in summary
-    table = Table(title=f"{summary['dataset']}  (input shape {tuple(summary['input_shape'])}, "
-                        f"{summary['n_features']:,} features)")
+    title = (f"{summary['dataset']}  (input shape {tuple(summary['input_shape'])}, "
+             f"{summary['n_features']:,} features)")
+    table = Table(title=title, min_width=len(title))  # the title on one line
     table.add_column("split")
     table.add_column("rows", justify="right")
     if exact:
@@ -201,21 +221,45 @@ def prepare_and_show(
     return summary
 
 
+def files_status(name: str) -> str:
+    """Whether the raw files of dataset ``name`` were found (in the mirror or the download
+    cache, where ``dpfair.data.sources.fetch`` looks first), without reading or fetching them."""
+    from dpfair.data.sources import _downloads_enabled, cache_dir, mirror_dir, sources_of
+
+    if name == "celeba":
+        from dpfair.data.celeba import CelebAOptions, find_root
+
+        try:
+            return f"found: {find_root(CelebAOptions())[0]}"
+        except DpfairError:
+            return "not found: set datasets.celeba.root"
+    records = sources_of(name)
+    if not records:
+        return "-"
+    roots = [root for root in (mirror_dir(), cache_dir()) if root is not None]
+    if all(any((root / r.dirname / r.filename).is_file() for root in roots) for r in records):
+        return "found"
+    return ("not found: downloaded on first use" if _downloads_enabled()
+            else "not found (DPFAIR_OFFLINE is set)")
+
+
 @data_app.command("list")
 @cli_errors
 def data_list() -> None:
-    """List the available datasets."""
+    """List the available datasets (and whether their raw files were found) and the kinds of
+    file dataset that params.yaml can declare."""
     from dpfair.data.registry import kinds, specs
 
     table = Table(title="datasets")
     table.add_column("name")
-    table.add_column("needs files")
+    table.add_column("raw files")
     table.add_column("description")
     for name, spec in specs().items():
-        table.add_row(name, "yes" if spec.needs_files else "no", spec.summary)
+        table.add_row(name, files_status(name) if spec.needs_files else "none needed",
+                      spec.summary)
     for kind, kind_spec in kinds().items():
-        table.add_row(f"kind: {kind}", "yes", f"{kind_spec.summary} (declare it in params.yaml)")
-    console.print(table, soft_wrap=True)
+        table.add_row(f"kind: {kind}", "yours", f"{kind_spec.summary} (declare it in params.yaml)")
+    console.print(table)
 
 
 @data_app.command("prepare")
@@ -283,8 +327,8 @@ def _group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table
     for col in ("group", "accuracy", "loss", "count"):
         table.add_column(col, justify="right" if col != "group" else "left")
     for k, name in enumerate(names):
-        table.add_row(name, f"{metrics['group_accuracy'][k]:.4f}",
-                      f"{metrics['group_loss'][k]:.4f}", f"{int(metrics['group_count'][k])}")
+        table.add_row(name, percent(metrics['group_accuracy'][k]),
+                      score(metrics['group_loss'][k]), f"{int(metrics['group_count'][k])}")
     return table
 
 
@@ -299,22 +343,22 @@ def train_cmd(
     """Train one method of params.yaml's experiment on its dataset and print the results."""
     from dpfair.data import load_dataset
     from dpfair.experiment import train_standalone
-    from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE
+    from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
     from dpfair.tracking import ui_command
     from dpfair.training import REPLAYABLE_NOISE
 
     p = resolve_params(params)
     label = _method_label(p, method)
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
-    result, record = train_standalone(p, label, seed, dataset, progress=True)
+    result, record = train_standalone(p, label, seed, dataset)  # progress: params (auto)
     m = result.test_metrics
     console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))
-    console.print(f"accuracy {m['accuracy']:.4f}  macro {m['macro_accuracy']:.4f}  "
-                  f"worst group {m['worst_group_accuracy']:.4f}")
+    console.print(f"accuracy {percent(m['accuracy'])}  macro {percent(m['macro_accuracy'])}  "
+                  f"worst group {percent(m['worst_group_accuracy'])}")
     run = f"{result.steps} steps, q={result.sample_rate:.4g}, sigma={result.sigma:.4g}"
     if result.privacy_guarantee == "proven":
-        console.print(f"epsilon {result.epsilon:.3f} at delta {result.delta:g} ({run})")
+        console.print(f"epsilon {epsilon_text(result.epsilon)} at delta {result.delta:g} ({run})")
     else:
         no_eps = NONPRIVATE_REFERENCE if result.privacy_guarantee == "none" else HEURISTIC
         console.print(f"epsilon: {no_eps} ({run}; privacy_guarantee: "
@@ -374,7 +418,7 @@ def tune_cmd(
         console.print(f"epsilon: one training run {result.epsilon_training:.3f}, whole search "
                       f"{eps:.3f} ({search.label}; delta {result.delta:g})")
     if mode == "all_trials":
-        console.print(f"K = {result.K} runs, best {cfg.score} = {result.best_score}; "
+        console.print(f"K = {result.K} runs, best {cfg.score} = {score(result.best_score)}; "
                       f"ledger (released): {ledger}")
     else:
         console.print(f"private ledger (K, every trial and score: not for release): {ledger}")
@@ -385,7 +429,12 @@ def tune_cmd(
 
 @app.command("run")
 @cli_errors
-def run(params: ParamsOption = None) -> None:
+def run(
+    params: ParamsOption = None,
+    copy_results: Annotated[Path | None, typer.Option(
+        help="also copy the results table and figures to this directory (replaced; the "
+        "output of dvc.yaml's run stage)")] = None,
+) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
     from dpfair.config import load_params
 
@@ -397,8 +446,14 @@ def run(params: ParamsOption = None) -> None:
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
+    # DVC (the flow's prepare step) prints through its own handlers: not again through the
+    # root logger that Prefect configures ("Running stage" twice)
+    logging.getLogger("dvc").propagate = False
     out = run_experiment(str(path), ".")
-    console.print(out["table"], soft_wrap=True)
+    if copy_results is not None:
+        shutil.rmtree(copy_results, ignore_errors=True)
+        shutil.copytree(out["results_dir"], copy_results)
+    console.print(out["table"], markup=False, highlight=False)
     console.print(f"figures and tables: {out['results_dir']}")
     if registered := out.get("registered_model"):
         console.print(f"registered model: {registered['name']} version {registered['version']} "
@@ -422,7 +477,21 @@ def results(
     check_tracking(p.tracking)
     found_id, table = read_results(p.tracking, run_id)
     console.print(f"pipeline run {found_id}")
-    console.print(table, soft_wrap=True)
+    console.print(table, markup=False, highlight=False)
+
+
+@app.command("evaluate")
+@cli_errors
+def evaluate(
+    results_csv: Annotated[Path, typer.Argument(help="results.csv of a pipeline run")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="output directory")] = Path(
+        "evaluation"),
+) -> None:
+    """Write DVC metrics and plot tables from a results table (dvc.yaml's evaluate stage)."""
+    from dpfair.dvc_outputs import write_outputs
+
+    for path in write_outputs(results_csv, out).values():
+        console.print(f"wrote {path}")
 
 
 @app.command("predict")

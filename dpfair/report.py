@@ -3,7 +3,9 @@
 Every figure function takes plain data (the canonical runs frame of
 :func:`dpfair.fairness.runs_frame`, or dicts of arrays), writes one PNG with matplotlib's
 Agg renderer (``Figure`` objects, never pyplot: safe without a display and in threads) and
-returns its path. Error bars and bands are one standard error over seeds.
+returns its path. Error bars and bands are one standard error over seeds. Figures are sized
+for a browser and MLflow's artifact viewer: at most :data:`MAX_WIDTH_PX` pixels wide (more
+bars get narrower, more panels more rows), each answering one question.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from matplotlib.ticker import MaxNLocator
 from dpfair import fairness
 
 DPI = 150
+MAX_WIDTH_PX = 1600
+MAX_WIDTH_IN = MAX_WIDTH_PX / DPI
+PANEL_COLUMNS = 2  # panels per row of a multi-panel figure
+MAX_LABELLED_BARS = 24  # value labels on the bars up to this many bars (else they overlap)
 History = Mapping[int, Mapping[str, float]]  # epoch -> group -> test accuracy (fraction)
 
 
@@ -54,8 +60,9 @@ def _method_colors(runs: pd.DataFrame) -> dict[str, tuple]:
 
 
 def _bar_figure(groups: Sequence[str], methods: Sequence[str]) -> tuple[Figure, Axes]:
-    fig = Figure(figsize=(max(7.0, 2.5 + 0.45 * len(groups) * (len(methods) + 1)), 4.5),
-                 layout="constrained")
+    """A bar chart as wide as its bars need, at most :data:`MAX_WIDTH_IN`."""
+    width = min(MAX_WIDTH_IN, max(7.0, 2.5 + 0.3 * len(groups) * (len(methods) + 1)))
+    fig = Figure(figsize=(width, 4.5), layout="constrained")
     return fig, fig.subplots()
 
 
@@ -75,6 +82,8 @@ def _grouped_bars(
         ses = np.nan_to_num(np.array([c[1] for c in cells]))
         pos = x - 0.4 + width * (i + 0.5)
         ax.bar(pos, means, width, yerr=ses, capsize=3, label=m, color=colors[m])
+        if len(groups) * len(methods) > MAX_LABELLED_BARS:
+            continue
         for p, v, e in zip(pos, means, ses, strict=True):
             top = max(v, 0.0) + e  # above the error bar, also for negative bars
             ax.annotate(f"{v:.1f}", (p, top), ha="center", va="bottom", fontsize=7,
@@ -176,7 +185,7 @@ def plot_training_curves(
             _mean_band(ax, epochs, values * 100.0, str(g), colors[g])
         n = len(histories[m])
         ax.set(title=f"{m} ({n} seed{'s' if n != 1 else ''})", xlabel="epoch")
-        if i % 3 == 0:  # first column of _panels' grid
+        if i % PANEL_COLUMNS == 0:  # first column of _panels' grid
             ax.set_ylabel("test accuracy (%)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -186,10 +195,11 @@ def plot_training_curves(
 
 
 def _panels(n: int, *, sharey: bool = False) -> tuple[Figure, list[Axes]]:
-    """``n`` panels, at most three per row; unused cells of the grid are hidden."""
-    ncols = min(n, 3)
+    """``n`` panels, at most :data:`PANEL_COLUMNS` per row and :data:`MAX_WIDTH_IN` wide in
+    all; unused cells of the grid are hidden."""
+    ncols = min(n, PANEL_COLUMNS)
     nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.8 * nrows), layout="constrained")
+    fig = Figure(figsize=(min(MAX_WIDTH_IN, 5.0 * ncols), 3.6 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False)
     flat = list(axes.ravel())
     for ax in flat[n:]:

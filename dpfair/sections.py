@@ -54,7 +54,7 @@ class ExperimentSection(BaseModel):
     model: ModelConfig = Field(default_factory=lambda: {"name": "mlp", "hidden": [64]})
     train: TrainSettings = Field(  # type: ignore[valid-type]
         default_factory=lambda: TrainSettings(
-            epochs=20, batch_size=64, lr=0.5, sigma=1.0, delta=1e-5, progress=False
+            epochs=20, batch_size=64, lr=0.5, sigma=1.0, delta=1e-5, progress="auto"
         )
     )
     methods: dict[str, MethodConfig] = Field(

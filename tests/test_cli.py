@@ -4,7 +4,11 @@ expected failure is one clear message (exit code 2), a bug a traceback and a rep
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -13,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typer.testing import CliRunner
 
 from dpfair import __version__
-from dpfair.cli import app, cli_errors, describe_failure
+from dpfair.cli import app, cli_errors, describe_failure, files_status, percent, score
 from dpfair.data import registry
 from dpfair.data.dataset import Split
 from dpfair.errors import ConfigError
@@ -96,6 +100,73 @@ def test_train_reproducible_says_the_noise_is_replayable(tmp_path, monkeypatch):
     text = _printed(out.output)
     assert re.search(r"epsilon \d+\.\d+ at delta 1e-05", text)
     assert f"reproducible: {REPLAYABLE_NOISE}" in text
+
+
+def test_train_prints_accuracies_in_percent_and_key_lines_unwrapped(tmp_path, monkeypatch):
+    """Percent with one decimal (as the results tables), losses to 4 significant digits, and
+    no line hard-wrapped at the console width (80 columns when not a terminal)."""
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["train", "--method", "dpsgd"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert TEST_METRICS_NOTE in lines and len(TEST_METRICS_NOTE) > 80  # one line, not wrapped
+    [summary] = [line for line in lines if line.startswith("accuracy ")]
+    assert re.fullmatch(r"accuracy \d+\.\d%  macro \d+\.\d%  worst group \d+\.\d%", summary)
+    assert re.search(r"│ minority │ +\d+\.\d% │", out.output)  # the group table
+    assert re.search(r"│ majority │ +\d+\.\d% │ +\d\.\d{3}\d* │", out.output)  # loss: 4 digits
+
+
+def test_number_formats():
+    assert percent(0.89144) == "89.1%" and percent(1.0) == "100.0%"
+    assert score(0.1234567890123) == "0.1235" and score(12.3456) == "12.35"
+
+
+def test_data_prepare_lines_are_not_wrapped(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("datasets:\n  synthetic:\n    n: 400\n")
+    out = runner.invoke(app, ["data", "prepare", "synthetic", "--params", str(params),
+                              "--out", str(tmp_path / ("a-rather-long-output-directory-" * 3))])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    [written] = [line for line in lines if line.startswith("written to ")]
+    assert written.endswith("/synthetic") and len(written) > 80  # the path on one line
+    assert any(line.startswith("summary.json: public facts only") and line.endswith("counts")
+               for line in lines)
+    assert any("synthetic  (input shape (10,), 10 features)" in line for line in lines)
+
+
+def test_data_list_says_whether_files_were_found(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPFAIR_DATA_MIRROR", str(tmp_path / "mirror"))
+    monkeypatch.setenv("DPFAIR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DPFAIR_OFFLINE", "1")
+    assert files_status("adult") == "not found (DPFAIR_OFFLINE is set)"
+    for name in ("adult.data", "adult.test"):
+        (tmp_path / "mirror" / "adult").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "mirror" / "adult" / name).write_text("x")
+    assert files_status("adult") == "found"
+    assert files_status("celeba").startswith("not found: set datasets.celeba.root")
+    out = runner.invoke(app, ["data", "list"])
+    assert out.exit_code == 0, out.output
+    assert re.search(r"│ digits +│ none needed", out.output)
+    assert re.search(r"│ adult +│ found", out.output)
+    assert re.search(r"│ mnist +│ not found", out.output)
+
+
+def test_help_in_a_subprocess_loads_no_torch():
+    """Benchmark note (no timed assertion; benchmarks/ holds measurements): the wall time of
+    `python -m dpfair.cli --help` in a fresh interpreter is printed (pytest -s)."""
+    code = ("import runpy, sys; sys.argv = ['dpfair', '--help']\n"
+            "try:\n    runpy.run_module('dpfair.cli', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print('torch loaded:', 'torch' in sys.modules)")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "100"})
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    assert "torch loaded: False" in proc.stdout
+    print(f"\nbenchmark note: `dpfair --help` took {elapsed:.2f} s wall in a subprocess")
 
 
 # ------------------------------------------------------------------ the CLI's error boundary

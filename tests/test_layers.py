@@ -41,6 +41,7 @@ UPPER = (
     "dpfair.experiment",
     "dpfair.cli",
     "dpfair.report",
+    "dpfair.dvc_outputs",
     "dpfair.release",
     "dpfair.summary",
     "dpfair.model_export",

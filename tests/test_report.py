@@ -132,3 +132,22 @@ def test_comparison_with_published() -> None:
     )
     assert renamed.loc[0, "method"] == "nonprivate" and renamed.loc[0, "column"] == "acc_a"
     assert renamed.loc[0, "diff"] == pytest.approx(0.0)
+
+
+def test_figures_fit_a_browser_with_many_groups_and_methods(fig_dir: Path) -> None:
+    """Ten groups x four methods (the digits pipeline) and five panels stay within
+    MAX_WIDTH_PX (the privacy-cost figure was 3075 px wide)."""
+    rng = np.random.default_rng(1)
+    methods = ["nonprivate", "dpsgd", "dpsgd_f", "dpsgd_global_adapt"]
+    recs = [{"method": m, "seed": s, "group": str(g), "metric": "accuracy",
+             "value": float(rng.uniform(0.5, 1.0))}
+            for m in methods for s in range(2) for g in range(10)]
+    runs = F.runs_frame(recs)
+    paths = [report.plot_group_accuracy(runs, fig_dir / "wide_group_accuracy.png"),
+             report.plot_privacy_cost(runs, fig_dir / "wide_privacy_cost.png")]
+    curves = {m: [{e: {"0": 0.5 + 0.01 * e, "8": 0.3 + 0.01 * e} for e in range(1, 6)}]
+              for m in [*methods, "fairlens"]}
+    paths.append(report.plot_training_curves(curves, fig_dir / "wide_curves.png"))
+    for path in paths:
+        _check_png(path)
+        assert matplotlib.image.imread(path).shape[1] <= report.MAX_WIDTH_PX

@@ -391,16 +391,25 @@ def test_callbacks() -> None:
     assert seen == [("epoch", 1), ("epoch", 2), ("epoch", 3), ("end", 30)]
 
 
-def test_progress_bar_only_when_on_and_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpfair.training.progress import progress_bar
+def test_progress_bar_auto_only_on_a_terminal_without_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpfair.training.progress import progress_bar, shows_progress
 
+    assert TrainConfig.model_fields["progress"].default == "auto"
+    monkeypatch.delenv("CI", raising=False)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
-    assert type(progress_bar(True, "run", 3)).__name__ == "_Silent"
+    assert not shows_progress("auto") and shows_progress(True) and not shows_progress(False)
+    assert type(progress_bar("auto", "run", 3)).__name__ == "_Silent"  # a pipe, a log file
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert shows_progress("auto")
+    monkeypatch.setenv("CI", "true")
+    assert not shows_progress("auto") and shows_progress(True)
+    monkeypatch.delenv("CI")
     assert type(progress_bar(False, "run", 3)).__name__ == "_Silent"
-    with progress_bar(True, "run", 3) as bar:
+    with progress_bar("auto", "run", 3) as bar, progress_bar("auto", "other", 2) as other:
         bar.advance()
+        other.advance()
         bar.status("epoch 1")
+        assert bar.progress is other.progress  # concurrent trainings share one display
     assert type(bar).__name__ == "_RichBar"
 
 

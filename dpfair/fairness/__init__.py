@@ -55,8 +55,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from dpfair.fairness.records import metric_table as metric_table
     from dpfair.fairness.records import runs_frame as runs_frame
     from dpfair.fairness.records import seed_table as seed_table
+    from dpfair.fairness.significance import ALPHA as ALPHA
     from dpfair.fairness.significance import MIN_PAIRS as MIN_PAIRS
     from dpfair.fairness.significance import higher_is_better as higher_is_better
+    from dpfair.fairness.significance import seeds_needed as seeds_needed
     from dpfair.fairness.significance import significance_table as significance_table
     from dpfair.fairness.significance import wilcoxon_vs_baseline as wilcoxon_vs_baseline
     from dpfair.fairness.tables import Stats as Stats
@@ -73,7 +75,8 @@ _LAZY = {
     ),
     **dict.fromkeys(("Stats", "comparison_stats", "comparison_table", "format_table"), "tables"),
     **dict.fromkeys(
-        ("MIN_PAIRS", "higher_is_better", "significance_table", "wilcoxon_vs_baseline"),
+        ("ALPHA", "MIN_PAIRS", "higher_is_better", "seeds_needed", "significance_table",
+         "wilcoxon_vs_baseline"),
         "significance",
     ),
 }

@@ -15,7 +15,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-MIN_PAIRS = 5  # smallest n with an exact one-sided Wilcoxon p below 0.05: 1 / 2**5 = 0.031
+ALPHA = 0.05  # the significance level at which p-values are shown
+
+
+def seeds_needed(alpha: float = ALPHA) -> int:
+    """The fewest paired seeds with which a one-sided exact Wilcoxon signed-rank test can
+    reach ``p < alpha``: its smallest p-value with n pairs is ``1 / 2**n`` (all differences in
+    the tested direction, no ties), so n = 5 for 0.05 (1/32 = 0.031; 4 pairs give 1/16)."""
+    return math.floor(math.log2(1.0 / alpha)) + 1
+
+
+MIN_PAIRS = seeds_needed(ALPHA)
 _SignedRankRow = dict[str, int | float | str]  # n_pairs, mean_diff, statistic, p_value, note
 
 
@@ -97,13 +107,38 @@ def significance_table(
     baseline: str = "dpsgd",
     columns: Sequence[str] | None = None,
     min_pairs: int = MIN_PAIRS,
+    alpha: float | None = ALPHA,
 ) -> pd.DataFrame:
     """p-values (method x column) of :func:`wilcoxon_vs_baseline` for each column of a
     per-seed table (e.g. :func:`~dpfair.fairness.records.seed_table`); directions from
-    :func:`higher_is_better`."""
+    :func:`higher_is_better`.
+
+    With ``alpha`` (default 0.05) a method is tested only when it has enough paired seeds for
+    the test to reach ``p < alpha`` (:func:`seeds_needed`, whatever ``min_pairs`` allows):
+    otherwise its p-values are left out and its ``note`` says how many seeds are needed (a
+    table of notes alone when no method has enough). ``alpha=None``: every p-value that
+    ``min_pairs`` allows.
+    """
     columns = list(columns or per_seed.columns)
-    out = {}
+    needed = max(min_pairs, seeds_needed(alpha)) if alpha is not None else min_pairs
+    out, pairs = {}, pd.Series(dtype=int)
     for col in columns:
-        res = wilcoxon_vs_baseline(per_seed[col], baseline=baseline, min_pairs=min_pairs)
-        out[col] = res.set_index("method")["p_value"]
-    return pd.DataFrame(out)
+        res = wilcoxon_vs_baseline(per_seed[col], baseline=baseline, min_pairs=needed)
+        res = res.set_index("method")
+        out[col] = res["p_value"]
+        pairs = res["n_pairs"].combine(pairs, max, fill_value=0)
+    table = pd.DataFrame(out)
+    if alpha is None or table.empty:
+        return table
+    short = pairs[pairs < needed]
+    if short.empty:
+        return table
+    table["note"] = ""
+    for m, count in short.items():
+        n = int(count)
+        table.loc[m, "note"] = (f"{n} paired seed{'s' if n != 1 else ''}: a one-sided Wilcoxon "
+                                f"test needs at least {needed} to reach p < {alpha:g}; run "
+                                f"with {needed} or more seeds")
+    if len(short) == len(table):
+        return table[["note"]]
+    return table

@@ -48,8 +48,9 @@ def comparison_stats(
     pi_gap, loss_a, loss_b, R_a, R_b, R_gap`` for the named pair ``groups=(a, b)``. The gap
     follows Eq. 1's expectation: ``pi_gap = |mean_s(pi_a,s - pi_b,s)|`` with the SE of the
     per-seed difference (so ``pi_gap = |pi_a - pi_b|`` of the table's means). With
-    ``max_gap_groups``, also ``pi_gap_max`` / ``R_gap_max``: the largest such gap over all
-    pairs of those groups (its SE that of the maximising pair).
+    ``max_gap_groups``, also ``acc_worst_group`` (each seed's lowest accuracy among those
+    groups, mean and SE over seeds) and ``pi_gap_max`` / ``R_gap_max``: the largest such gap
+    over all pairs of those groups (its SE that of the maximising pair).
 
     ``layout="xu"`` (Table 1 of Xu et al. 2021): ``acc_<g>`` and ``delta_<g>`` (private
     minus reference accuracy, seed means) for every group in ``groups`` (include
@@ -64,6 +65,7 @@ def comparison_stats(
             raise ValueError(f"the esipova layout compares a named pair, got groups {groups}")
         cols = _esipova_stats(runs, tuple(groups), tuple(labels), reference, paired_reference)
         if max_gap_groups is not None:
+            cols.update(_worst_group_stats(runs, max_gap_groups))
             cols.update(_max_gap_stats(runs, max_gap_groups, reference, paired_reference))
     elif layout == "xu":
         cols = _xu_stats(runs, list(groups), labels, reference, tau)
@@ -100,6 +102,12 @@ def _esipova_stats(
 
 def _abs_mean(cell: tuple[float, float, int]) -> tuple[float, float, int]:
     return abs(cell[0]), cell[1], cell[2]
+
+
+def _worst_group_stats(runs: pd.DataFrame, groups: Sequence[str]) -> Stats:
+    """``acc_worst_group``: per seed the lowest test accuracy among ``groups``."""
+    worst = metric_table(runs, ACCURACY, list(groups)).min(axis=1)
+    return {"acc_worst_group": {m: _cell_stats(v) for m, v in worst.groupby(level="method")}}
 
 
 def _max_gap_stats(

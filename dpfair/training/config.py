@@ -18,6 +18,7 @@ from pydantic import (
 
 from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig
+from dpfair.training.progress import ProgressMode
 
 
 class TrainConfig(BaseModel):
@@ -82,7 +83,9 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     )
     eval_every: PositiveInt = Field(1, description="evaluate on the test split every N epochs")
     eval_batch_size: PositiveInt = 1024
-    progress: bool = True
+    progress: ProgressMode = Field(
+        "auto", description="a progress bar: auto (in an interactive terminal without CI), "
+        "true or false")
     nonprivate_stats: bool = Field(False, description="record the (non-private) train loss")
 
     @field_validator("sigma")

@@ -1,4 +1,7 @@
-"""`dvc repro` of the prepare stages in a plain temporary copy of the repo (no git)."""
+"""`dvc repro` in temporary copies of the repo: the prepare stages (also without git), and the
+whole pipeline (prepare -> run -> evaluate) on a tiny configuration in a git repository, with
+DVC's metrics, plots and params diff. DVC runs with this interpreter and the venv NOT on PATH:
+the stage commands find the interpreter that runs DVC (bin/dvc-python)."""
 
 from __future__ import annotations
 
@@ -9,21 +12,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from dpfair.data import data_version
 from dpfair.data.prepared import PUBLIC_SUMMARY
 from dpfair.data.sources import md5sum
+from dpfair.errors import DataError
 
-FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".dvc/config")
+FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
+         "bin/dvc-python")
 
 
-def _copy_repo(repo_root: Path, dest: Path) -> Path:
+def _copy_repo(repo_root: Path, dest: Path, packages: tuple[str, ...] = ("dpfair",)) -> Path:
     dest.mkdir()
-    shutil.copytree(
-        repo_root / "dpfair", dest / "dpfair", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in packages:
+        shutil.copytree(repo_root / package, dest / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     for name in FILES:
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(repo_root / name, dest / name)
@@ -31,16 +37,21 @@ def _copy_repo(repo_root: Path, dest: Path) -> Path:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPFAIR_")}
+    """The environment without dpfair's settings and with this interpreter's directory (the
+    venv's bin) removed from PATH."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DPFAIR_", "MLFLOW_", "PREFECT_"))}
     env["DVC_NO_ANALYTICS"] = "1"
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and Path(p) != Path(venv_bin))
     return env
 
 
-def _dvc(cwd: Path, *args: str, quiet: bool = False) -> str:
+def _dvc(cwd: Path, *args: str, quiet: bool = False, **env: str) -> str:
     """dvc's output (stdout and stderr; stdout only when ``quiet``); fails on an error."""
     proc = subprocess.run(
-        [sys.executable, "-m", "dvc", *args], cwd=cwd, env=_env(),
+        [sys.executable, "-m", "dvc", *args], cwd=cwd, env={**_env(), **env},
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -49,20 +60,30 @@ def _dvc(cwd: Path, *args: str, quiet: bool = False) -> str:
 
 @pytest.fixture
 def workspace(tmp_path, repo_root, mirror):
-    """tmp/repo (plain copy, no .git) with tmp/shared/datasets -> the real mirror beside it."""
+    """tmp/repo (plain copy, no .git: DVC told so in .dvc/config.local) with
+    tmp/shared/datasets -> the real mirror beside it."""
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "datasets").symlink_to(mirror, target_is_directory=True)
-    return _copy_repo(repo_root, tmp_path / "repo")
+    repo = _copy_repo(repo_root, tmp_path / "repo")
+    (repo / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")
+    return repo
 
 
-def test_dvc_config_is_scm_free(repo_root):
-    config = (repo_root / ".dvc" / "config").read_text()
-    assert "no_scm = True" in config
+def test_dvc_pipeline_definition(repo_root):
+    """Git is DVC's SCM (params diff, experiments); prepare -> run -> evaluate; the prepare
+    summaries (split sizes) are no DVC metric; no stage command relies on PATH's python."""
+    assert "no_scm" not in (repo_root / ".dvc" / "config").read_text()
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
     assert "celeba" not in stages["prepare"]["foreach"]
     assert stages["prepare"]["foreach"] == [
         "adult", "dutch", "mnist", "fashion_mnist", "digits", "synthetic"
     ]
+    assert list(stages) == ["prepare", "run", "evaluate"]
+    assert "metrics" not in stages["prepare"]["do"]
+    for stage in (stages["prepare"]["do"], stages["run"], stages["evaluate"]):
+        assert stage["cmd"].startswith("sh bin/dvc-python -m dpfair.cli ")
+    assert "outputs/pipeline" in stages["evaluate"]["deps"] and stages["run"]["outs"] == [
+        "outputs/pipeline"]
 
 
 @pytest.mark.slow
@@ -78,14 +99,13 @@ def test_repro_adult_dutch_then_noop(workspace):
         assert summary["rows"]["total"] == total
     assert data_version("mnist", lock) is None  # not reproduced
 
-    # the summaries are DVC metrics: public facts only, no exact per-group / per-class counts
-    shown = _dvc(workspace, "metrics", "show", "--json", quiet=True)
-    files = json.loads(shown)[""]["data"]  # "": the workspace (no git revisions)
+    # the summaries hold public facts only (no exact per-group / per-class counts) and are
+    # no DVC metric (they hold split sizes)
     for name in ("adult", "dutch"):
-        assert files[f"data/prepared/{name}/summary.json"]["data"]["privacy"] == PUBLIC_SUMMARY
-    assert "per_group" not in shown and "per_class" not in shown
-    table = _dvc(workspace, "metrics", "show")
-    assert "rows.train" in table and "per_group" not in table and "per_class" not in table
+        summary = json.loads((workspace / "data/prepared" / name / "summary.json").read_text())
+        assert summary["privacy"] == PUBLIC_SUMMARY
+        assert "per_group" not in summary and "per_class" not in summary
+    assert "summary.json" not in _dvc(workspace, "metrics", "show", "--json", quiet=True)
 
     out = _dvc(workspace, "repro", "prepare@adult", "prepare@dutch")
     assert "Stage 'prepare@adult' didn't change, skipping" in out
@@ -106,6 +126,7 @@ def test_repro_adult_dutch_then_noop(workspace):
 def test_repro_inside_a_git_clone(workspace):
     if shutil.which("git") is None:
         pytest.skip("git not installed")
+    (workspace / ".dvc" / "config.local").unlink()
     git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], cwd=workspace, check=True)
     subprocess.run([*git, "add", "-A"], cwd=workspace, check=True)
@@ -115,3 +136,100 @@ def test_repro_inside_a_git_clone(workspace):
         workspace / "data" / "prepared" / "synthetic" / "arrays.npz"
     )
     assert "didn't change" in _dvc(workspace, "repro", "prepare@synthetic")
+
+
+TINY = {
+    "datasets": {"synthetic": {"n": 600, "n_features": 6, "minority_fraction": 0.2,
+                               "class_sep": 0.3}},
+    "experiment": {
+        "dataset": "synthetic", "model": {"name": "logistic_regression"},
+        "train": {"epochs": 2, "batch_size": 64, "lr": 0.5, "sigma": 1.0, "delta": 1e-5},
+        "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0],
+    },
+    "tuning": {},
+    "budget": {"allow_nonprivate_reference": True},
+    "tracking": {"uri": "sqlite:///mlflow.db", "artifact_root": "mlartifacts"},
+    "pipeline": {"max_workers": 1},
+}
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+                   cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.slow
+def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
+    """`dvc repro evaluate` in a fresh git clone (tiny config: synthetic, dpsgd and the
+    reference, one seed, 2 epochs): each stage runs once, then DVC shows the evaluate stage's
+    metrics (worst-group accuracy, gap, ε per method; no training counts) and plots, and
+    diffs a changed parameter."""
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    repo = _copy_repo(repo_root, tmp_path / "repo", ("dpfair", "flows", "tasks"))
+    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "tiny")
+
+    out = _dvc(repo, "repro", "evaluate", PREFECT_HOME=str(tmp_path / "prefect"))
+    for stage in ("prepare@synthetic", "run", "evaluate"):
+        assert out.count(f"Running stage '{stage}'") == 1, out
+
+    shown = json.loads(_dvc(repo, "metrics", "show", "--json", quiet=True))
+    [(_, files)] = shown.items()
+    metrics = files["data"]["evaluation/metrics.json"]["data"]
+    dpsgd, reference = metrics["methods"]["dpsgd"], metrics["methods"]["nonprivate"]
+    assert set(dpsgd) == {"worst_group_accuracy", "largest_cost_gap", "epsilon_run",
+                          "epsilon_released"}
+    assert 0.0 <= dpsgd["worst_group_accuracy"] <= 100.0
+    assert 0.0 < dpsgd["epsilon_run"] <= dpsgd["epsilon_released"] == metrics["epsilon_total"]
+    assert set(reference) == {"worst_group_accuracy"}  # no ε without a DP guarantee
+    assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
+
+    plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
+    assert {"evaluation/group_accuracy.csv", "evaluation/epsilon_accuracy.csv"} <= set(plots)
+    groups = {(row["method"], row["group"]) for row in
+              plots["evaluation/group_accuracy.csv"][0]["content"]["data"]["values"]}
+    assert ("dpsgd", "minority") in groups and ("nonprivate", "majority") in groups
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["experiment"]["train"]["epochs"] = 3
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    diff = json.loads(_dvc(repo, "params", "diff", "--json", quiet=True))
+    changed = diff["params.yaml"]["experiment.train.epochs"]
+    assert (changed["old"], changed["new"]) == (2, 3)
+
+
+def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
+    """The evaluate stage's numbers are the table's: worst group (the acc_worst_group column,
+    else the lower of the pair), the largest cost gap, ε only for methods with a guarantee."""
+    from dpfair.dvc_outputs import write_outputs
+    from dpfair.release import EPSILON_METHOD, EPSILON_RUN, HEURISTIC, NONPRIVATE_REFERENCE
+
+    table = pd.DataFrame(
+        {"acc_2": ["98.0 ± 0.1", "90.0 ± 0.5", "91.0 ± 0.4", ""],
+         "acc_8": ["90.0 ± 0.3", "60.5 ± 2.0", "70.0 ± 1.0", ""],
+         "acc_worst_group": ["89.5 ± 0.2", "60.5 ± 2.0", "69.0 ± 1.0", ""],
+         "pi_gap": ["-", "22.0 ± 2.0", "14.0 ± 1.0", ""],
+         "pi_gap_max": ["-", "25.0 ± 2.0", "15.0 ± 1.0", ""],
+         EPSILON_RUN: [NONPRIVATE_REFERENCE, "2.81", HEURISTIC, ""],
+         EPSILON_METHOD: [NONPRIVATE_REFERENCE, "5.62", HEURISTIC, "5.62"]},
+        index=pd.Index(["nonprivate", "dpsgd (replayable noise)", "fairlens",
+                        "run total: private releases composed (...)"], name="method"))
+    table.to_csv(tmp_path / "results.csv")
+    paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
+    metrics = json.loads(paths["metrics.json"].read_text())
+    assert metrics == {"epsilon_total": 5.62, "methods": {
+        "nonprivate": {"worst_group_accuracy": 89.5},
+        "dpsgd": {"worst_group_accuracy": 60.5, "largest_cost_gap": 25.0, "epsilon_run": 2.81,
+                  "epsilon_released": 5.62, "note": "replayable noise"},
+        "fairlens": {"worst_group_accuracy": 69.0, "largest_cost_gap": 15.0}}}
+    groups = pd.read_csv(paths["group_accuracy.csv"])
+    assert len(groups) == 9 and set(groups["group"]) == {"2", "8", "worst group"}
+    curve = pd.read_csv(paths["epsilon_accuracy.csv"])
+    assert curve.to_dict("records") == [
+        {"method": "dpsgd", "epsilon": 5.62, "worst_group_accuracy": 60.5}]
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(DataError, match="not a results table"):
+        write_outputs(tmp_path / "other.csv", tmp_path / "evaluation")

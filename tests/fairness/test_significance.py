@@ -10,6 +10,7 @@ import pytest
 from dpfair.fairness.records import metric_by_seed, seed_table
 from dpfair.fairness.significance import (
     higher_is_better,
+    seeds_needed,
     significance_table,
     wilcoxon_vs_baseline,
 )
@@ -65,9 +66,25 @@ def test_higher_is_better() -> None:
 
 def test_significance_table_and_metric_by_seed(runs: pd.DataFrame) -> None:
     per_seed = seed_table(runs, ("a", "b"))
-    p = significance_table(per_seed, baseline="nonprivate", min_pairs=2)
+    p = significance_table(per_seed, baseline="nonprivate", min_pairs=2, alpha=None)
     # dpsgd vs nonprivate on acc_a: d = -.05, -.05, one-sided "greater": W+ = 0, p = 1
     assert p.loc["dpsgd", "acc_a"] == pytest.approx(1.0)
     assert math.isnan(p.loc["dpsgd", "pi_a"])  # the reference has no pi: no pairs
     acc = metric_by_seed(runs, "accuracy", "all")
     assert acc.name == "accuracy" and acc[("dpsgd", 1)] == pytest.approx(0.72)
+
+
+def test_significance_needs_enough_seeds_to_reach_alpha(runs: pd.DataFrame) -> None:
+    assert seeds_needed(0.05) == 5 and seeds_needed(0.01) == 7  # 1/32 < .05; 1/128 < .01
+    per_seed = seed_table(runs, ("a", "b"))  # two seeds per method
+    table = significance_table(per_seed, baseline="nonprivate", min_pairs=2)
+    assert list(table.columns) == ["note"]  # no p-value from 2 seeds (smallest p is 0.25)
+    assert "2 paired seeds" in table.loc["dpsgd", "note"]
+    assert "at least 5 to reach p < 0.05" in table.loc["dpsgd", "note"]
+
+
+def test_significance_shows_p_values_with_enough_seeds() -> None:
+    values = _series("acc_8", [0.51, 0.52, 0.53, 0.54, 0.55], [0.50] * 5)
+    table = significance_table(values.to_frame(), baseline="dpsgd")
+    assert "note" not in table.columns
+    assert table.loc["m", "acc_8"] == pytest.approx(1 / 32)

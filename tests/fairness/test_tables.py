@@ -66,6 +66,11 @@ def test_comparison_stats_max_gap_and_errors(runs: pd.DataFrame) -> None:
     assert stats_.loc["dpsgd", ("R_gap_max", "mean")] == pytest.approx(0.2)
     assert stats_.loc["dpsgd", ("R_gap_max", "se")] == pytest.approx(0.0, abs=1e-12)
     assert stats_.loc["dpsgd", ("pi_gap", "n")] == 2
+    # worst group per seed: dpsgd min(.85, .60, .70) = .60, min(.87, .50, .72) = .50
+    assert stats_.loc["dpsgd", ("acc_worst_group", "mean")] == pytest.approx(0.55)
+    assert stats_.loc["dpsgd", ("acc_worst_group", "se")] == pytest.approx(0.05)
+    assert stats_.loc["nonprivate", ("acc_worst_group", "mean")] == pytest.approx(0.79)
+    assert "acc_worst_group" not in comparison_stats(runs, ("a", "b")).columns.get_level_values(0)
     with pytest.raises(ValueError, match="reference method 'sgd'"):
         comparison_table(runs, ("a", "b"), reference="sgd")
     with pytest.raises(ValueError, match="groups \\['c'\\]"):

@@ -26,11 +26,13 @@ def prefect_harness():
 
 def make_workspace(root: Path, repo: Path, experiment: dict, tuning: dict | None = None,
                    **sections: dict) -> Path:
-    """A temp copy of what `dvc repro` needs (dvc.yaml, .dvc, dpfair/data) plus params.yaml
+    """A temp copy of what `dvc repro` needs (dvc.yaml, bin, .dvc, dpfair/data) plus params.yaml
     (whose budget allows the non-private reference unless ``budget`` says otherwise)."""
     shutil.copy(repo / "dvc.yaml", root / "dvc.yaml")
+    shutil.copytree(repo / "bin", root / "bin")  # the stage commands' interpreter
     shutil.copytree(repo / ".dvc", root / ".dvc",
                     ignore=shutil.ignore_patterns("tmp", "cache"))
+    (root / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")  # not git
     shutil.copytree(repo / "dpfair" / "data", root / "dpfair" / "data",
                     ignore=shutil.ignore_patterns("__pycache__"))
     params = {

@@ -1,0 +1,134 @@
+"""DVC metrics and plot tables of a pipeline run, read from the results table it wrote.
+
+The ``evaluate`` stage of ``dvc.yaml`` (``dpfair evaluate RESULTS_CSV --out DIR``) turns the
+run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cells
+``"mean ± se"`` in the units of :func:`dpfair.fairness.format_table`, the two ε columns of
+:mod:`dpfair.release` and a last row with the run's total ε) into
+
+- ``metrics.json``: ``epsilon_total`` and, per method, ``worst_group_accuracy`` (%),
+  ``largest_cost_gap`` (the largest privacy-cost gap between groups, accuracy points; Esipova
+  et al. 2023, Eq. 1), ``epsilon_run`` and ``epsilon_released``. Only numbers that the results
+  table already publishes: no training-set counts, and no ε for a release without a DP
+  guarantee (the non-private reference, heuristic methods): such a method has none.
+- ``group_accuracy.csv``: test accuracy (%) per method and group (the named pair and the worst
+  group), for ``dvc plots``.
+- ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dpfair.errors import DataError
+from dpfair.release import EPSILON_METHOD, EPSILON_RUN
+
+WORST = "acc_worst_group"  # the table's worst-group column (more than two groups)
+COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the pair's
+TOTAL_ROW = "run total"  # how the row of the run's total ε starts (ReleasePlan.total_label)
+
+
+def number(cell: str) -> float | None:
+    """The mean of a ``"mean ± se"`` cell or an ε cell; None for ``-``, ``∞`` or a label."""
+    head = str(cell).split("±")[0].strip()
+    try:
+        value = float(head)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """The results table as strings, indexed by its row labels (a DataError when it is not a
+    results table)."""
+    table = pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
+    missing = [c for c in (EPSILON_RUN, EPSILON_METHOD) if c not in table.columns]
+    if missing or not any(str(c).startswith("acc_") for c in table.columns):
+        raise DataError(f"{path} is not a results table of `dpfair run` (no accuracy or ε "
+                        f"columns; it has: {', '.join(map(str, table.columns))}); give the "
+                        "results.csv of a pipeline run's results directory")
+    return table
+
+
+def _method_rows(table: pd.DataFrame) -> dict[str, pd.Series]:
+    """Rows by method label (a label's note in parentheses, e.g. replayable noise, dropped
+    from the key and kept in the row's ``note``)."""
+    rows = {}
+    for label, row in table.iterrows():
+        label = str(label)
+        if label.startswith(TOTAL_ROW):
+            continue
+        name, _, note = label.partition(" (")
+        rows[name] = row.copy()
+        rows[name]["note"] = note.rstrip(")")
+    return rows
+
+
+def _group_accuracies(row: pd.Series) -> dict[str, float]:
+    """Group -> accuracy (%) of a method's row: the pair's ``acc_<group>`` and the worst."""
+    out = {}
+    for col, cell in row.items():
+        col = str(col)
+        value = number(cell) if col.startswith("acc_") else None
+        if value is not None:
+            out["worst group" if col == WORST else col.removeprefix("acc_")] = value
+    return out
+
+
+def method_metrics(row: pd.Series) -> dict[str, Any]:
+    """The DVC metrics of one method's row (see the module docstring)."""
+    groups = _group_accuracies(row)
+    named = [v for g, v in groups.items() if g != "worst group"]
+    worst = groups.get("worst group", min(named) if named else None)
+    gap = next((number(row[c]) for c in COST_GAPS if c in row and number(row[c]) is not None),
+               None)
+    metrics: dict[str, Any] = {
+        "worst_group_accuracy": worst,
+        "largest_cost_gap": gap,
+        "epsilon_run": number(row[EPSILON_RUN]),
+        "epsilon_released": number(row[EPSILON_METHOD]),
+    }
+    if row["note"]:
+        metrics["note"] = row["note"]
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
+    """``(metrics, group accuracy rows, ε vs accuracy rows)`` of a results table."""
+    rows = _method_rows(table)
+    methods = {m: method_metrics(row) for m, row in rows.items()}
+    metrics: dict[str, Any] = {}
+    totals = [number(table.at[i, EPSILON_METHOD]) for i in table.index
+              if str(i).startswith(TOTAL_ROW)]
+    if totals and totals[0] is not None:
+        metrics["epsilon_total"] = totals[0]
+    metrics["methods"] = methods
+    groups = pd.DataFrame(
+        [{"method": m, "group": g, "method_group": f"{m} · {g}", "accuracy": acc}
+         for m, row in rows.items() for g, acc in _group_accuracies(row).items()],
+        columns=["method", "group", "method_group", "accuracy"])
+    curve = pd.DataFrame(
+        [{"method": m, "epsilon": v["epsilon_released"],
+          "worst_group_accuracy": v["worst_group_accuracy"]}
+         for m, v in methods.items() if "epsilon_released" in v and "worst_group_accuracy" in v],
+        columns=["method", "epsilon", "worst_group_accuracy"])
+    return metrics, groups, curve
+
+
+def write_outputs(results_csv: str | Path, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``metrics.json``, ``group_accuracy.csv`` and ``epsilon_accuracy.csv`` under
+    ``out_dir`` from ``results_csv``; returns their paths."""
+    metrics, groups, curve = evaluate(read_results(results_csv))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name
+             for name in ("metrics.json", "group_accuracy.csv", "epsilon_accuracy.csv")}
+    paths["metrics.json"].write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
+    groups.to_csv(paths["group_accuracy.csv"], index=False)
+    curve.to_csv(paths["epsilon_accuracy.csv"], index=False)
+    return paths
