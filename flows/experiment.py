@@ -31,6 +31,7 @@ from prefect.futures import PrefectFuture  # noqa: E402
 from dpfair import experiment as steps  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
+from dpfair.run_log import pipeline_run_name  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
 from dpfair.tracking import experiment_id, fail_stale_runs, run, run_url  # noqa: E402
@@ -113,7 +114,7 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                      len(stale), ", ".join(stale))
     data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
     failures: dict[str, str] = {}
-    with run(tracking, exp_id, steps.pipeline_run_name(prepared.name),
+    with run(tracking, exp_id, pipeline_run_name(prepared.name),
              tags={**data_tags, "dpfair.stage": "pipeline"}) as parent:
         log_release(tracking, parent, plan)
         log_inputs(params, params_path, prepared, dataset, tracking, parent)

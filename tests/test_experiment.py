@@ -116,10 +116,10 @@ def pipeline(tmp_path_factory):
     from dpfair.experiment import (
         PreparedData,
         log_pipeline_inputs,
-        pipeline_run_name,
         plan_release,
         train_logged,
     )
+    from dpfair.run_log import pipeline_run_name
     from dpfair.summary import log_release, log_summary, register_model, summarise
     from dpfair.tracking import experiment_id, run
 

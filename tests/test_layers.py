@@ -42,6 +42,7 @@ UPPER = (
     "dpfair.release",
     "dpfair.summary",
     "dpfair.model_export",
+    "dpfair.run_log",
     "dpfair.checks",
     "dpfair.processes",
     "dpfair.preflight",
