@@ -302,12 +302,13 @@ def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, 
     pipeline's, holding only what the release covers (no K, no trial score)."""
     from dpfair.experiment import train_standalone, tune_standalone
     from dpfair.release import SECRET_NOISE
+    from dpfair.sections import TuningSection
 
     monkeypatch.chdir(tmp_path)  # the Optuna storage and its private ledger
     client, dataset = pipeline["client"], pipeline["dataset"]
-    params = pipeline["params"].model_copy(update={"tuning": pipeline["params"].tuning
-                                                   .model_validate({"mode": "fixed",
-                                                                    "n_runs": 2})})
+    tuning = TuningSection.model_validate({"mode": "fixed", "n_runs": 2,
+                                           "spaces": {"dpsgd": {"lr": [0.2, 0.5]}}})
+    params = pipeline["params"].model_copy(update={"tuning": tuning})
     _, record = train_standalone(params, "dpsgd", 3, dataset)
     trained = client.get_run(record.run_id)
     assert trained.info.run_name == "synthetic · dpsgd · seed 3"
@@ -318,8 +319,7 @@ def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, 
     assert {"epsilon", "epsilon_method_release"} <= set(trained.data.metrics)
     assert len(trained.outputs.model_outputs) == 1
     assert trained.inputs.dataset_inputs[0].dataset.digest == dataset.meta["data_version"]
-    cfg = params.tuning.config("dpsgd", "cli-search").model_copy(
-        update={"space": {"lr": [0.2, 0.5]}})
+    cfg = params.tuning.config("dpsgd", "cli-search")
     result, _, release, ledger = tune_standalone(params, "dpsgd", cfg, dataset)
     [tuned] = client.search_runs([pipeline["exp"]], "tags.`dpfair.stage` = 'tuning'")
     assert tuned.info.run_name == "synthetic · tune dpsgd"
