@@ -485,8 +485,11 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
 def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: GroupedDataset
                     ) -> tuple[TuningResult, SearchRelease, MethodRelease, Path]:
     """``dpfair tune``: a search in a run of its own, logged like a pipeline's search (only
-    what ``tuning.release`` releases, :func:`log_search`); returns the ledger's path too."""
+    what ``tuning.release`` releases, :func:`log_search`); returns the ledger's path too.
+    The search is prepared first (as :func:`plan_release` does): settings it refuses, e.g. a
+    budget it would exceed, leave no MLflow record."""
     base = params.experiment.train_config(label, params.experiment.seeds[0])
+    prepare_search(base.method, base, dataset, cfg)  # refuses bad settings before any logging
     exp_id, data_tags = _standalone(params, dataset)
     mode = params.tuning.release
     with run(params.tracking, exp_id, run_name(dataset.name, f"tune {label}"),
