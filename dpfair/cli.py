@@ -6,7 +6,7 @@
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
     dpfair predict --model NAME[/VERSION] --input rows.csv --output preds.csv
-    dpfair serve      the flow as a scheduled Prefect deployment
+    dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
 ``@cli_errors`` (on every command; a test checks) is the one error boundary. An expected failure
 is printed as one message that names the problem and the fix, without a traceback, exit code 2:
@@ -445,14 +445,76 @@ def predict_cmd(
     console.print(f"{n} predictions written to {out}", soft_wrap=True)
 
 
+@app.command("audit")
+@cli_errors
+def audit_cmd(
+    method: Annotated[str | None, typer.Option(
+        "--method", "-m", help="label of experiment.methods (default: audit.method)")] = None,
+    canaries: Annotated[int | None, typer.Option(min=1, help="canaries per group")] = None,
+    kind: Annotated[str | None, typer.Option(help="mislabel | ood | gradient")] = None,
+    beta: Annotated[float | None, typer.Option(help="the bound holds w.p. 1 - beta")] = None,
+    group: Annotated[list[str] | None, typer.Option(
+        "--group", "-g", help="group to audit (repeat; default: all)")] = None,
+    sigma: Annotated[float | None, typer.Option(help="noise multiplier")] = None,
+    target_epsilon: Annotated[float | None, typer.Option(help="replaces sigma")] = None,
+    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    track: Annotated[bool | None, typer.Option(
+        "--track/--no-track", help="log the audit run to MLflow (default: audit.track)")] = None,
+    params: ParamsOption = None,
+) -> None:
+    """Empirical privacy audit: train one method once with canaries (each included with
+    probability 1/2) and print an epsilon lower bound per group next to the claimed epsilon
+    (Steinke, Nasr & Jagielski 2023). A lower bound, not a proof of privacy."""
+    from dpfair.audit import AuditSection
+    from dpfair.audit_tracking import audit_from_params, claim_note, log_audit
+    from dpfair.tracking import ui_command
+
+    p = resolve_params(params)
+    given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta,
+             "groups": group or None, "sigma": sigma, "target_epsilon": target_epsilon,
+             "epochs": epochs, "track": track}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if "target_epsilon" in overrides:
+        overrides.setdefault("sigma", None)
+    elif "sigma" in overrides:
+        overrides["target_epsilon"] = None
+    try:
+        section = AuditSection.model_validate({**p.audit.model_dump(), **overrides})
+    except ValidationError as exc:
+        raise ConfigError("command-line options: " + format_validation_error(
+            exc, AuditSection, prefix=("audit",))) from None
+    config, dataset, result = audit_from_params(p, section)
+    table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
+                        f"canaries, confidence {result.confidence:.0%}")
+    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=", "mu >=",
+                "claimed epsilon"):
+        table.add_column(col, justify="left" if col == "group" else "right")
+    for g in result.groups:
+        claimed = "—" if g.epsilon_claimed is None else f"{g.epsilon_claimed:.3f}"
+        table.add_row(g.group, str(g.canaries), str(g.included), f"{g.correct} / {g.guesses}",
+                      f"{g.epsilon_lower_bound:.3f}", f"{g.mu_lower_bound:.3f}", claimed)
+    console.print(table)
+    console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
+                  "bound: above the claim shows a bug, below it proves nothing")
+    if section.track:
+        run_id = log_audit(p.tracking, section.method, config, dataset, result)
+        console.print(f"MLflow audit run {run_id}; open the UI with:\n  {ui_command(p.tracking)}")
+
+
 @app.command("serve")
 @cli_errors
-def serve(params: ParamsOption = None) -> None:
-    """Serve the experiment as a Prefect deployment on params.yaml's cron schedule."""
+def serve(
+    params: ParamsOption = None,
+    root: Annotated[str, typer.Option(
+        help="project folder of each scheduled run, --params being relative to it (the "
+             "deployment's parameters; a relative root is resolved where this command runs)")
+    ] = ".",
+) -> None:
+    """Serve the scheduled retraining (params.yaml's cron) as a Prefect deployment: each run
+    retrains when the data version changed since the last release, else skips."""
     from flows.schedule import serve_experiment
 
-    path = params or Path(DEFAULT_PARAMS)
-    serve_experiment(str(path), ".")
+    serve_experiment(str(params or DEFAULT_PARAMS), root)
 
 
 if __name__ == "__main__":  # python -m dpfair.cli

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from dpfair.audit.config import AuditSection
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import get_spec, kind_spec, kinds, specs
 from dpfair.errors import (  # ConfigError and format_validation_error re-exported
@@ -130,6 +131,7 @@ class Params(Section):
     budget: BudgetSection = Field(default_factory=BudgetSection)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    audit: AuditSection = Field(default_factory=AuditSection)
 
     def declared_datasets(self) -> list[str]:
         """The user's datasets declared in ``datasets:`` with a kind."""

@@ -47,7 +47,8 @@ class UnreachableError(DpfairError, OSError):
 
 
 class BudgetExceededError(TuningError):
-    """The search's epsilon (known before any run) exceeds the budget."""
+    """A planned release exceeds its budget, known before any run: a search's ε, or a retrain
+    composed with what a data source's people already spent (``budget.lifetime_epsilon``)."""
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:

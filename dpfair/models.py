@@ -31,15 +31,25 @@ Parameter counts against the papers (``esipova2023.settings.models`` in publishe
   ReLU and a linear output layer. The paper gives no padding; the default is 0 (valid), which
   on MNIST leaves 64x4x4 features and 805,578 parameters. Inputs smaller than 13x13
   (scikit-learn's 8x8 digits) need ``padding: 1``.
+* ``import`` is the user's own module by import path (:class:`ImportModelConfig`); its layers
+  are checked before training by :func:`dpfair.privacy.model_check.check_model`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter, field_validator
 from torch import nn
+
+from dpfair.errors import ConfigError, did_you_mean
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 Activation = Literal["tanh", "relu"]
@@ -85,8 +95,43 @@ class ZhaoCNNConfig(_Config):
     activation: Activation = "relu"
 
 
+class ImportModelConfig(_Config):
+    """Your own ``nn.Module`` by import path: ``target: "package.module:factory"``.
+
+    ``factory`` is a class or a function (``module:Outer.create`` reaches nested attributes),
+    called as ``factory(**kwargs)``; it is also given ``input_shape`` (a tuple without the
+    batch dimension, e.g. ``(20,)`` or ``(1, 8, 8)``) and ``n_classes`` (an int) as keywords
+    when its signature names a parameter so called. It must return a module mapping a batch
+    ``(B, *input_shape)`` to logits ``(B, n_classes)`` (checked on a dummy batch). The module is
+    imported as Python would from the current directory (which is added to the end of
+    ``sys.path`` if absent), an installed package or ``PYTHONPATH``; the target is resolved
+    when the configuration is validated, so a typo fails before anything runs.
+    """
+
+    name: Literal["import"] = "import"
+    target: str = Field(description='"package.module:factory" (a class or a function)')
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
+
+    @field_validator("target")
+    @classmethod
+    def _resolvable(cls, target: str) -> str:
+        resolve_target(target)
+        return target
+
+    @field_validator("kwargs")
+    @classmethod
+    def _not_from_data(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        given = sorted(set(kwargs) & set(_FROM_DATA))
+        if given:
+            raise ConfigError(
+                f"kwargs: {', '.join(given)} come(s) from the dataset; remove them from kwargs "
+                "(the factory receives them when its signature names them)"
+            )
+        return kwargs
+
+
 ModelConfig = Annotated[
-    LogisticRegressionConfig | MLPConfig | EsipovaCNNConfig | ZhaoCNNConfig,
+    LogisticRegressionConfig | MLPConfig | EsipovaCNNConfig | ZhaoCNNConfig | ImportModelConfig,
     Field(discriminator="name"),
 ]
 MODEL_CONFIG: TypeAdapter[ModelConfig] = TypeAdapter(ModelConfig)
@@ -124,6 +169,8 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], n_classes: int) 
             input_shape, cfg.channels, cfg.kernel_size, cfg.padding, cfg.activation, pool
         )
         return _with_head(convs, input_shape, cfg.name, cfg.hidden, n_classes, cfg.activation)
+    if isinstance(cfg, ImportModelConfig):
+        return _import_model(cfg, input_shape, n_classes)
     raise TypeError(f"not a model config: {cfg!r}")
 
 
@@ -181,3 +228,129 @@ def _with_head(
         ) from err
     head = _mlp(d, hidden, n_classes, activation)
     return nn.Sequential(*convs, *list(head)[1:])
+
+
+# ------------------------------------------------------------------ own model by import path
+
+#: What the factory of an ``import`` model is given from the data when its signature names it.
+_FROM_DATA = ("input_shape", "n_classes")
+_IDENTIFIERS = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_TARGET = re.compile(rf"({_IDENTIFIERS}):({_IDENTIFIERS})")
+
+
+def resolve_target(target: str) -> Callable[..., Any]:
+    """The class or function ``"package.module:name"`` names; ``ConfigError`` naming the
+    problem (no colon, module not importable, name missing, not callable) and the fix."""
+    match = _TARGET.fullmatch(target.strip())
+    if match is None:
+        head, _, tail = target.rpartition(".")
+        hint = f"; did you mean {head + ':' + tail!r}?" if ":" not in target and head else ""
+        raise ConfigError(
+            f"target {target!r} is not 'package.module:factory' (the module's import path, a "
+            f"colon, then the class or function in it, e.g. 'mymodels:make_net'){hint}"
+        )
+    module_name, attr_path = match.groups()
+    value: Any = _import(module_name)
+    where = module_name
+    for part in attr_path.split("."):
+        if not hasattr(value, part):
+            public = [n for n in dir(value) if not n.startswith("_")]
+            raise ConfigError(
+                f"target {target!r}: {where!r} has no attribute {part!r}"
+                f"{did_you_mean(part, public)} (public names: {', '.join(public[:20]) or 'none'})"
+            )
+        value = getattr(value, part)
+        where += f"{':' if where == module_name else '.'}{part}"
+    if not callable(value):
+        raise ConfigError(
+            f"target {target!r} is not callable (type {type(value).__name__}): name a class or "
+            "a function that returns an nn.Module"
+        )
+    return value
+
+
+def _import(module_name: str) -> Any:
+    """Import ``module_name`` with the current directory on ``sys.path`` (appended if absent)."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module_name + ".").startswith(err.name + "."):
+            raise ConfigError(f"importing module {module_name!r} failed: {err}") from err
+        shown = [p or "." for p in sys.path[:8]] + (["..."] if len(sys.path) > 8 else [])
+        raise ConfigError(
+            f"cannot import module {module_name!r} (no module named {err.name!r}): put "
+            f"{module_name.replace('.', '/')}.py in the current directory ({cwd}), install its "
+            f"package, or add its folder to PYTHONPATH (sys.path: {', '.join(shown)})"
+        ) from err
+    except Exception as err:  # the user's module raised while being imported
+        raise ConfigError(
+            f"importing module {module_name!r} failed: {type(err).__name__}: {err}"
+        ) from err
+
+
+def _import_model(
+    cfg: ImportModelConfig, input_shape: tuple[int, ...], n_classes: int
+) -> nn.Module:
+    """Call the factory (see :class:`ImportModelConfig`) and check its output on a dummy batch."""
+    factory = resolve_target(cfg.target)
+    kwargs = dict(cfg.kwargs)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # some builtins have none: pass the kwargs only
+        signature = None
+    if signature is not None:
+        given = {"input_shape": input_shape, "n_classes": n_classes}
+        kwargs.update({k: v for k, v in given.items() if k in signature.parameters})
+        try:
+            signature.bind(**kwargs)
+        except TypeError as err:
+            accepted = [k for k in signature.parameters if k not in _FROM_DATA]
+            unknown = sorted(set(cfg.kwargs) - set(signature.parameters))
+            hint = did_you_mean(unknown[0], accepted) if unknown else ""
+            raise ConfigError(
+                f"model {cfg.target}: kwargs {cfg.kwargs} do not fit its signature "
+                f"{signature}: {err}{hint}"
+            ) from err
+    try:
+        model = factory(**kwargs)
+    except Exception as err:
+        raise ConfigError(
+            f"model {cfg.target}(**{kwargs}) raised {type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model {cfg.target} returned a {type(model).__name__}, not a torch.nn.Module"
+        )
+    check_output_shape(model, input_shape, n_classes, cfg.target)
+    return model
+
+
+def check_output_shape(
+    model: nn.Module, input_shape: tuple[int, ...], n_classes: int, what: str = "the model"
+) -> None:
+    """``ConfigError`` unless ``model`` maps a dummy batch ``(2, *input_shape)`` to logits of
+    shape ``(2, n_classes)`` (evaluated in eval mode, without gradients; the mode is restored)."""
+    was_training = model.training
+    device = next(model.parameters(), torch.empty(0)).device
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, *input_shape, device=device))
+    except Exception as err:
+        raise ConfigError(
+            f"{what}: the forward pass failed on a dummy batch of shape {(2, *input_shape)} "
+            f"(the data's input shape {input_shape} with a batch dimension): "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    finally:
+        model.train(was_training)
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if shape != (2, n_classes):
+        raise ConfigError(
+            f"{what}: a batch of shape {(2, *input_shape)} gave output {shape}; expected logits "
+            f"of shape (2, {n_classes}) = (batch, n_classes) for this dataset's {n_classes} "
+            "classes"
+        )

@@ -177,7 +177,9 @@ class BudgetSection(BaseModel):
     each seed (all trained on the same data, so they compose) and any noisy statistic. The
     spend is planned and checked before anything trains (:mod:`dpfair.release`). Releases
     without a DP guarantee (a heuristic method such as FairLens, the non-private reference)
-    have no ε to count, so they are refused unless allowed here.
+    have no ε to count, so they are refused unless allowed here. Over time, every run's
+    release is recorded per data source in ``ledger`` and held to ``lifetime_epsilon``
+    (:mod:`dpfair.source_ledger`).
     """
 
     model_config = _STRICT
@@ -198,6 +200,19 @@ class BudgetSection(BaseModel):
     )
     allow_nonprivate_reference: bool = Field(
         False, description="release the non-private reference's test metrics (no guarantee)"
+    )
+    lifetime_epsilon: PositiveFloat | None = Field(
+        None, description="the most ε all runs over time may release on one data source's "
+        "people, composed (dpfair/source_ledger.py; None: no limit, still recorded)"
+    )
+    ledger: str = Field(
+        ".dpfair/privacy_ledger.json",
+        description="the privacy ledger file of every release per data source (relative to "
+        "the project root); it must outlive the runs: never delete it",
+    )
+    disjoint_from_previous: bool = Field(
+        False, description="a data version not seen before holds only new people: it starts "
+        "its own account in the ledger (set it for that run only)"
     )
 
 

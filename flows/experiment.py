@@ -4,7 +4,11 @@ seeds -> report.
 ``run_experiment`` validates params.yaml before anything runs, then starts the flow with the
 task runner that params.yaml asks for. The flow plans everything the run will release and
 checks it against ``budget`` before any MLflow run is opened or anything trains
-(:func:`dpfair.experiment.plan_release`). A method that fails does not lose the others: their
+(:func:`dpfair.experiment.plan_release`), then reserves it in the data source's privacy ledger
+against ``budget.lifetime_epsilon`` (:mod:`dpfair.source_ledger`): it counts once anything
+may have been released (a training task started), and is voided when the flow fails before.
+The flow run publishes its results and MLflow link as a Prefect artifact, and the two runs
+name each other (:mod:`flows.artifacts`). A method that fails does not lose the others: their
 runs are logged, the failure is reported with its error, and the flow ends failed. Runs of
 this experiment that a killed process left RUNNING are marked FAILED before the new pipeline
 run opens (:func:`dpfair.tracking.fail_stale_runs`), and Prefect temporary servers a killed
@@ -30,11 +34,15 @@ from prefect.futures import PrefectFuture  # noqa: E402
 
 from dpfair import experiment as steps  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
+from dpfair.data import source_version  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
+from dpfair.release import epsilon_text  # noqa: E402
 from dpfair.run_log import pipeline_run_name  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
+from dpfair.source_ledger import Release, SourceLedger, reserve_plan  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
 from dpfair.tracking import experiment_id, fail_stale_runs, run, run_url  # noqa: E402
+from flows import artifacts  # noqa: E402
 from flows.server import mark_owner, stop_orphan_servers  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
     evaluate,
@@ -98,54 +106,70 @@ def _after(failures: dict[str, str], step: str, notes: list[str]) -> Iterator[No
         notes.append(f"{step} failed too: {type(exc).__name__}: {exc}")
 
 
+def ledger(params: Params, root: str | Path) -> SourceLedger:
+    """The privacy ledger of ``params`` (``budget.ledger``, relative to the project ``root``)."""
+    return SourceLedger(Path(root) / params.budget.ledger)
+
+
 @flow(name="dpfair-experiment")
 def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str, Any]:
     params: Params = load_params(params_path)
     exp, tracking = params.experiment, params.tracking
+    source = source_version(exp.dataset, params.dataset(exp.dataset))
     prepared = prepare_data(params, root, params_path)
     dataset = load_data(prepared)
     token = uuid.uuid4().hex[:8]
     studies = {label: f"{prepared.name}-{label}-{token}"
                for label in exp.methods if label in params.tuning.spaces}
     plan = plan_release(params, dataset, studies)  # over budget: refused, nothing trains
-    exp_id = experiment_id(tracking, prepared.name)
-    if stale := fail_stale_runs(tracking, exp_id):
-        _log.warning("marked FAILED %d run(s) left RUNNING by a killed process: %s",
-                     len(stale), ", ".join(stale))
-    data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
-    failures: dict[str, str] = {}
-    with run(tracking, exp_id, pipeline_run_name(prepared.name),
-             tags={**data_tags, "dpfair.stage": "pipeline"}) as parent:
-        log_release(tracking, parent, plan)
-        log_inputs(params, params_path, prepared, dataset, tracking, parent)
-        tune_futures = {
-            label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
-                                      studies[label], plan.methods[label])
-            for label in studies
-        }
-        tuned = _collect(tune_futures, failures)
-        train_futures = {
-            (label, seed): train_seed.submit(
-                steps.final_config(params, label, seed, tuned.get(label)), label, dataset,
-                tracking, exp_id, parent, data_tags, plan.methods[label], tuned.get(label))
-            for label in plan.methods if label not in failures
-            for seed in exp.seeds
-        }
-        runs = list(_collect(train_futures, failures).values())
-        out_dir = Path(root) / "outputs" / parent
-        summary: Summary | None = None
-        later: list[str] = []
-        with _after(failures, "the summary", later):
-            summary = evaluate(params, dataset, runs, out_dir, plan)
-        with _after(failures, "logging the results", later):
-            log_results(tracking, parent, summary, out_dir, failures)
-        registered = None if failures else register_model(params, tracking, dataset, runs,
-                                                           plan, data_tags, parent)
-        if failures:
-            raise MethodsFailed(
-                "methods failed (the others are logged in MLflow run "
-                f"{parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items()))
-                + "".join(f"; {note}" for note in later))
+    book = ledger(params, root)
+    reserved = reserve_plan(book, prepared.name, source, plan, params.budget,
+                            **artifacts.prefect_tags())  # over the lifetime: refused
+    with book.spending(reserved) as spend:
+        exp_id = experiment_id(tracking, prepared.name)
+        if stale := fail_stale_runs(tracking, exp_id):
+            _log.warning("marked FAILED %d run(s) left RUNNING by a killed process: %s",
+                         len(stale), ", ".join(stale))
+        data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
+        failures: dict[str, str] = {}
+        with run(tracking, exp_id, pipeline_run_name(prepared.name),
+                 tags={**data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
+                       "dpfair.ledger_release": reserved.id}) as parent:
+            spend.context["mlflow_run_id"] = parent
+            artifacts.tag_flow_run(parent)
+            log_release(tracking, parent, plan)
+            log_inputs(params, params_path, prepared, dataset, tracking, parent)
+            spend.may_release()  # from here on, tasks may log what the plan covers
+            tune_futures = {
+                label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
+                                          studies[label], plan.methods[label])
+                for label in studies
+            }
+            tuned = _collect(tune_futures, failures)
+            train_futures = {
+                (label, seed): train_seed.submit(
+                    steps.final_config(params, label, seed, tuned.get(label)), label, dataset,
+                    tracking, exp_id, parent, data_tags, plan.methods[label], tuned.get(label))
+                for label in plan.methods if label not in failures
+                for seed in exp.seeds
+            }
+            runs = list(_collect(train_futures, failures).values())
+            out_dir = Path(root) / "outputs" / parent
+            summary: Summary | None = None
+            later: list[str] = []
+            with _after(failures, "the summary", later):
+                summary = evaluate(params, dataset, runs, out_dir, plan)
+            with _after(failures, "logging the results", later):
+                log_results(tracking, parent, summary, out_dir, failures)
+            registered = None if failures else register_model(params, tracking, dataset, runs,
+                                                               plan, data_tags, parent)
+            with _after(failures, "publishing the results artifact", later):
+                _publish(params, book, reserved, exp_id, parent, summary, failures, registered)
+            if failures:
+                raise MethodsFailed(
+                    "methods failed (the others are logged in MLflow run "
+                    f"{parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items()))
+                    + "".join(f"; {note}" for note in later))
     assert summary is not None  # else evaluate raised, or methods failed and MethodsFailed did
     return {
         "experiment_id": exp_id,
@@ -153,6 +177,8 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
         "tracking_url": run_url(tracking, exp_id, parent),
         "registered_model": registered,
         "data_version": prepared.version,
+        "source_version": source,
+        "ledger_release": reserved.id,
         "table": summary.markdown(),
         "results_dir": str(out_dir),
         "figures": summary.figures,
@@ -166,6 +192,30 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                                           "guarantee": m.guarantee}
                                 for m in plan.methods.values()}},
     }
+
+
+def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str, parent: str,
+             summary: Summary | None, failures: dict[str, str],
+             registered: dict[str, str] | None) -> None:
+    """The flow run's results artifact: where MLflow has them, the registered model, the
+    ledger's spend, the table."""
+    source, version = reserved.source, reserved.version
+    spent = book.spent(source, version, reserved.delta)
+    lifetime = params.budget.lifetime_epsilon
+    facts = {
+        "MLflow run": f"`{parent}` (experiment `{exp_id}`)",
+        "open in MLflow": artifacts.mlflow_link(params.tracking, exp_id, parent),
+        **({"registered model": f"`{registered['name']}` version {registered['version']}"}
+           if registered else {}),
+        "data": f"{source}, version `{version}`",
+        "privacy ledger": f"this run ε {epsilon_text(reserved.epsilon)}; spent on this "
+                          f"source's people so far ε {epsilon_text(spent)} at δ = "
+                          f"{reserved.delta:g}" + (f" (lifetime budget {lifetime:g})"
+                                                   if lifetime is not None else ""),
+        **({"failed methods": ", ".join(sorted(failures))} if failures else {}),
+    }
+    body = summary.markdown() if summary is not None else "No results table: the summary failed."
+    artifacts.publish(f"dpfair results: {source}", facts, body)
 
 
 def _share_cores(workers: int) -> None:

@@ -28,6 +28,8 @@ LIBRARY = (
     "dpfair.privacy.step",
     "dpfair.training",
     "dpfair.fairness",
+    "dpfair.audit",
+    "dpfair.api",
 )
 # The modules above the library (settings, orchestration, adapters, the user interface).
 UPPER = (
@@ -44,7 +46,9 @@ UPPER = (
     "dpfair.model_export",
     "dpfair.run_log",
     "dpfair.checks",
+    "dpfair.source_ledger",
     "dpfair.processes",
+    "dpfair.audit_tracking",
     "dpfair.preflight",
     "flows",
     "tasks",
@@ -84,7 +88,7 @@ def test_library_loads_no_adapter_and_no_rich():
 
 
 def test_config_layer_loads_no_adapter():
-    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings")
+    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings", "dpfair.source_ledger")
     loaded = _loaded_by(_imports(modules), ADAPTERS)
     assert loaded == {m: [] for m in modules}
 
@@ -121,6 +125,11 @@ BELOW = {
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     "fairness": UPPER,
     "training": UPPER,
+    # the privacy ledger per data source: a file, no adapter, nothing that orchestrates
+    "source_ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary",
+                      "dpfair.cli", "dpfair.config", "flows", "tasks"),
+    "audit": UPPER,
+    "api": UPPER,
 }
 
 

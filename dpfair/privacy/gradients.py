@@ -38,18 +38,15 @@ import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from dpfair.privacy.layer_grads import (
-    FAST_LAYERS,
-    LayerGrads,
-    layer_grads,
-    mask_rows,
-)
+from dpfair.privacy.layer_fallback import output_tensors, vmap_layer_grads
+from dpfair.privacy.layer_grads import LayerGrads, layer_grads, mask_rows, materialise_reason
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +81,9 @@ class PerSampleGradients(ABC):
     """
 
     losses: Tensor
+    #: Whether ``g_i`` depends on sample ``i`` alone, so a batch may be formed in chunks
+    #: (physical batches, :class:`dpfair.privacy.step.PrivateStep`).
+    chunkable: bool = True
 
     @abstractmethod
     def compute(
@@ -111,13 +111,82 @@ class PerSampleGradients(ABC):
 # --------------------------------------------------------------------------- fast path
 
 
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which modules the fast path serves by a rule (``fast``) and which by ``vmap`` of the
+    layer alone (``slow``: module, its name and why), for one model."""
+
+    fast: list[nn.Module]
+    slow: list[tuple[str, nn.Module, str]]
+
+
+def plan_layers(model: nn.Module) -> LayerPlan:
+    """Splits the modules owning trainable parameters into fast layers and fallback units (a
+    module the fast path has no rule for, with its whole subtree; see
+    :func:`dpfair.privacy.layer_grads.materialise_reason`)."""
+    fast: list[nn.Module] = []
+    slow: list[tuple[str, nn.Module, str]] = []
+
+    def visit(name: str, module: nn.Module) -> None:
+        if any(p.requires_grad for p in module.parameters(recurse=False)):
+            reason = materialise_reason(module)
+            if reason is not None:
+                slow.append((name or "model", module, reason))
+                return
+            fast.append(module)
+        for child, sub in module.named_children():
+            visit(f"{name}.{child}" if name else child, sub)
+
+    visit("", model)
+    return LayerPlan(fast, slow)
+
+
+def batch_free_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> list[str]:
+    """Names of the planned layers some call of which does not carry the batch axis first
+    (a position embedding of ``arange(T)`` broadcast over the batch): their output gradient is
+    a sum over samples, so hooks cannot give per-sample gradients. Found from the output sizes
+    of two probe forwards, on batches of 1 and 2 copies of the first sample (a batch axis
+    doubles), without gradients and leaving the random number generators as they were."""
+    names = {id(m): n or "model" for n, m in model.named_modules()}
+    sizes: dict[int, list[int]] = {}
+
+    def record(module: nn.Module, args: tuple, output: Any) -> None:
+        first = output_tensors(output)[0]
+        sizes.setdefault(id(module), []).append(first.shape[0] if first.dim() else 0)
+
+    modules = plan.fast + [m for _, m, _ in plan.slow]
+    handles = [m.register_forward_hook(record) for m in modules]
+    devices = [x.device] if x.device.type == "cuda" else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            model(x[:1])
+            model(torch.cat([x[:1], x[:1]]))
+    finally:
+        for h in handles:
+            h.remove()
+    found = []
+    for key, seen in sizes.items():
+        half = len(seen) // 2
+        if seen[:half] != [1] * half or seen[half:] != [2] * half:
+            found.append(names[key])
+    return found
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, Tensor) else value
+
+
 class GhostClipping(PerSampleGradients):
-    """Fast path for models whose trainable parameters all live in Linear and Conv2d layers
-    (ghost norms) or LayerNorm and GroupNorm layers (materialised, they are small).
+    """Fast path: ghost norms, Gram tricks, sparse embedding rows and small materialised norm
+    layers (:mod:`dpfair.privacy.layer_grads`) for the layers it knows; any other module owning
+    trainable parameters gets its per-sample gradients by ``vmap`` of that layer alone
+    (:mod:`dpfair.privacy.layer_fallback`), so a model falls back layer by layer, never whole.
 
     A layer called several times in one forward (weight sharing) is handled by concatenating
     its calls along the position axis, which is exact since the per-sample gradient is a sum
-    over positions.
+    over positions. A parameter must be used only through its own module's forward (a weight
+    read directly by another module is not seen); parameters shared between modules go to the
+    materialised path (:func:`fast_path_obstacle`).
 
     Args:
         clone_outputs: copy each layer output before handing it on, for models that modify
@@ -130,23 +199,49 @@ class GhostClipping(PerSampleGradients):
         self._layers: list[LayerGrads] = []
         self._params: list[nn.Parameter] = []
         self._all_finite = True
+        self._plan: tuple[nn.Module, LayerPlan, Materialized | None] | None = None
+
+    def _layer_plan(self, model: nn.Module, x: Tensor) -> LayerPlan:
+        if self._plan is None or self._plan[0] is not model:
+            plan = plan_layers(model)
+            shared = batch_free_calls(model, plan, x)
+            if shared:
+                _log_once(
+                    "per-sample gradients: materialised path, because "
+                    f"{', '.join(shared)} run on an input without the batch axis (their output "
+                    "gradient sums over samples); give them a batched input, e.g. "
+                    "pos(positions.expand(batch_size, -1)), to keep the fast path"
+                )
+            self._plan = (model, plan, Materialized() if shared else None)
+        return self._plan[1]
 
     def compute(
         self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
     ) -> Tensor:
         self._params = trainable_parameters(model)
-        layers = [
-            m
-            for m in model.modules()
-            if isinstance(m, FAST_LAYERS) and any(p.requires_grad for p in m.parameters(False))
-        ]
-        calls: list[tuple[nn.Module, Tensor, Tensor, int]] = []
+        plan = self._layer_plan(model, x)
+        whole = self._whole_model()
+        if whole is not None:
+            norms = whole.compute(model, loss_fn, x, y, groups)
+            self.losses = whole.losses
+            return norms
+        # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
+        calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
 
-        def capture(module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> Tensor:
-            calls.append((module, args[0].detach(), output, output._version))
-            return output.clone() if self.clone_outputs else output
+        def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            outs = output_tensors(output)
+            calls.append((
+                module, tuple(_detached(a) for a in args),
+                {k: _detached(v) for k, v in kwargs.items()}, outs, [o._version for o in outs],
+            ))
+            if not self.clone_outputs:
+                return output
+            if isinstance(output, Tensor):
+                return output.clone()
+            return type(output)(_clone(o) for o in output)
 
-        handles = [m.register_forward_hook(capture) for m in layers]
+        modules = plan.fast + [m for _, m, _ in plan.slow]
+        handles = [m.register_forward_hook(capture, with_kwargs=True) for m in modules]
         try:
             outputs = model(x)
         finally:
@@ -154,23 +249,37 @@ class GhostClipping(PerSampleGradients):
                 h.remove()
         losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
         self.losses = losses.detach()
-        grads = torch.autograd.grad(losses.sum(), [c[2] for c in calls], allow_unused=True)
+        targets = [o for c in calls for o in c[3] if o.requires_grad]
+        found = iter(torch.autograd.grad(losses.sum(), targets, allow_unused=True))
+        fast = {id(m) for m in plan.fast}
         per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
-        for (module, inp, out, version), grad in zip(calls, grads, strict=True):
-            if out._version != version:
+        self._layers = []
+        for module, args, kwargs, outs, versions in calls:
+            if any(o._version != v for o, v in zip(outs, versions, strict=True)):
                 raise RuntimeError(
                     f"the output of {module} was modified in place after the layer ran; "
                     "use GhostClipping(clone_outputs=True) or an out-of-place activation"
                 )
-            per_layer.setdefault(module, []).append(
-                (inp, torch.zeros_like(out) if grad is None else grad)
-            )
-        self._layers = [layer_grads(m, c) for m, c in per_layer.items()]
+            grads = [next(found) if o.requires_grad else None for o in outs]
+            if outs[0].dim() == 0 or outs[0].shape[0] != len(x):
+                raise RuntimeError(f"{module} ran on an input without the batch axis")
+            if id(module) in fast:
+                grad = torch.zeros_like(outs[0]) if grads[0] is None else grads[0]
+                per_layer.setdefault(module, []).append((args[0], grad))
+            else:
+                detached = [o.detach() for o in outs]
+                self._layers.append(vmap_layer_grads(module, args, kwargs, detached, grads))
+        self._layers += [layer_grads(m, c) for m, c in per_layer.items()]
         norms = sum((layer.sq_norms() for layer in self._layers), self._params[0].new_zeros(len(x)))
         norms = norms.sqrt()
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
         self._all_finite = bool(torch.isfinite(norms).all())
         return norms
+
+    def _whole_model(self) -> Materialized | None:
+        """The materialised engine serving the whole model, where some layer runs without the
+        batch axis (found once per model by :func:`batch_free_calls`)."""
+        return None if self._plan is None else self._plan[2]
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         summed = [torch.zeros_like(p) for p in self._params]
@@ -178,10 +287,18 @@ class GhostClipping(PerSampleGradients):
         return summed
 
     def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        whole = self._whole_model()
+        if whole is not None:
+            whole.add_weighted_grad(weights, into)
+            return
         keep = None if self._all_finite else weights != 0
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
             layer.add_weighted(weights, keep, targets)
+
+
+def _clone(value: Any) -> Any:
+    return value.clone() if isinstance(value, Tensor) else value
 
 
 # --------------------------------------------------------------------- materialised path
@@ -229,42 +346,49 @@ class Materialized(PerSampleGradients):
 
 
 def fast_path_obstacle(model: nn.Module) -> str | None:
-    """Why the fast path cannot serve ``model``, or ``None`` when it can."""
+    """Why the fast path (with its layer-by-layer fallback) cannot serve ``model`` at all, or
+    ``None`` when it can: only a trainable parameter shared by two units (tied weights), whose
+    per-sample norm is not the sum of the units' norms."""
+    plan = plan_layers(model)
     seen: set[nn.Parameter] = set()
-    for name, module in model.named_modules():
-        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        if not own:
-            continue
-        if not isinstance(module, FAST_LAYERS):
-            return f"{name or 'model'} ({type(module).__name__}) has trainable parameters"
-        if seen.intersection(own):
-            return f"{name} shares a parameter with another module"
-        seen.update(own)
+    units = [(m, False) for m in plan.fast] + [(m, True) for _, m, _ in plan.slow]
+    for module, subtree in units:
+        own = {p for p in module.parameters(recurse=subtree) if p.requires_grad}
+        if seen & own:
+            return f"{type(module).__name__} shares a parameter with another module"
+        seen |= own
     return None
 
 
 @functools.cache
-def _log_fallback(reason: str) -> None:
-    log.info("per-sample gradients: materialised path, because %s", reason)
+def _log_once(message: str) -> None:
+    log.info(message)
 
 
 def make_engine(model: nn.Module, kind: EngineKind = "auto") -> PerSampleGradients:
     """The per-sample gradient engine for ``model``.
 
-    ``"auto"`` takes the fast path when every trainable parameter lives in a Linear, Conv2d,
-    LayerNorm or GroupNorm layer, else the materialised path (each distinct reason is logged
-    once).
-    ``"fast"`` raises when the fast path cannot serve the model.
+    ``"auto"`` takes the fast path, where layers without a fast rule are materialised one layer
+    at a time (which layers and why is logged once); only parameters shared between modules
+    send the whole model to the materialised path (logged once too). ``"fast"`` raises unless
+    every layer has a fast rule.
     """
     if kind not in ("auto", "fast", "materialized"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'materialized', got {kind!r}")
     if kind == "materialized":
         return Materialized()
     reason = fast_path_obstacle(model)
-    if reason is None:
-        inplace = any(getattr(m, "inplace", False) for m in model.modules())
-        return GhostClipping(clone_outputs=inplace)
-    if kind == "fast":
-        raise ValueError(f"the fast per-sample gradient path cannot serve this model: {reason}")
-    _log_fallback(reason)
-    return Materialized()
+    slow = plan_layers(model).slow
+    if kind == "fast" and (reason or slow):
+        why = reason or "; ".join(f"{name} ({why})" for name, _, why in slow)
+        raise ValueError(f"the fast per-sample gradient path cannot serve this model: {why}")
+    if reason is not None:
+        _log_once(f"per-sample gradients: materialised path, because {reason}")
+        return Materialized()
+    if slow:
+        _log_once(
+            "per-sample gradients: fast path; materialised layer by layer for "
+            + "; ".join(f"{name} ({why})" for name, _, why in slow)
+        )
+    inplace = any(getattr(m, "inplace", False) for m in model.modules())
+    return GhostClipping(clone_outputs=inplace)

@@ -2,12 +2,19 @@
 
 A layer's per-sample gradient is ``sum_t d_t a_t^T`` (``a`` its input, ``d`` its output
 gradient, ``t`` over positions or convolution taps). :func:`layer_grads` picks, per layer, the
-cheapest exact way to get its squared norms and its share of ``sum_i w_i g_i``: the ghost norm
-``|a|^2 |d|^2`` of a Linear applied once per sample (:class:`_DenseGrads`), the ``T x T`` Gram
-trick or the materialised per-sample gradient (:class:`_LayerGrads`; convolutions one batched
-matmul per kernel tap), or the small LayerNorm/GroupNorm parameters materialised
-(:class:`_PerSampleLayer`). :func:`_balance` keeps factors whose squares over- or underflow in
-range by exact powers of two (see the engine's module docstring, "Overflow").
+cheapest exact way to get its squared norms and its share of ``sum_i w_i g_i`` (the mixed ghost
+clipping rule of Bu et al., ICML 2023, "Differentially private optimization on large model at
+small cost", Sec. 3: per layer, ghost norm or materialised, whichever has fewer flops): the
+ghost norm ``|a|^2 |d|^2`` of a Linear applied once per sample (:class:`_DenseGrads`), the
+``T x T`` Gram trick or the materialised per-sample gradient (:class:`_LayerGrads`), a
+convolution's per-sample weight by kernel taps (:class:`_ConvGrads`), an embedding's sparse
+row scatter (:class:`_EmbeddingGrads`), or the small LayerNorm/GroupNorm parameters
+materialised (:class:`PerSampleLayer`). Materialised per-sample gradients only live while a
+layer's norms are formed (in chunks of samples, :data:`CHUNK_ELEMENTS`): the weighted sum is
+one contraction of the kept factors. :func:`_balance` keeps factors whose squares over- or
+underflow in range by exact powers of two (see the engine's module docstring, "Overflow").
+Layers not listed here get their per-sample gradients one layer at a time by
+:mod:`dpfair.privacy.layer_fallback`; :func:`materialise_reason` says which and why.
 """
 
 from __future__ import annotations
@@ -23,7 +30,37 @@ from torch import Tensor, nn
 GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Small layers the fast path materialises per sample, from the same input and output gradient.
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm)
-FAST_LAYERS = GHOST_LAYERS + PER_SAMPLE_LAYERS
+FAST_LAYERS = GHOST_LAYERS + PER_SAMPLE_LAYERS + (nn.Embedding,)
+#: At most this many elements of materialised per-sample gradients exist at once (per layer).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def materialise_reason(module: nn.Module) -> str | None:
+    """``None`` when the fast path handles this leaf module's own parameters (or it has none),
+    else why its per-sample gradients are materialised, layer by layer."""
+    name = f"nn.{type(module).__name__}" if type(module).__module__.startswith("torch.nn") else (
+        type(module).__qualname__
+    )
+    if not any(p.requires_grad for p in module.parameters(recurse=False)):
+        return None
+    if isinstance(module, nn.Embedding):
+        if module.scale_grad_by_freq:
+            return f"{name}: scale_grad_by_freq scales by token counts (vmap of the layer)"
+        if module.max_norm is not None:
+            return f"{name}: max_norm renormalises the weight inside the forward (vmap)"
+        return None
+    if isinstance(module, FAST_LAYERS):
+        return None
+    return f"{name}: no ghost-norm rule for this layer type; its per-sample gradients are " \
+        "materialised by vmap of the layer alone"
+
+
+def _chunks(batch: int, per_sample: int) -> list[slice]:
+    """Slices of the batch holding at most :data:`CHUNK_ELEMENTS` elements of per-sample
+    tensors of ``per_sample`` elements each (at least one sample)."""
+    step = max(1, CHUNK_ELEMENTS // max(per_sample, 1))
+    return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
+
 
 def mask_rows(t: Tensor, keep: Tensor | None) -> Tensor:
     """Zero the rows outside ``keep``, so that a non-finite sample cannot turn a sum into NaN."""
@@ -72,34 +109,37 @@ class _LayerGrads:
 
     ``a``: ``(B, T, G, d_in)``, ``d``: ``(B, T, G, d_out)`` with ``G`` convolution groups
     (1 for Linear). The weight gradient has shape ``(G * d_out, d_in)`` before reshaping. The
-    weight's gradient is either kept factored (balanced, :func:`_balance`) for the Gram trick or
-    materialised, whichever is cheaper.
+    weight's factors are kept (balanced, :func:`_balance`); its squared norms come from the Gram
+    trick or from per-sample gradients materialised a chunk of samples at a time, whichever is
+    cheaper, and the weighted sum is one contraction of the factors either way.
     """
 
     def __init__(self, module: nn.Linear | nn.Conv2d, a: Tensor, d: Tensor) -> None:
         self.module, self.batch_size = module, a.shape[0]
         has_bias = module.bias is not None and module.bias.requires_grad
         self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
-        self.materialised: Tensor | None = None
         self.a: Tensor | None = None
         self.d: Tensor | None = None
+        self.gram = _gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1])
         if module.weight.requires_grad:
-            if _gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1]):
-                self.a, self.d, _, _ = _balance(a, d, _sq(a), _sq(d))  # Gram trick
-            else:  # materialise: B T d_in d_out flops
-                self.materialised = torch.einsum("btgo,btgi->bgoi", d, a)
+            self.a, self.d, _, _ = _balance(a, d, _sq(a), _sq(d))
 
     def sq_norms(self) -> Tensor:
         sq = self.module.weight.new_zeros(self.batch_size)
         if self.bias_grad is not None:
             sq = sq + _sq(self.bias_grad)
-        if self.materialised is not None:
-            sq = sq + _sq(self.materialised)
-        elif self.a is not None and self.d is not None:
+        if self.a is None or self.d is None:
+            return sq
+        if self.gram:  # B T^2 (d_in + d_out) flops
             aa = torch.einsum("btgi,bsgi->bgts", self.a, self.a)
             dd = torch.einsum("btgo,bsgo->bgts", self.d, self.d)
-            sq = sq + (aa * dd).sum((1, 2, 3))
-        return sq
+            return sq + (aa * dd).sum((1, 2, 3))
+        _, _, g, d_in = self.a.shape  # materialise, a chunk at a time: B T d_in d_out flops
+        parts = [
+            _sq(torch.einsum("btgo,btgi->bgoi", self.d[c], self.a[c]))
+            for c in _chunks(self.batch_size, g * d_in * self.d.shape[-1])
+        ]
+        return sq + torch.cat(parts)
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -108,10 +148,7 @@ class _LayerGrads:
         all finite)."""
         m, w = self.module, weights.to(self.module.weight.dtype)
         b = len(weights)
-        if self.materialised is not None:
-            out = into[m.weight].view(-1)
-            out.addmv_(mask_rows(self.materialised, keep).reshape(b, -1).T, w)
-        elif self.a is not None and self.d is not None:
+        if self.a is not None and self.d is not None:
             a, d = mask_rows(self.a, keep), mask_rows(self.d, keep)
             _, _, g, d_in = a.shape
             d_out = d.shape[-1]
@@ -124,6 +161,87 @@ class _LayerGrads:
         if self.bias_grad is not None:
             bias_grad = mask_rows(self.bias_grad, keep).reshape(b, -1)
             into[m.bias].view(-1).addmv_(bias_grad.T, w)  # type: ignore[union-attr]
+
+
+class _ConvGrads:
+    """A convolution with many positions: its per-sample weight gradients are materialised one
+    batched matmul per kernel tap (:func:`_conv_per_sample_weight`), a chunk of samples at a
+    time, only to form the squared norms; the layer keeps its (balanced) inputs and output
+    gradients, and the weighted sum is one convolution weight-gradient of the ``w``-scaled
+    output gradients (``torch.nn.grad.conv2d_weight``)."""
+
+    def __init__(self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]]) -> None:
+        self.module, self.batch_size = module, calls[0][0].shape[0]
+        self.calls: list[tuple[Tensor, Tensor]] = []
+        self.bias_grad = None
+        if module.bias is not None and module.bias.requires_grad:
+            self.bias_grad = sum(grad.sum((2, 3)) for _, grad in calls)
+        if module.weight.requires_grad:
+            for inp, grad in calls:
+                padded = _pad(module, inp)
+                a, d, _, _ = _balance(padded, grad, _sq(padded), _sq(grad))
+                self.calls.append((a, d))
+
+    def sq_norms(self) -> Tensor:
+        w = self.module.weight
+        sq = w.new_zeros(self.batch_size)
+        if self.bias_grad is not None:
+            sq = sq + _sq(self.bias_grad)  # type: ignore[arg-type]
+        if not self.calls:
+            return sq
+        parts = [
+            _sq(sum(_conv_per_sample_weight(self.module, a[c], d[c], pre_padded=True)
+                    for a, d in self.calls))
+            for c in _chunks(self.batch_size, w.numel())
+        ]
+        return sq + torch.cat(parts)  # type: ignore[arg-type]
+
+    def add_weighted(
+        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
+    ) -> None:
+        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
+        m, w = self.module, weights.to(self.module.weight.dtype)
+        for a, d in self.calls:
+            dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
+            into[m.weight].add_(torch.nn.grad.conv2d_weight(
+                mask_rows(a, keep), m.weight.shape, dw,
+                stride=m.stride, padding=0, dilation=m.dilation, groups=m.groups,
+            ))
+        if self.bias_grad is not None:
+            into[m.bias].addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[index, union-attr, arg-type]
+
+
+class _EmbeddingGrads:
+    """An embedding's per-sample gradient is a sparse row scatter,
+    ``g_i = sum_t e_{id_t} d_t^T``, so ``|g_i|^2 = sum_{t, s: id_t = id_s} <d_t, d_s>``: the
+    output gradients are summed per (sample, token id) and the row sums squared -- ``B T d``
+    flops after one sort, never the ``V x d`` matrix per sample. The weighted sum is one
+    ``index_add_`` of the ``w``-scaled output gradients. Positions holding ``padding_idx`` have
+    no gradient (as in ``F.embedding``'s backward)."""
+
+    def __init__(self, module: nn.Embedding, calls: list[tuple[Tensor, Tensor]]) -> None:
+        self.module, b, dim = module, calls[0][0].shape[0], module.embedding_dim
+        self.ids = torch.cat([ids.reshape(b, -1) for ids, _ in calls], 1)
+        d = torch.cat([grad.reshape(b, -1, dim) for _, grad in calls], 1)
+        if module.padding_idx is not None:
+            d = torch.where((self.ids == module.padding_idx).unsqueeze(-1), 0, d)
+        self.d = d
+
+    def sq_norms(self) -> Tensor:
+        b, t = self.ids.shape
+        v = self.module.num_embeddings
+        keys = (torch.arange(b, device=self.ids.device).unsqueeze(1) * v + self.ids).flatten()
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        rows = self.d.new_zeros(len(unique), self.d.shape[-1])
+        rows.index_add_(0, inverse, self.d.reshape(b * t, -1))
+        return self.d.new_zeros(b).index_add_(0, unique // v, _sq(rows))
+
+    def add_weighted(
+        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
+    ) -> None:
+        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
+        dw = mask_rows(self.d, keep) * weights.to(self.d.dtype).view(-1, 1, 1)
+        into[self.module.weight].index_add_(0, self.ids.flatten(), dw.reshape(-1, dw.shape[-1]))
 
 
 def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
@@ -211,14 +329,17 @@ def _pad(module: nn.Conv2d, inp: Tensor) -> Tensor:
     return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
 
 
-def _conv_per_sample_weight(module: nn.Conv2d, inp: Tensor, grad_out: Tensor) -> Tensor:
+def _conv_per_sample_weight(
+    module: nn.Conv2d, inp: Tensor, grad_out: Tensor, pre_padded: bool = False
+) -> Tensor:
     """Per-sample weight gradients ``(B, *weight.shape)`` of a convolution, one batched matmul
-    per kernel tap: ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col)."""
+    per kernel tap: ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col).
+    ``pre_padded``: ``inp`` is already padded as the module pads it."""
     (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
     b, g = inp.shape[0], module.groups
     c_in, c_out = inp.shape[1] // g, grad_out.shape[1] // g
     h_out, w_out = grad_out.shape[-2:]
-    padded = _pad(module, inp)
+    padded = inp if pre_padded else _pad(module, inp)
     d = grad_out.reshape(b * g, c_out, h_out * w_out).transpose(1, 2).contiguous()
     out = grad_out.new_empty(kh, kw, b * g, c_in, c_out)
     for u in range(kh):
@@ -232,7 +353,7 @@ def _conv_per_sample_weight(module: nn.Conv2d, inp: Tensor, grad_out: Tensor) ->
     return out.reshape(b, g * c_out, c_in, kh, kw)
 
 
-class _PerSampleLayer:
+class PerSampleLayer:
     """A small layer's materialised per-sample gradients ``{param: (B, *shape)}``."""
 
     def __init__(self, grads: dict[nn.Parameter, Tensor]) -> None:
@@ -276,17 +397,12 @@ def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
     return not _gram_is_cheaper(t, d_in, module.out_channels // module.groups)
 
 
-def layer_grads(
-    module: nn.Module, calls: list[tuple[Tensor, Tensor]]
-) -> _DenseGrads | _LayerGrads | _PerSampleLayer:
+def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerGrads:
     """One layer's per-sample gradients from its (input, output gradient) per call."""
+    if isinstance(module, nn.Embedding):
+        return _EmbeddingGrads(module, calls)
     if isinstance(module, nn.Conv2d) and _conv_materialises(module, calls[0][1]):
-        grads = {}
-        if module.weight.requires_grad:
-            grads[module.weight] = sum(_conv_per_sample_weight(module, *c) for c in calls)
-        if module.bias is not None and module.bias.requires_grad:
-            grads[module.bias] = sum(grad.sum((2, 3)) for _, grad in calls)
-        return _PerSampleLayer(grads)  # type: ignore[arg-type]
+        return _ConvGrads(module, calls)
     if isinstance(module, GHOST_LAYERS):
         if len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2:
             return _DenseGrads(module, *calls[0])
@@ -296,8 +412,8 @@ def layer_grads(
         a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
         return _LayerGrads(module, a, d)
     per_call = [_norm_layer_grads(module, inp, grad) for inp, grad in calls]
-    return _PerSampleLayer({p: sum(c[p] for c in per_call) for p in per_call[0]})
+    return PerSampleLayer({p: sum(c[p] for c in per_call) for p in per_call[0]})
 
 
 #: What :func:`layer_grads` returns for one layer.
-LayerGrads = _DenseGrads | _LayerGrads | _PerSampleLayer
+LayerGrads = _DenseGrads | _LayerGrads | _ConvGrads | _EmbeddingGrads | PerSampleLayer

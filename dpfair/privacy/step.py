@@ -8,6 +8,18 @@ with the weights ``w_i`` and sensitivity ``S`` of the method's rule, noise drawn
 and division by the *expected* batch size ``q n`` (the realised one is private). The caller then
 calls ``optimizer.step()``. ``nonprivate`` skips all of this: ``p.grad`` is the plain mean
 gradient over the realised batch from one ordinary backward (no per-sample work, no noise).
+
+Physical batches (``max_physical_batch``): a logical batch larger than that is processed in
+chunks of at most that many samples. The rule of a method may need every per-sample norm of the
+batch before it weights any sample (DPSGD-Global's scale, DPSGD-F's counts, adaptive
+clipping's count), so a chunked step makes two passes: the norms of every chunk first (each
+chunk's per-sample state is dropped as the next one is formed), then the rule once, the noise
+once, and a second pass re-forming each chunk's per-sample gradients to add its weighted sum
+(the last chunk of the first pass is still held, so it is not formed twice). The second pass
+replays each chunk's random number generator state (dropout draws the same masks) and scales
+a weight by ``min(1, n_i / n'_i)`` should a re-formed norm ``n'_i`` exceed the first ``n_i``,
+so a contribution never exceeds what the rule bounded. Gradient formers with batch terms
+(FairLens's regularisers: ``chunkable = False``) refuse chunking.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from dpfair.errors import ConfigError
 from dpfair.privacy.gradients import EngineKind, LossFn, trainable_parameters
 from dpfair.privacy.methods.base import Method, State
 
@@ -50,6 +63,8 @@ class PrivateStep:
         engine: ``"auto"``, ``"fast"`` or ``"materialized"`` per-sample gradient path; the
             method may override it (BAM is materialised).
         loss_fn: per-sample loss ``(outputs, y) -> (B,)``; default cross-entropy.
+        max_physical_batch: process larger batches in chunks of at most this many samples
+            (module docstring); ``None``: one chunk.
     """
 
     def __init__(
@@ -61,6 +76,7 @@ class PrivateStep:
         expected_batch_size: float,
         engine: EngineKind = "auto",
         loss_fn: LossFn | None = None,
+        max_physical_batch: int | None = None,
     ) -> None:
         if sigma < 0 or expected_batch_size <= 0:
             raise ValueError(
@@ -75,6 +91,18 @@ class PrivateStep:
         # nonprivate needs no per-sample gradient: one ordinary backward of the mean loss
         self.plain = not method.is_private
         self.engine = None if self.plain else method.per_sample_gradients(model, engine)
+        if max_physical_batch is not None and max_physical_batch < 1:
+            raise ConfigError(f"max_physical_batch must be >= 1, got {max_physical_batch}")
+        if max_physical_batch and self.engine is not None and not self.engine.chunkable:
+            raise ConfigError(
+                f"method {method.name!r} forms its per-sample gradients from batch terms, so its "
+                "batches cannot be split: remove max_physical_batch (or lower batch_size)"
+            )
+        self.max_physical_batch = max_physical_batch
+
+    def _chunks(self, n: int) -> list[slice]:
+        size = self.max_physical_batch or max(n, 1)
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def __call__(self, x: Tensor, y: Tensor, g: Tensor, generator: torch.Generator) -> StepInfo:
         """One step on the Poisson-sampled batch ``(x, y, g)``; all noise comes from
@@ -84,18 +112,35 @@ class PrivateStep:
         if len(x) == 0:  # an empty Poisson batch still releases noise (and counts)
             norms = torch.empty(0, dtype=self.params[0].dtype, device=self.params[0].device)
             rule = self.method.step_rule(norms, g, generator)
-            loss = float("nan")
-        else:
-            norms = self.engine.compute(self.model, self.loss_fn, x, y, g)
-            rule = self.method.step_rule(norms, g, generator)
-            loss = float(self.engine.losses.mean())
+            grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
+            return self._finish(grads, rule.sensitivity, float("nan"))
+        chunks = self._chunks(len(x))
+        rng_states, norms, loss_sum = [], [], 0.0
+        for c in chunks:
+            rng_states.append(_rng_state(x.device) if len(chunks) > 1 else None)
+            norms.append(self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c]))
+            loss_sum += float(self.engine.losses.sum())
+        rule = self.method.step_rule(torch.cat(norms), g, generator)
         grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
-        if len(x):  # 1 / (q n) folded into the weights: sum_i (w_i / (q n)) g_i, added in place
-            self.engine.add_weighted_grad(rule.weights / self.expected_batch_size, grads)
-        self.engine.observe(grads)
+        # 1 / (q n) folded into the weights: sum_i (w_i / (q n)) g_i, added in place
+        weights = rule.weights / self.expected_batch_size
+        for k in reversed(range(len(chunks))):  # the last chunk's state is still held
+            c = chunks[k]
+            w = weights[c]
+            if k != len(chunks) - 1:
+                with torch.random.fork_rng(devices=_cuda(x.device)):
+                    _set_rng_state(rng_states[k], x.device)  # type: ignore[arg-type]
+                    again = self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c])
+                w = w * _shrink(norms[k], again)
+            self.engine.add_weighted_grad(w, grads)
+        return self._finish(grads, rule.sensitivity, loss_sum / len(x))
+
+    def _finish(self, grads: list[Tensor], sensitivity: float, loss: float) -> StepInfo:
+        if self.engine is not None:
+            self.engine.observe(grads)
         for p, grad in zip(self.params, grads, strict=True):
             p.grad = grad
-        return StepInfo(rule.sensitivity, self.method.state(), loss)
+        return StepInfo(sensitivity, self.method.state(), loss)
 
     def _noise(self, std: float, generator: torch.Generator) -> list[Tensor]:
         """``N(0, std^2 I)`` over the whole parameter vector in one draw, as fresh contiguous
@@ -112,13 +157,40 @@ class PrivateStep:
         ]
 
     def _plain_step(self, x: Tensor, y: Tensor) -> StepInfo:
-        """Non-private SGD: ``p.grad`` is the mean gradient over the realised batch."""
+        """Non-private SGD: ``p.grad`` is the mean gradient over the realised batch (summed
+        chunk by chunk over physical batches)."""
         for p in self.params:
             p.grad = None
         if len(x) == 0:
             for p in self.params:
                 p.grad = torch.zeros_like(p)
             return StepInfo(0.0, self.method.state(), float("nan"))
-        loss = self.loss_fn(self.model(x), y).mean()
-        loss.backward()
-        return StepInfo(0.0, self.method.state(), float(loss.detach()))
+        total = 0.0
+        for c in self._chunks(len(x)):
+            loss = self.loss_fn(self.model(x[c]), y[c]).sum() / len(x)
+            loss.backward()
+            total += float(loss.detach())
+        return StepInfo(0.0, self.method.state(), total)
+
+
+def _cuda(device: torch.device) -> list[torch.device]:
+    return [device] if device.type == "cuda" else []
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """The global generators' state a forward pass draws from (dropout)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _shrink(first: Tensor, again: Tensor) -> Tensor:
+    """``min(1, n_i / n'_i)`` (0 where the re-formed norm is not finite): a weight set for norm
+    ``n_i`` never lets a re-formed gradient of a larger norm ``n'_i`` contribute more."""
+    factor = torch.where(again <= first, 1.0, first / again)
+    return torch.where(torch.isfinite(again), factor, 0.0)

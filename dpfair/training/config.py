@@ -36,7 +36,9 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     model_config = ConfigDict(extra="forbid")
 
     method: MethodConfig
-    model: ModelConfig
+    model: ModelConfig | None = Field(
+        None, description="required unless train(config, dataset, model=module) gives a module"
+    )
     epochs: PositiveInt | None = None
     steps: PositiveInt | None = None
     batch_size: PositiveInt = Field(256, description="expected batch size; q = batch_size / n")
@@ -68,6 +70,11 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     engine: Literal["auto", "fast", "materialized"] = "auto"
+    max_physical_batch: PositiveInt | None = Field(
+        None,
+        description="form a larger Poisson batch's per-sample gradients in chunks of at most "
+        "this many samples (same update, noise once per step; costs a second pass)",
+    )
     eval_every: PositiveInt = Field(1, description="evaluate on the test split every N epochs")
     eval_batch_size: PositiveInt = 1024
     progress: bool = True

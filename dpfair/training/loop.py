@@ -29,6 +29,7 @@ every step. A default run differs from the next by design (secret noise and batc
 
 from __future__ import annotations
 
+import copy
 import math
 import secrets
 import time
@@ -41,9 +42,11 @@ import torch
 from torch import nn
 
 from dpfair.data.dataset import GroupedDataset
-from dpfair.models import build_model
+from dpfair.errors import ConfigError
+from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting
 from dpfair.privacy.methods import Method, build_method
+from dpfair.privacy.model_check import check_model
 from dpfair.privacy.step import PrivateStep
 from dpfair.training.config import TrainConfig
 from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
@@ -79,10 +82,22 @@ def _reseed_secretly(generator: torch.Generator) -> None:
     generator.manual_seed(secrets.randbits(64))
 
 
-def _init_model(config: TrainConfig, dataset: GroupedDataset, seed: int) -> nn.Module:
+def _init_model(
+    config: TrainConfig, dataset: GroupedDataset, seed: int, given: nn.Module | None
+) -> nn.Module:
+    """``config.model`` built and initialised from ``seed``, or a copy of the ``given`` module
+    (its own initialisation); checked by :func:`~dpfair.privacy.model_check.check_model`."""
+    if (given is None) == (config.model is None):
+        raise ConfigError("give exactly one model: config.model or train(..., model=module)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return build_model(config.model, dataset.input_shape, dataset.n_classes)
+        model = copy.deepcopy(given) if given is not None else build_model(
+            config.model, dataset.input_shape, dataset.n_classes
+        )
+    if given is not None:
+        check_output_shape(model, dataset.input_shape, dataset.n_classes)
+    check_model(model, dataset.input_shape, private=config.method.is_private)
+    return model
 
 
 def _optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -108,10 +123,16 @@ def _group_epsilons(epsilon: float, trajectory: list[dict[str, Any]]) -> list[fl
 
 
 def train(
-    config: TrainConfig, dataset: GroupedDataset, callbacks: Sequence[Callback] = ()
+    config: TrainConfig,
+    dataset: GroupedDataset,
+    callbacks: Sequence[Callback] = (),
+    *,
+    model: nn.Module | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``dataset.train`` with ``config.method``; evaluate on test
-    every ``eval_every`` epochs and after the last step; call ``callbacks`` along the way."""
+    every ``eval_every`` epochs and after the last step; call ``callbacks`` along the way.
+    ``model``: a module to train instead (a copy; leave ``config.model`` unset), for
+    :func:`dpfair.api.fit`."""
     started = time.perf_counter()
     if len(dataset.train) == 0 or len(dataset.test) == 0:
         raise ValueError(f"dataset {dataset.name!r} has an empty training or test split")
@@ -122,11 +143,11 @@ def train(
         config.method, n_groups=dataset.n_groups, sigma=plan.sigma,
         expected_batch_size=float(config.batch_size),
     )
-    model = _init_model(config, dataset, init_seed).to(device)
+    model = _init_model(config, dataset, init_seed, model).to(device)
     optimizer = _optimizer(config, model)
     step = PrivateStep(
         model, method, sigma=plan.sigma, expected_batch_size=float(config.batch_size),
-        engine=config.engine,
+        engine=config.engine, max_physical_batch=config.max_physical_batch,
     )
     generator = torch.Generator(device=device)
     if config.reproducible:
@@ -209,6 +230,7 @@ def _result(
     return TrainResult(
         config=config,
         model_state={k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        own_model=copy.deepcopy(model).cpu() if config.model is None else None,
         input_shape=dataset.input_shape,
         n_classes=dataset.n_classes,
         n_groups=dataset.n_groups,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,9 +63,13 @@ class TrainResult:
     wall_time_s: float
     device: str
     reproducible: bool
+    #: the trained module (on the CPU) when ``train`` was given one instead of ``config.model``
+    own_model: nn.Module | None = None
 
     def load_model(self) -> nn.Module:
         """A fresh CPU model holding the trained parameters."""
+        if self.own_model is not None:
+            return copy.deepcopy(self.own_model)
         model = build_model(self.config.model, self.input_shape, self.n_classes)
         model.load_state_dict(self.model_state)
         return model

@@ -73,7 +73,7 @@ def test_scheduled_deployment_runs_on_a_real_server(tmp_path, repo_root):
 import asyncio, json, time
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
-name = "dpfair-experiment/nightly"
+name = "dpfair-retrain/nightly"
 async def deployment():
     async with get_client() as client:
         for _ in range(120):

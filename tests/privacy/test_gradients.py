@@ -120,14 +120,19 @@ def test_non_finite_sample_is_confined_to_its_row(nets):
         assert all(torch.isfinite(g).all() for g in into)
 
 
-def test_auto_falls_back_to_materialised_and_logs_the_reason_once(caplog, nets):
+def test_auto_falls_back_layer_by_layer_and_logs_the_reason_once(caplog, nets):
+    """An unknown layer (PReLU) is materialised alone; the Linear layers keep ghost norms."""
     model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2)).to(DTYPE)
     with caplog.at_level(logging.INFO, logger="dpfair.privacy.gradients"):
-        assert isinstance(make_engine(model), Materialized)
-        assert isinstance(make_engine(model), Materialized)
+        assert isinstance(make_engine(model), GhostClipping)
+        assert isinstance(make_engine(model), GhostClipping)
     assert len([r for r in caplog.records if "PReLU" in r.getMessage()]) == 1
     with pytest.raises(ValueError, match="PReLU"):
         make_engine(model, "fast")
+    x, y, _ = nets.batch((4,), 2, b=5)
+    ref = Materialized()
+    norms = make_engine(model).compute(model, per_sample_cross_entropy, x, y)
+    torch.testing.assert_close(norms, ref.compute(model, per_sample_cross_entropy, x, y))
     assert isinstance(make_engine(nets.mlp(width=4), "materialized"), Materialized)
     with pytest.raises(ValueError, match="engine must be"):
         make_engine(nets.mlp(width=4), "materialised")

@@ -49,6 +49,8 @@ def _dot(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
 class RegularisedGradients(PerSampleGradients):
     """Wraps an engine: ``g'_i = g_i + r`` with ``r`` the gradient of the FairLens regularisers."""
 
+    chunkable = False  # r is a batch term
+
     def __init__(self, inner: PerSampleGradients, C: float, gamma1: float, gamma2: float) -> None:
         self.inner, self.C, self.gamma1, self.gamma2 = inner, C, gamma1, gamma2
         self.shared: list[Tensor] = []

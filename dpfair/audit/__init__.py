@@ -1,0 +1,27 @@
+"""Empirical privacy audit per group (``dpfair audit``): one training run with canaries, an
+ε lower bound per protected group (Steinke, Nasr & Jagielski 2023).
+
+Modules: ``bound`` (the one-run bound), ``canaries`` (input-space canaries), ``gradient``
+(Dirac gradient canaries through the engine hook), ``config`` (settings, params.yaml's
+``audit:``), ``run`` (:func:`audit`), ``plot`` (score histograms, matplotlib). MLflow logging
+lives at the adapter layer (:mod:`dpfair.audit_tracking`).
+
+An audit gives an empirical *lower* bound: a bound above the claimed ε shows a bug (or a
+claim that does not hold); a bound below it proves nothing about privacy.
+"""
+
+from dpfair.audit.bound import epsilon_lower_bound, mu_lower_bound, p_value
+from dpfair.audit.config import AuditSection, AuditSettings
+from dpfair.audit.run import AuditResult, GroupAudit, audit, claimed_epsilon
+
+__all__ = [
+    "AuditResult",
+    "AuditSection",
+    "AuditSettings",
+    "GroupAudit",
+    "audit",
+    "claimed_epsilon",
+    "epsilon_lower_bound",
+    "mu_lower_bound",
+    "p_value",
+]

@@ -1,0 +1,139 @@
+"""``audit``: train one configuration with canaries and bound its ε from below, per group.
+
+One training run (Steinke, Nasr & Jagielski 2023, Algorithm 1): ``m`` canaries per audited
+group, each included with probability 1/2 (:mod:`dpfair.audit.canaries`, or
+:mod:`dpfair.audit.gradient` for gradient canaries), one ordinary :func:`dpfair.training.train`
+with the configuration's own secret randomness, one score per canary, and for each group the
+bound of :mod:`dpfair.audit.bound` from that group's canaries alone (the other groups' canaries
+are independent coins, so they are part of the fixed rest of the data).
+
+Scores: input-space canaries score the final model's log-likelihood of the canary label
+(minus its cross-entropy, black-box: an included canary was fitted); gradient canaries score
+the parameter's move against the canary direction (white-box, :mod:`dpfair.audit.gradient`).
+
+Next to each bound stands the method's claim: its ε (DPSGD-F: the group's ε of Xu 5.2,
+``TrainResult.group_epsilons``), none for a heuristic method (no guarantee to compare) and ∞
+for the non-private reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpfair.audit import bound, gradient
+from dpfair.audit.canaries import (
+    Canaries,
+    InputKind,
+    coin_generator,
+    make_canaries,
+    with_canaries,
+)
+from dpfair.audit.config import AuditSettings
+from dpfair.data.dataset import GroupedDataset
+from dpfair.errors import ConfigError, did_you_mean
+from dpfair.privacy.methods import PrivacyGuarantee
+from dpfair.training import TrainConfig, TrainResult, predict, train
+
+
+@dataclass(frozen=True)
+class GroupAudit:
+    """One group's audit (``group_id``: its index): its canaries (``included`` of them
+    trained on), the guesses behind the bound (``correct`` of ``guesses``), the ε and μ-GDP
+    lower bounds and the claimed ε (``None``: the method claims no guarantee)."""
+
+    group: str
+    group_id: int
+    canaries: int
+    included: int
+    guesses: int
+    correct: int
+    epsilon_lower_bound: float
+    mu_lower_bound: float
+    epsilon_claimed: float | None
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """The per-group bounds, every canary's score, coin and group, and the training run."""
+
+    method: str
+    privacy_guarantee: PrivacyGuarantee
+    settings: AuditSettings
+    delta: float
+    groups: list[GroupAudit]
+    scores: np.ndarray
+    included: np.ndarray
+    canary_groups: np.ndarray
+    train_result: TrainResult
+
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.settings.beta
+
+
+def _group_ids(dataset: GroupedDataset, names: list[str] | None) -> list[int]:
+    if names is None:
+        return list(range(dataset.n_groups))
+    unknown = [n for n in names if n not in dataset.group_names]
+    if unknown:
+        raise ConfigError(
+            f"audit.groups: no group {unknown[0]!r} in {dataset.name!r}"
+            f"{did_you_mean(unknown[0], dataset.group_names)} (groups: "
+            f"{', '.join(dataset.group_names)})"
+        )
+    return [dataset.group_names.index(n) for n in names]
+
+
+def claimed_epsilon(result: TrainResult, group: int) -> float | None:
+    """What the run claims for ``group``: see the module docstring."""
+    if result.privacy_guarantee == "heuristic":
+        return None
+    if result.privacy_guarantee == "none":
+        return math.inf
+    if result.group_epsilons is not None:
+        return result.group_epsilons[group]
+    return result.epsilon
+
+
+def _input_space(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
+                 groups: list[int], rng: np.random.Generator
+                 ) -> tuple[Canaries, np.ndarray, TrainResult]:
+    kind: InputKind = "ood" if settings.kind == "ood" else "mislabel"
+    canaries = make_canaries(dataset, kind, groups, settings.canaries, rng,
+                             ood_scale=settings.ood_scale)
+    result = train(config, with_canaries(dataset, canaries))
+    scores = -predict(result.load_model(), canaries.split, config.eval_batch_size).loss
+    return canaries, scores, result
+
+
+def audit(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings) -> AuditResult:
+    """Train ``config`` on ``dataset`` with canaries and bound ε from below per group (module
+    docstring). Raises ``ConfigError`` for an unknown group, ``DataError`` for a group with
+    fewer training examples than mislabelled canaries asked for."""
+    groups = _group_ids(dataset, settings.groups)
+    rng = coin_generator(config.seed if config.reproducible else None)
+    if settings.kind == "gradient":
+        canaries, scores, result = gradient.run(config, dataset, groups, settings.canaries, rng)
+    else:
+        canaries, scores, result = _input_space(config, dataset, settings, groups, rng)
+    canary_groups = canaries.split.g.numpy()
+    rows = []
+    for k in groups:
+        mine = canary_groups == k
+        best = bound.best_guesses(scores[mine], canaries.included[mine], settings.guesses,
+                                  settings.beta, result.delta)
+        rows.append(GroupAudit(
+            group=dataset.group_names[k], group_id=k, canaries=int(mine.sum()),
+            included=int(canaries.included[mine].sum()), guesses=best.r, correct=best.v,
+            epsilon_lower_bound=best.epsilon,
+            mu_lower_bound=bound.mu_lower_bound(best.epsilon, result.delta),
+            epsilon_claimed=claimed_epsilon(result, k),
+        ))
+    return AuditResult(
+        method=result.method, privacy_guarantee=result.privacy_guarantee, settings=settings,
+        delta=result.delta, groups=rows, scores=scores, included=canaries.included,
+        canary_groups=canary_groups, train_result=result,
+    )

@@ -1,0 +1,104 @@
+"""``dpfair audit`` from params.yaml, and the audit's MLflow run (adapter layer: the audit
+package itself never imports mlflow).
+
+The audit run is a diagnostic, not a release: tag ``dpfair.stage=audit`` (never ``final``,
+so nothing selects or registers it), no model is logged, and its canary scores concern
+canaries, mislabelled ones made from real training records: like the test metrics, it is
+not covered by any run's ε. Logged: per group the ε and μ-GDP lower bounds, the canaries
+(and how many were included), the guesses behind the bound and the claimed ε (a heuristic
+method logs none: its ``dpfair.epsilon`` tag says why); the confidence, β and δ; the table
+as ``audit/audit.json``; the score histograms as ``audit/scores.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dpfair.audit import AuditResult, AuditSection, audit
+from dpfair.audit.plot import score_figure
+from dpfair.config import Params
+from dpfair.data import GroupedDataset, load_dataset
+from dpfair.errors import ConfigError, did_you_mean
+from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, SECRET_NOISE
+from dpfair.tracking import (
+    TrackingConfig,
+    experiment_id,
+    log_file,
+    log_json,
+    log_metrics,
+    log_params,
+    run,
+    set_tags,
+)
+from dpfair.training import REPLAYABLE_NOISE, TrainConfig
+
+AUDIT_NOTE = ("audit diagnostic, not a release: canary scores (mislabelled canaries reuse "
+              "training records), not covered by any ε; no model logged")
+
+
+def audit_config(params: Params, section: AuditSection) -> TrainConfig:
+    """The configuration ``section`` audits: its method label of ``experiment.methods`` (or
+    ``nonprivate``) with ``experiment.train`` and the section's overrides."""
+    labels = ["nonprivate", *params.experiment.methods]
+    if section.method not in labels:
+        raise ConfigError(f"audit.method: no method {section.method!r} in experiment.methods"
+                          f"{did_you_mean(section.method, labels)} (methods: "
+                          f"{', '.join(labels)}); add it there or choose one of these")
+    return params.experiment.train_config(section.method, section.seed,
+                                          **section.train_overrides())
+
+
+def audit_from_params(params: Params, section: AuditSection
+                      ) -> tuple[TrainConfig, GroupedDataset, AuditResult]:
+    """Load ``experiment.dataset`` and audit :func:`audit_config`'s configuration."""
+    config = audit_config(params, section)
+    name = params.experiment.dataset
+    dataset = load_dataset(name, params.dataset(name))
+    return config, dataset, audit(config, dataset, section)
+
+
+def rows(result: AuditResult) -> list[dict[str, Any]]:
+    """The per-group table, as plain values (``epsilon_claimed`` None: no guarantee)."""
+    return [dataclasses.asdict(g) for g in result.groups]
+
+
+def claim_note(result: AuditResult) -> str:
+    """What the method claims, in words, where no ε is shown."""
+    return {"heuristic": HEURISTIC, "none": NONPRIVATE_REFERENCE}.get(
+        result.privacy_guarantee, "proven: ε of the accountant")
+
+
+def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
+              dataset: GroupedDataset, result: AuditResult) -> str:
+    """One MLflow run for the audit (module docstring); returns its id."""
+    tags = {"dpfair.stage": "audit", "dpfair.method": label, "dpfair.seed": str(config.seed),
+            "dpfair.release": AUDIT_NOTE, "dpfair.epsilon": claim_note(result),
+            "privacy_guarantee": result.privacy_guarantee,
+            "dpfair.noise": REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE}
+    with run(tracking, experiment_id(tracking, dataset.name), f"audit:{label}",
+             tags=tags) as run_id:
+        log_params(tracking, run_id, {"train": config.model_dump(mode="json"),
+                                      "audit": result.settings.model_dump(mode="json")})
+        metrics: dict[str, float] = {"audit/confidence": result.confidence,
+                                     "audit/beta": result.settings.beta,
+                                     "audit/delta": result.delta,
+                                     "audit/canaries": float(len(result.scores))}
+        for g in result.groups:
+            metrics.update({f"audit/epsilon_lower_bound/{g.group}": g.epsilon_lower_bound,
+                            f"audit/mu_lower_bound/{g.group}": g.mu_lower_bound,
+                            f"audit/canaries/{g.group}": g.canaries,
+                            f"audit/included/{g.group}": g.included,
+                            f"audit/guesses/{g.group}": g.guesses,
+                            f"audit/correct/{g.group}": g.correct})
+            if result.privacy_guarantee == "proven" and g.epsilon_claimed is not None:
+                metrics[f"audit/epsilon_claimed/{g.group}"] = g.epsilon_claimed
+        log_metrics(tracking, run_id, metrics)
+        log_json(tracking, run_id, {"groups": rows(result), "claim": claim_note(result)},
+                 "audit/audit.json")
+        with tempfile.TemporaryDirectory() as tmp:
+            log_file(tracking, run_id, score_figure(result, Path(tmp) / "scores.png"), "audit")
+        set_tags(tracking, run_id, {"dpfair.device": result.train_result.device})
+    return run_id

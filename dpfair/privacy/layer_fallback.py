@@ -1,0 +1,93 @@
+"""Per-sample gradients of one layer the fast path has no rule for, by ``vmap`` of that layer.
+
+The fast path (:class:`dpfair.privacy.gradients.GhostClipping`) captures each such layer's
+inputs in the forward pass and its output gradients in the one backward pass; the layer's
+per-sample gradients are then ``vjp`` of the layer alone at sample ``i``'s inputs with sample
+``i``'s output gradient, for every ``i`` at once (``torch.func.vmap``). Only this layer's
+forward runs again, on single samples, so the rest of the model keeps its fast path (Bu et al.
+2023's mixed clipping, applied layer by layer). The unit is a module owning trainable
+parameters of its own together with its whole subtree (``nn.MultiheadAttention`` uses its
+``out_proj`` weight without calling it).
+
+A tensor argument is per-sample when its first dimension is the batch size; any other argument
+is passed to every sample unchanged. Each sample sees a batch of one, as on the materialised
+path. The recomputed outputs must equal the captured ones: a layer that draws randomness in
+training (dropout inside it) or whose batch axis is not the first would otherwise get gradients
+of a different function, so it raises instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vjp, vmap
+
+from dpfair.privacy.layer_grads import PerSampleLayer
+
+
+def output_tensors(output: Any) -> list[Tensor]:
+    """The tensors of a layer's output (a tensor, or a tuple or list holding tensors)."""
+    if isinstance(output, Tensor):
+        return [output]
+    if isinstance(output, tuple | list):
+        return [o for o in output if isinstance(o, Tensor)]
+    raise TypeError(f"layer output of type {type(output).__name__} is not a tensor or a tuple")
+
+
+def vmap_layer_grads(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    outputs: list[Tensor],
+    grads: list[Tensor | None],
+) -> PerSampleLayer:
+    """One fallback unit's materialised per-sample gradients.
+
+    Args:
+        module: the unit (its trainable parameters, own and in its subtree).
+        args, kwargs: the captured call (detached).
+        outputs: the captured output tensors (detached), to check the recomputation.
+        grads: their gradients (``None`` where the loss does not depend on one).
+    """
+    b = outputs[0].shape[0]
+    trained = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    fixed: dict[str, Tensor] = {
+        n: p.detach() for n, p in module.named_parameters() if not p.requires_grad
+    }
+    fixed.update(dict(module.named_buffers()))
+    pairs = zip(outputs, grads, strict=True)
+    cotangents = [torch.zeros_like(o) if g is None else g for o, g in pairs]
+
+    def batched(t: Any) -> bool:
+        return isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == b
+
+    arg_dims = tuple(0 if batched(t) else None for t in args)
+    kw_dims = {k: 0 if batched(v) else None for k, v in kwargs.items()}
+
+    def one(params: dict[str, Tensor], a: tuple, kw: dict, cot: list[Tensor]):
+        a = tuple(t if dim is None else t.unsqueeze(0) for t, dim in zip(a, arg_dims, strict=True))
+        kw = {k: v if kw_dims[k] is None else v.unsqueeze(0) for k, v in kw.items()}
+
+        def forward(p: dict[str, Tensor]) -> list[Tensor]:
+            out = output_tensors(functional_call(module, (p, fixed), a, kw))
+            return [o.squeeze(0) for o in out]
+
+        out, pullback = vjp(forward, params)
+        return pullback(cot)[0], out
+
+    params = {n: p.detach() for n, p in trained.items()}
+    batched_vjp = vmap(one, in_dims=(None, arg_dims, kw_dims, 0), randomness="different")
+    per_sample, recomputed = batched_vjp(params, args, kwargs, cotangents)
+    for got, want in zip(recomputed, outputs, strict=True):
+        same = got.shape == want.shape and torch.allclose(
+            got, want, rtol=1e-4, atol=1e-5, equal_nan=True
+        )
+        if not same:
+            raise RuntimeError(
+                f"per-sample gradients of {type(module).__name__}: running it on single samples "
+                "did not reproduce its batched output (randomness such as dropout inside it, or "
+                "a batch axis that is not the first); use engine='materialized'"
+            )
+    return PerSampleLayer({trained[n]: g for n, g in per_sample.items()})

@@ -1,0 +1,59 @@
+"""Where a flow run's results are, from both sides (issue #17, item 3).
+
+- Prefect: the flow run gets a markdown artifact (key :data:`RESULTS_KEY`) holding the MLflow
+  run id and link, the data version, the privacy ledger's spend and the results table, and a
+  tag ``mlflow-run:<id>`` naming its MLflow parent run.
+- MLflow: the parent run is tagged with the Prefect flow run's id (and its UI address when
+  Prefect knows one, i.e. ``PREFECT_UI_URL`` is set or a server serves the UI).
+"""
+
+from __future__ import annotations
+
+from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
+from prefect.runtime import flow_run
+
+from dpfair.tracking import TrackingConfig, run_url, ui_command
+
+RESULTS_KEY = "dpfair-results"
+PREFECT_RUN_TAG = "dpfair.prefect_flow_run_id"
+PREFECT_URL_TAG = "dpfair.prefect_flow_run_url"
+MLFLOW_RUN_TAG = "mlflow-run:"
+
+__all__ = ["MLFLOW_RUN_TAG", "PREFECT_RUN_TAG", "PREFECT_URL_TAG", "RESULTS_KEY",
+           "mlflow_link", "prefect_tags", "publish", "tag_flow_run"]
+
+
+def prefect_tags() -> dict[str, str]:
+    """MLflow tags naming the current Prefect flow run (none outside a flow run)."""
+    if not flow_run.id:
+        return {}
+    url = flow_run.ui_url
+    return {PREFECT_RUN_TAG: str(flow_run.id), **({PREFECT_URL_TAG: url} if url else {})}
+
+
+def tag_flow_run(mlflow_run_id: str) -> None:
+    """Tag the current Prefect flow run with its MLflow run ``mlflow-run:<id>``."""
+    if not flow_run.id:
+        return
+    with get_client(sync_client=True) as client:
+        current = client.read_flow_run(flow_run.id)
+        client.update_flow_run(current.id, tags=[*current.tags, f"{MLFLOW_RUN_TAG}{mlflow_run_id}"])
+
+
+def mlflow_link(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
+    """Markdown linking MLflow's page of run ``run_id`` (:func:`dpfair.tracking.run_url`); for
+    a local store, with the command that serves it."""
+    url = run_url(tracking, experiment_id, run_id)
+    if tracking.resolved_uri().startswith(("http://", "https://")):
+        return f"[{url}]({url})"
+    return f"[{url}]({url}) once `{ui_command(tracking)}` serves the local store"
+
+
+def publish(title: str, facts: dict[str, str], body: str = "") -> None:
+    """The flow run's results artifact: ``title``, one line per fact, then ``body``."""
+    lines = [f"# {title}", "", *(f"- **{k}**: {v}" for k, v in facts.items())]
+    create_markdown_artifact(
+        markdown="\n".join(lines) + ("\n\n" + body if body else "\n"),
+        key=RESULTS_KEY, description=title,
+    )

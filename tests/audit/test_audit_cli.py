@@ -1,0 +1,84 @@
+"""``dpfair audit``: params.yaml's ``audit:`` section, the CLI's overrides, the MLflow run."""
+
+from __future__ import annotations
+
+import yaml
+from mlflow import MlflowClient
+from PIL import Image
+from typer.testing import CliRunner
+
+from dpfair.cli import app
+from dpfair.config import parse_params
+
+runner = CliRunner()
+
+
+def _params(tmp_path, **audit: object) -> None:
+    params = {
+        "datasets": {"synthetic": {"n": 600, "minority_fraction": 0.3}},
+        "experiment": {
+            "dataset": "synthetic", "model": {"name": "mlp", "hidden": [8]},
+            "train": {"epochs": 1, "batch_size": 50, "lr": 0.5, "sigma": 1.0, "delta": 1e-5},
+            "methods": {"dpsgd": {"C": 1.0}, "fairlens": {"C": 1.0}}, "seeds": [0],
+        },
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'm.db'}",
+                     "artifact_root": str(tmp_path / "art")},
+        "audit": {"canaries": 30, "kind": "ood", **audit},
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def _printed(output: str) -> str:
+    return " ".join(" ".join(line for line in output.splitlines()
+                             if not line.startswith("WARNING:")).split())
+
+
+def test_audit_logs_a_tagged_run_with_bounds_plot_and_no_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["audit", "--method", "dpsgd", "--canaries", "40", "--sigma", "2"])
+    assert out.exit_code == 0, out.output
+    text = _printed(out.output)
+    assert "majority" in text and "minority" in text and "proven" in text
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    (found,) = client.search_runs([client.get_experiment_by_name("dpfair-synthetic")
+                                   .experiment_id])
+    tags, metrics = found.data.tags, found.data.metrics
+    assert tags["dpfair.stage"] == "audit" and "not a release" in tags["dpfair.release"]
+    assert metrics["audit/canaries/minority"] == 40 and metrics["audit/confidence"] == 0.95
+    assert metrics["audit/epsilon_lower_bound/minority"] < metrics[
+        "audit/epsilon_claimed/minority"]
+    assert found.data.params["train.sigma"] == "2.0"
+    files = {f.path for f in client.list_artifacts(found.info.run_id, "audit")}
+    assert files == {"audit/audit.json", "audit/scores.png"}
+    assert {f.path for f in client.list_artifacts(found.info.run_id)} == {"audit"}  # no model
+    png = client.download_artifacts(found.info.run_id, "audit/scores.png", str(tmp_path))
+    assert Image.open(png).width <= 1600
+
+
+def test_fairlens_audit_shows_no_epsilon(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path, method="fairlens", groups=["minority"], track=False)
+    out = runner.invoke(app, ["audit"])
+    assert out.exit_code == 0, out.output
+    text = _printed(out.output)
+    assert "heuristic — no DP guarantee" in text and "—" in text
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_bad_audit_values_are_one_message(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path, canaris=3)
+    out = runner.invoke(app, ["audit"])
+    assert out.exit_code == 2 and "did you mean 'canaries'" in _printed(out.output)
+    _params(tmp_path, method="dpsgf")
+    out = runner.invoke(app, ["audit"])
+    assert out.exit_code == 2 and "did you mean 'dpsgd'" in _printed(out.output)
+    _params(tmp_path)
+    out = runner.invoke(app, ["audit", "--beta", "2", "--no-track"])
+    assert out.exit_code == 2 and "audit.beta" in _printed(out.output)
+
+
+def test_params_yaml_has_a_valid_audit_section(repo_root):
+    params = parse_params(yaml.safe_load((repo_root / "params.yaml").read_text()))
+    assert params.audit.method in params.experiment.methods

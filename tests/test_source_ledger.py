@@ -1,0 +1,163 @@
+"""The cumulative privacy ledger per data source (dpfair/source_ledger.py): composition by the
+accountant, the lifetime budget, accounts of disjoint versions, restarts, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.rdp import RdpAccountant
+
+from dpfair.errors import BudgetExceededError, PrivacyError
+from dpfair.privacy import accounting
+from dpfair.release import method_release, release_plan
+from dpfair.sections import BudgetSection
+from dpfair.source_ledger import SourceLedger, reserve_plan
+
+DELTA = 1e-5
+
+
+def _run(sigma: float = 1.0, steps: int = 200) -> dp_event.DpEvent:
+    return accounting.run_event(dp_event.GaussianDpEvent(sigma), 0.02, steps)
+
+
+def _oracle(*events: dp_event.DpEvent) -> float:
+    accountant = RdpAccountant()
+    for event in events:
+        accountant.compose(event)
+    return accountant.get_epsilon(DELTA)
+
+
+def test_spend_is_the_accountants_composition_not_a_sum(tmp_path):
+    ledger = SourceLedger(tmp_path / "ledger.json")
+    events = [_run(1.0), _run(1.5, 300), _run(0.9, 100)]
+    for i, event in enumerate(events):
+        ledger.reserve("loans", f"v{i}", event, DELTA)
+    spent = ledger.spent("loans", "v3", DELTA)
+    assert spent == pytest.approx(_oracle(*events), rel=1e-9)
+    assert spent < sum(_oracle(e) for e in events)
+    assert [r.epsilon for r in ledger.releases("loans")] == pytest.approx(
+        [_oracle(e) for e in events])
+    assert ledger.spent("other", "v0", DELTA) == 0.0  # accounts are per source
+
+
+def test_lifetime_budget_refuses_before_recording_and_names_the_spend(tmp_path):
+    ledger = SourceLedger(tmp_path / "ledger.json")
+    event = _run()
+    one, two, three = _oracle(event), _oracle(event, event), _oracle(event, event, event)
+    lifetime = (two + three) / 2
+    ledger.reserve("loans", "v1", event, DELTA, lifetime_epsilon=lifetime)
+    ledger.reserve("loans", "v2", event, DELTA, lifetime_epsilon=lifetime)
+    with pytest.raises(BudgetExceededError) as err:
+        ledger.reserve("loans", "v3", event, DELTA, lifetime_epsilon=lifetime)
+    message = str(err.value)
+    assert f"budget.lifetime_epsilon {lifetime:g}" in message
+    assert f"spent so far on these people: ε {two:.3g} in 2 release(s)" in message
+    assert f"this retrain adds: ε {one:.3g} on its own" in message
+    assert f"ε {three:.3g}" in message and "nothing was trained" in message
+    assert "disjoint_from_previous" in message
+    assert len(ledger.releases("loans")) == 2
+
+
+def test_ledger_survives_a_restart(tmp_path):
+    path = tmp_path / "state" / "ledger.json"
+    SourceLedger(path).reserve("loans", "v1", _run(), DELTA)
+    SourceLedger(path).reserve("loans", "v2", _run(), DELTA)
+    expected = _oracle(_run(), _run())
+    assert SourceLedger(path).spent("loans", "v2", DELTA) == pytest.approx(expected)
+    code = ("import sys; from dpfair.source_ledger import SourceLedger; "
+            f"print(SourceLedger(sys.argv[1]).spent('loans', 'v2', {DELTA}))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, check=True, timeout=120)
+    assert float(out.stdout) == pytest.approx(expected)
+
+
+def test_disjoint_versions_start_their_own_account(tmp_path):
+    ledger = SourceLedger(tmp_path / "ledger.json")
+    a, b = _run(1.0), _run(2.0)
+    ledger.reserve("loans", "v1", a, DELTA)
+    ledger.reserve("loans", "v2", a, DELTA)  # same people by default
+    assert ledger.spent("loans", "v2", DELTA) == pytest.approx(_oracle(a, a))
+    lifetime = _oracle(a, a) * 1.01
+    # new customers only: a separate account, so the first account's spend does not count
+    assert ledger.spent("loans", "v3", DELTA, disjoint=True) == 0.0
+    new = ledger.reserve("loans", "v3", b, DELTA, lifetime_epsilon=lifetime, disjoint=True)
+    assert new.declared_disjoint and new.account != ledger.releases("loans")[0].account
+    # the next version (not declared) holds the same people as the latest: v3's account
+    ledger.reserve("loans", "v4", b, DELTA)
+    assert ledger.spent("loans", "v4", DELTA) == pytest.approx(_oracle(b, b))
+    # retraining on v1's data goes back to v1's account, even if declared disjoint
+    assert ledger.spent("loans", "v1", DELTA, disjoint=True) == pytest.approx(_oracle(a, a))
+    with pytest.raises(BudgetExceededError):
+        ledger.reserve("loans", "v1", a, DELTA, lifetime_epsilon=lifetime, disjoint=True)
+
+
+def test_void_releases_do_not_count_pending_ones_do(tmp_path):
+    ledger = SourceLedger(tmp_path / "ledger.json")
+    event = _run()
+    crashed_early = ledger.reserve("loans", "v1", event, DELTA)
+    with pytest.raises(RuntimeError), ledger.spending(crashed_early):
+        raise RuntimeError("MLflow unreachable")  # before anything could be released
+    failed_late = ledger.reserve("loans", "v1", event, DELTA)
+    with pytest.raises(RuntimeError), ledger.spending(failed_late) as spend:
+        spend.may_release()
+        raise RuntimeError("a training failed after logging epochs")
+    ledger.reserve("loans", "v2", event, DELTA)  # a killed run: stays pending
+    statuses = [(r.status, r.context.get("error", "")) for r in ledger.releases("loans")]
+    assert statuses == [("void", "RuntimeError: MLflow unreachable"),
+                        ("released", "RuntimeError: a training failed after logging epochs"),
+                        ("pending", "")]
+    assert ledger.spent("loans", "v2", DELTA) == pytest.approx(_oracle(event, event))
+    assert ledger.latest_version("loans") == "v1"  # a pending release is not complete
+
+
+def test_a_plans_releases_without_guarantee_carry_a_label(tmp_path):
+    run = _run()
+    private = method_release("dpsgd", "proven", [0, 1], [run, run], None, False, DELTA)
+    reference = method_release("nonprivate", "none", [0, 1],
+                               [dp_event.NonPrivateDpEvent()] * 2, None, False, DELTA)
+    plan = release_plan([reference, private], DELTA)
+    ledger = SourceLedger(tmp_path / "ledger.json")
+    release = reserve_plan(ledger, "loans", "v1", plan,
+                           BudgetSection(lifetime_epsilon=plan.epsilon_total * 1.01))
+    assert release.epsilon == pytest.approx(_oracle(run, run))
+    assert release.without_guarantee == ("nonprivate: non-private reference: no DP guarantee",)
+    stored = json.loads((tmp_path / "ledger.json").read_text())["releases"][0]
+    assert "NonPrivate" not in json.dumps(stored["event"])
+    with pytest.raises(BudgetExceededError):
+        reserve_plan(ledger, "loans", "v2", plan, BudgetSection(lifetime_epsilon=release.epsilon))
+    disjoint = BudgetSection(lifetime_epsilon=release.epsilon * 1.01, disjoint_from_previous=True)
+    assert reserve_plan(ledger, "loans", "v2", plan, disjoint).account == 1
+
+
+# Each writer process: three reserves (argv: ledger path, worker index).
+_WRITER = """
+import sys
+from dp_accounting import dp_event
+from dpfair.privacy import accounting
+from dpfair.source_ledger import SourceLedger
+ledger = SourceLedger(sys.argv[1])
+for i in range(3):
+    event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
+    ledger.reserve("loans", "v1", event, 1e-5, context={"worker": f"{sys.argv[2]}.{i}"})
+"""
+
+
+def test_concurrent_writers_lose_no_release(tmp_path):
+    path = str(tmp_path / "ledger.json")
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, str(w)],
+                              stderr=subprocess.PIPE, text=True) for w in range(3)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 3, errors
+    workers = sorted(r.context["worker"] for r in SourceLedger(path).releases())
+    assert workers == sorted(f"{w}.{i}" for w in range(3) for i in range(3))
+
+
+def test_an_unreadable_ledger_stops_everything(tmp_path):
+    path = tmp_path / "ledger.json"
+    path.write_text("{not json")
+    with pytest.raises(PrivacyError, match="cannot be read.*repaired from a backup"):
+        SourceLedger(path).reserve("loans", "v1", _run(), DELTA)
