@@ -11,11 +11,9 @@ own MLflow run through explicit run ids, so steps may run in threads or processe
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ from dpfair.checks import check_against_data
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.errors import ConfigError, PrivacyError, did_you_mean
-from dpfair.fairness import GroupMetrics, max_gap
+from dpfair.fairness import GroupMetrics
 from dpfair.privacy import accounting
 from dpfair.release import (
     SECRET_NOISE,
@@ -41,10 +39,17 @@ from dpfair.release import (
     search_release,
     write_ledger,
 )
+from dpfair.run_log import (
+    EpochLogger,
+    epsilon_by_group,
+    event_with_note,
+    headline,
+    log_data_input,
+    run_name,
+)
 from dpfair.sections import ReleaseMode
 from dpfair.tracking import (
     TrackingConfig,
-    log_dataset,
     log_file,
     log_json,
     log_metrics,
@@ -67,11 +72,6 @@ from dpfair.tuning import TuningConfig, TuningResult, tune
 from dpfair.tuning import prepare as prepare_search
 
 REFERENCE = "nonprivate"
-#: The fairness summary of a model's test metrics: one chart each on a run, one column each
-#: per method on the pipeline run, tags of a registered model (see :func:`headline`).
-HEADLINE = ("accuracy", "macro_accuracy", "worst_group_accuracy", "largest_group_gap")
-
-
 @dataclass(frozen=True)
 class PreparedData:
     name: str
@@ -83,7 +83,8 @@ class PreparedData:
 class RunRecord:
     """What a final training leaves for the summary (plain data: crosses process borders).
     ``epsilon``: of this training run alone (``inf`` for a release without guarantee);
-    ``model_uri``: its logged MLflow Model; ``headline``: its test :data:`HEADLINE` metrics."""
+    ``model_uri``: its logged MLflow Model; ``headline``: its test metrics
+    (:data:`dpfair.run_log.HEADLINE`)."""
 
     label: str
     seed: int
@@ -161,33 +162,6 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
 
 def load_data(prepared: PreparedData) -> GroupedDataset:
     return load_prepared(prepared.path)
-
-
-def run_name(dataset: str, *parts: str) -> str:
-    """A run's name in MLflow's runs table: the dataset, then what ran (method, seed)."""
-    return " · ".join([dataset, *parts])
-
-
-def pipeline_run_name(dataset: str) -> str:
-    """The pipeline (parent) run's name: the dataset and when it started."""
-    return run_name(dataset, time.strftime("%Y-%m-%d %H:%M"))
-
-
-def public_schema(dataset: GroupedDataset) -> dict[str, Any]:
-    """What a logged dataset says about itself: public facts only (no row or group counts)."""
-    pre = dataset.preprocessor
-    return {"input_shape": list(dataset.input_shape), "classes": dataset.class_names,
-            "groups": dataset.group_names,
-            "columns": list(pre.columns) if pre is not None else None}
-
-
-def log_data_input(tracking: TrackingConfig, run_id: str, dataset: GroupedDataset,
-                   version: str, source: str) -> None:
-    """``dataset`` as the run's logged input (MLflow's Dataset column): digest = its data
-    version (the source's content hash when the loader records one, else ``version``)."""
-    log_dataset(tracking, run_id, name=dataset.name,
-                digest=dataset.meta.get("data_version") or version,
-                source=str(dataset.meta.get("source") or source), schema=public_schema(dataset))
 
 
 def log_pipeline_inputs(params: Params, params_path: str | Path, prepared: PreparedData,
@@ -357,33 +331,6 @@ def _log_trials(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, 
 # -------------------------------------------------------------------------------- training
 
 
-def headline(metrics: dict[str, Any]) -> dict[str, float]:
-    """The :data:`HEADLINE` of a model's metrics: accuracy, macro accuracy, worst-group
-    accuracy and the largest gap between two groups' accuracies (NaN with < 2 groups)."""
-    try:
-        gap = max_gap(metrics["group_accuracy"])[0]
-    except ValueError:
-        gap = math.nan
-    return {**{k: float(metrics[k]) for k in HEADLINE[:3]}, "largest_group_gap": gap}
-
-
-class _EpochLogger:
-    """Training callback: per-epoch TEST headline metrics into the run (held-out data that ε
-    does not cover, released without noise: :data:`dpfair.release.TEST_METRICS_NOTE`)."""
-
-    def __init__(self, tracking: TrackingConfig, run_id: str) -> None:
-        self.tracking, self.run_id = tracking, run_id
-
-    def on_epoch_end(self, epoch: int, entry: dict[str, Any]) -> None:
-        found = headline(entry["test"])
-        log_metrics(self.tracking, self.run_id,
-                    {f"test/{k}": found[k] for k in HEADLINE if k != "macro_accuracy"},
-                    step=epoch)
-
-    def on_train_end(self, result: TrainResult) -> None:
-        return None
-
-
 def final_config(params: Params, label: str, seed: int, tuned: TuneRecord | None) -> TrainConfig:
     """The configuration trained on ``seed``: the tuned one when a search ran, else fixed
     (randomness as ``experiment.train.reproducible`` says, whatever the search's)."""
@@ -435,8 +382,9 @@ def train_logged(
 ) -> tuple[TrainResult, RunRecord]:
     """Train one configuration in a run named dataset · method · seed and log section 7.
 
-    Metrics (about 20 charts whatever the dataset): the test :data:`HEADLINE` per epoch
-    (``test/*``) and at the end (``final/test/*``), each group's final accuracy under
+    Metrics (about 20 charts whatever the dataset): the test headline
+    (:data:`dpfair.run_log.HEADLINE`) per epoch (``test/*``) and at the end
+    (``final/test/*``), each group's final accuracy under
     ``final/test/group_accuracy/<group name>``, ``wall_time_s``, and for a method with a
     proven guarantee ``epsilon`` (this run alone) and ``epsilon_method_release`` (everything
     released for the method: ``release``); one without logs no ε, and its ``dpfair.epsilon``
@@ -456,7 +404,7 @@ def train_logged(
         version = data_tags.get("dpfair.data_version", "")
         log_data_input(tracking, run_id, dataset, version, dataset.name)
         log_params(tracking, run_id, config.model_dump(mode="json"))
-        result = train(config, dataset, callbacks=[_EpochLogger(tracking, run_id)])
+        result = train(config, dataset, callbacks=[EpochLogger(tracking, run_id)])
         found = headline(result.test_metrics)
         groups = {"group_accuracy": result.test_metrics["group_accuracy"]}
         metrics = {**{f"final/test/{k}": v for k, v in found.items()},
@@ -473,9 +421,9 @@ def train_logged(
         set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
                                     "dpfair.device": result.device})
         if release.has_epsilon:
-            log_text(tracking, run_id, _event_with_note(result), "dp_event.json")
+            log_text(tracking, run_id, event_with_note(result), "dp_event.json")
             if result.group_epsilons:
-                log_table(tracking, run_id, _epsilon_by_group(result, dataset),
+                log_table(tracking, run_id, epsilon_by_group(result, dataset),
                           "privacy/epsilon_by_group.json")
         trajectory = _trajectory(result)
         if trajectory:
@@ -499,33 +447,6 @@ def train_logged(
         privacy_guarantee=result.privacy_guarantee, tuning_privacy=tuning_privacy,
         model_uri=model_uri, headline=found,
     )
-
-
-def _epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
-    """DPSGD-F's per-group ε (Xu 5.2) as a table: group name, ε at the run's δ."""
-    import pandas as pd
-
-    return pd.DataFrame({"group": dataset.group_names, "epsilon": result.group_epsilons,
-                         "delta": result.delta}).set_index("group")
-
-
-def _event_with_note(result: TrainResult) -> str:
-    """The run's DpEvent JSON (:func:`~dpfair.privacy.accounting.event_from_json` reads it)
-    with a ``note`` saying how its noise multipliers relate to the ``sigma`` param."""
-    how = ("set by the sigma param" if result.config.sigma is not None else
-           f"calibrated so that the run reaches target_epsilon {result.config.target_epsilon:g}")
-    note = (f"noise_multiplier of the GaussianDpEvent on the clipped gradient sum is sigma = "
-            f"{result.sigma:g} ({how}); the event is Poisson-sampled with probability "
-            f"sampling_probability and self-composed count = {result.steps} times (steps).")
-    if result.count_sigma is not None:
-        eff = (result.sigma ** -2 + result.count_sigma ** -2) ** -0.5
-        note += (f" The second GaussianDpEvent is the method's noisy count release "
-                 f"(noise multiplier {result.count_sigma:g}); both query the same batch, so "
-                 f"the accountant treats them as one Gaussian of noise multiplier "
-                 f"(sigma^-2 + count_sigma^-2)^-1/2 = {eff:.4g} (Zhao et al., Lemma 3.1): "
-                 "this is the noise_multiplier a reduced event shows.")
-    return json.dumps({**json.loads(accounting.event_to_json(result.event)), "note": note},
-                      indent=2, sort_keys=True)
 
 
 # ------------------------------------------------------------- `dpfair train` / `dpfair tune`
@@ -564,8 +485,11 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
 def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: GroupedDataset
                     ) -> tuple[TuningResult, SearchRelease, MethodRelease, Path]:
     """``dpfair tune``: a search in a run of its own, logged like a pipeline's search (only
-    what ``tuning.release`` releases, :func:`log_search`); returns the ledger's path too."""
+    what ``tuning.release`` releases, :func:`log_search`); returns the ledger's path too.
+    The search is prepared first (as :func:`plan_release` does): settings it refuses, e.g. a
+    budget it would exceed, leave no MLflow record."""
     base = params.experiment.train_config(label, params.experiment.seeds[0])
+    prepare_search(base.method, base, dataset, cfg)  # refuses bad settings before any logging
     exp_id, data_tags = _standalone(params, dataset)
     mode = params.tuning.release
     with run(params.tracking, exp_id, run_name(dataset.name, f"tune {label}"),

@@ -206,26 +206,34 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
     return f"models:/{logged.model_id}"
 
 
-def model_uri(cfg: TrackingConfig, model: str) -> str:
-    """The URI of ``model``: an MLflow URI (``models:/...``, ``runs:/...``) or a local model
-    folder as given; ``NAME/VERSION`` a registered version; ``NAME`` its latest version."""
-    if "/" in model and ":" in model.split("/")[0] or Path(model).exists():
+def model_location(cfg: TrackingConfig, model: str) -> str:
+    """Where the files of ``model`` are: a local folder or artifact URI as given; a logged
+    model ``models:/<model_id>``; a registered version ``models:/NAME/VERSION`` or
+    ``NAME/VERSION``, ``NAME@ALIAS``, or ``NAME`` (its latest version). Looked up through
+    ``cfg``'s store, never MLflow's process-wide tracking URI (threads share it)."""
+    if Path(model).exists() or "://" in model or model.startswith("runs:/"):
         return model
-    name, _, number = model.partition("/")
-    if number:
-        return f"models:/{name}/{number}"
-    versions = client(cfg).search_model_versions(f"name = '{name}'")
-    if not versions:
-        raise DataError(f"no registered model {name!r} in {cfg.resolved_uri()}: give "
-                        "--model models:/<model_id>, NAME/VERSION of a registered model, or a "
-                        "model folder (`dpfair run` registers its selected model)")
-    return f"models:/{name}/{max(int(v.version) for v in versions)}"
+    mlf = client(cfg)
+    ref = model.removeprefix("models:/")
+    if ref.startswith("m-") and "/" not in ref:
+        return mlf.get_logged_model(ref).artifact_location
+    name, _, number = ref.partition("/")
+    if "@" in name:
+        name, _, alias = name.partition("@")
+        number = mlf.get_model_version_by_alias(name, alias).version
+    if not number:
+        versions = mlf.search_model_versions(f"name = '{name}'")
+        if not versions:
+            raise DataError(f"no registered model {name!r} in {cfg.resolved_uri()}: give "
+                            "--model NAME/VERSION of a registered model, models:/<model_id> "
+                            "or a model folder (`dpfair run` registers its selected model)")
+        number = max(int(v.version) for v in versions)
+    return mlf.get_model_version_download_uri(name, str(number))
 
 
 def load(cfg: TrackingConfig, model: str) -> mlflow.pyfunc.PyFuncModel:
-    """The pyfunc model ``model`` (see :func:`model_uri`) from the tracking store of ``cfg``."""
-    mlflow.set_tracking_uri(cfg.resolved_uri())  # pyfunc resolves models:/ URIs through it
-    return mlflow.pyfunc.load_model(model_uri(cfg, model))
+    """The pyfunc model ``model`` (see :func:`model_location`) of ``cfg``'s store."""
+    return mlflow.pyfunc.load_model(model_location(cfg, model))
 
 
 def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:

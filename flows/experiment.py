@@ -37,6 +37,7 @@ from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.data import source_version  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.release import epsilon_text  # noqa: E402
+from dpfair.run_log import pipeline_run_name  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
 from dpfair.source_ledger import Release, SourceLedger, reserve_plan  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
@@ -131,7 +132,7 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                          len(stale), ", ".join(stale))
         data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
         failures: dict[str, str] = {}
-        with run(tracking, exp_id, steps.pipeline_run_name(prepared.name),
+        with run(tracking, exp_id, pipeline_run_name(prepared.name),
                  tags={**data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
                        "dpfair.ledger_release": reserved.id}) as parent:
             spend.context["mlflow_run_id"] = parent

@@ -116,10 +116,10 @@ def pipeline(tmp_path_factory):
     from dpfair.experiment import (
         PreparedData,
         log_pipeline_inputs,
-        pipeline_run_name,
         plan_release,
         train_logged,
     )
+    from dpfair.run_log import pipeline_run_name
     from dpfair.summary import log_release, log_summary, register_model, summarise
     from dpfair.tracking import experiment_id, run
 
@@ -157,7 +157,8 @@ def pipeline(tmp_path_factory):
         summary = summarise(params, dataset, records, tmp / "out", plan)
         log_summary(tracking, parent, summary, tmp / "out", {})
         registered = register_model(params, tracking, dataset, records, plan, data_tags, parent)
-    return {"tracking": tracking, "client": MlflowClient(tracking.uri), "exp": exp,
+    return {"params": params, "tracking": tracking, "client": MlflowClient(tracking.uri),
+            "exp": exp,
             "parent": parent, "trained": trained, "plan": plan, "dataset": dataset,
             "registered": registered, "version": prepared.version, "tmp": tmp}
 
@@ -249,7 +250,7 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     import numpy as np
     import pandas as pd
 
-    from dpfair.model_export import PREDICTION, feature_columns
+    from dpfair.model_export import PREDICTION, feature_columns, load, model_location
 
     client, plan, dataset = pipeline["client"], pipeline["plan"], pipeline["dataset"]
     registered = pipeline["registered"]
@@ -269,16 +270,16 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     parent_tags = client.get_run(pipeline["parent"]).data.tags
     assert parent_tags["dpfair.registered_model"] == "dpfair-synthetic/1"
     # the registered model predicts raw rows as the training-time evaluation did
-    mlflow.set_tracking_uri(pipeline["tracking"].uri)
-    model = mlflow.pyfunc.load_model("models:/dpfair-synthetic/1")
+    model = load(pipeline["tracking"], "models:/dpfair-synthetic/1")
     rows = pd.DataFrame(dataset.test.x.numpy().astype(np.float64),
                         columns=feature_columns(dataset.input_shape))
     predicted = model.predict(rows)[PREDICTION].to_numpy()
     expected = np.asarray(dataset.class_names)[result.test_predictions.y_pred]
     np.testing.assert_array_equal(predicted, expected)
     # its input example is no training row (all zeros), its signature names the columns
-    local = mlflow.artifacts.download_artifacts("models:/dpfair-synthetic/1",
-                                                dst_path=str(pipeline["tmp"] / "model"))
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri=model_location(pipeline["tracking"], "dpfair-synthetic/1"),
+        dst_path=str(pipeline["tmp"] / "model"))
     example = mlflow.models.Model.load(local).load_input_example(local)
     assert list(example.columns) == feature_columns(dataset.input_shape)
     assert not example.to_numpy().any()
@@ -294,3 +295,37 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     rows.astype(object).assign(x2="abc").to_csv(csv, index=False)
     with pytest.raises(DataError, match=r"column 'x2' is numeric but holds \['abc'\]"):
         predict_csv(pipeline["tracking"], "dpfair-synthetic/1", csv, csv.with_name("q.csv"))
+
+
+def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, monkeypatch):
+    """`dpfair train` / `dpfair tune`: a run each, no parent, named and tagged as the
+    pipeline's, holding only what the release covers (no K, no trial score)."""
+    from dpfair.experiment import train_standalone, tune_standalone
+    from dpfair.release import SECRET_NOISE
+    from dpfair.sections import TuningSection
+
+    monkeypatch.chdir(tmp_path)  # the Optuna storage and its private ledger
+    client, dataset = pipeline["client"], pipeline["dataset"]
+    tuning = TuningSection.model_validate({"mode": "fixed", "n_runs": 2,
+                                           "spaces": {"dpsgd": {"lr": [0.2, 0.5]}}})
+    params = pipeline["params"].model_copy(update={"tuning": tuning})
+    _, record = train_standalone(params, "dpsgd", 3, dataset)
+    trained = client.get_run(record.run_id)
+    assert trained.info.run_name == "synthetic · dpsgd · seed 3"
+    assert "mlflow.parentRunId" not in trained.data.tags
+    assert trained.data.tags["dpfair.stage"] == "final"
+    assert trained.data.tags["dpfair.noise"] == SECRET_NOISE
+    assert trained.data.tags["dpfair.epsilon"].startswith("epsilon: this training run alone")
+    assert {"epsilon", "epsilon_method_release"} <= set(trained.data.metrics)
+    assert len(trained.outputs.model_outputs) == 1
+    assert trained.inputs.dataset_inputs[0].dataset.digest == dataset.meta["data_version"]
+    cfg = params.tuning.config("dpsgd", "cli-search")
+    result, _, release, ledger = tune_standalone(params, "dpsgd", cfg, dataset)
+    [tuned] = client.search_runs([pipeline["exp"]], "tags.`dpfair.stage` = 'tuning'")
+    assert tuned.info.run_name == "synthetic · tune dpsgd"
+    assert tuned.data.params["selected.lr"] in ("0.2", "0.5")
+    assert tuned.data.metrics["epsilon_search"] == pytest.approx(release.epsilon_search)
+    assert not {"K", "runs"} & set(tuned.data.metrics) and ledger.name.endswith(
+        ".ledger.PRIVATE.json")
+    assert {a.path for a in client.list_artifacts(tuned.info.run_id)} == {
+        "dp_event_search.json"}

@@ -45,6 +45,7 @@ UPPER = (
     "dpfair.release",
     "dpfair.summary",
     "dpfair.model_export",
+    "dpfair.run_log",
     "dpfair.checks",
     "dpfair.source_ledger",
     "dpfair.processes",

@@ -21,7 +21,14 @@ from dpfair.cli import app
 from dpfair.data import load_dataset
 from dpfair.data.dataset import Split
 from dpfair.experiment import RunRecord
-from dpfair.model_export import PREDICTION, PROBABILITY, log_model, predict_csv
+from dpfair.model_export import (
+    PREDICTION,
+    PROBABILITY,
+    load,
+    log_model,
+    model_location,
+    predict_csv,
+)
 from dpfair.tracking import TrackingConfig, experiment_id, register_selected, run
 from dpfair.training import TrainConfig, train
 
@@ -64,14 +71,13 @@ def logged(tmp_path_factory):
     exp = experiment_id(tracking, "synthetic")
     with run(tracking, exp, "train") as run_id:
         uri = log_model(tracking, exp, run_id, result, dataset, {"method": "dpsgd"})
-    mlflow.set_tracking_uri(tracking.uri)
     return {"tmp": tmp, "tracking": tracking, "run_id": run_id, "uri": uri,
             "dataset": dataset, "base": base, "result": result}
 
 
 def test_pyfunc_applies_the_preprocessing_to_raw_rows(logged):
     dataset, result = logged["dataset"], logged["result"]
-    model = mlflow.pyfunc.load_model(logged["uri"])
+    model = load(logged["tracking"], logged["uri"])
     assert model.metadata.get_input_schema().input_names() == COLUMNS
     raw = _raw(logged["base"].test)
     assert not np.allclose(raw.to_numpy(), dataset.test.x.numpy())  # the transform matters
@@ -85,7 +91,9 @@ def test_pyfunc_applies_the_preprocessing_to_raw_rows(logged):
 
 
 def test_input_example_is_no_training_row(logged):
-    local = mlflow.artifacts.download_artifacts(logged["uri"], dst_path=str(logged["tmp"] / "m"))
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri=model_location(logged["tracking"], logged["uri"]),
+        dst_path=str(logged["tmp"] / "m"))
     example = mlflow.models.Model.load(local).load_input_example(local)
     assert list(example.columns) == COLUMNS and not example.to_numpy().any()
     assert (Path(local) / "artifacts" / "preprocessor.pkl").is_file()
@@ -109,7 +117,7 @@ def test_predict_command_reads_a_csv_and_writes_predictions(logged, tmp_path, mo
                                    "--output", "preds.csv"])
     assert out.exit_code == 0, out.output
     written = pd.read_csv(tmp_path / "preds.csv")
-    direct = mlflow.pyfunc.load_model("models:/toy/1").predict(raw.round())
+    direct = load(tracking, "models:/toy/1").predict(raw.round())
     assert list(written[PREDICTION].astype(str)) == list(direct[PREDICTION])
     # a missing column, an unknown model: one clear message each, nothing written
     raw.drop(columns=[COLUMNS[3]]).to_csv(tmp_path / "short.csv", index=False)
@@ -187,7 +195,7 @@ def test_a_table_read_from_a_file_predicts_from_its_raw_rows(logged):
     exp = experiment_id(tracking, "loans")
     with run(tracking, exp, "train") as run_id:
         uri = log_model(tracking, exp, run_id, result, dataset, {})
-    model = mlflow.pyfunc.load_model(uri)
+    model = load(tracking, uri)
     columns = dataset.preprocessor.columns
     assert set(columns) == set(frame.columns) - {TARGET, *PROTECTED}
     # every raw row through the model equals the network on the prepared features
@@ -196,6 +204,7 @@ def test_a_table_read_from_a_file_predicts_from_its_raw_rows(logged):
         net = result.load_model().eval()
         ids = net(torch.from_numpy(dataset.preprocessor.transform(frame))).argmax(1).numpy()
     np.testing.assert_array_equal(predicted, np.asarray(dataset.class_names)[ids])
-    local = mlflow.artifacts.download_artifacts(uri, dst_path=str(logged["tmp"] / "loans"))
+    local = mlflow.artifacts.download_artifacts(artifact_uri=model_location(tracking, uri),
+                                                dst_path=str(logged["tmp"] / "loans"))
     example = mlflow.models.Model.load(local).load_input_example(local)
     assert (example["Beruf"] == "example").all() and (example["Alter"] == 0).all()

@@ -1,0 +1,101 @@
+"""How a run looks in MLflow (issue 17): its name, the headline metrics of a model, the
+dataset as the run's logged input, the per-epoch test metrics, and the run's DpEvent with a
+note. :mod:`dpfair.experiment` logs every run through these."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import pandas as pd
+
+from dpfair.data import GroupedDataset
+from dpfair.fairness import max_gap
+from dpfair.privacy import accounting
+from dpfair.tracking import TrackingConfig, log_dataset, log_metrics
+from dpfair.training import TrainResult
+
+#: The fairness summary of a model's test metrics: one chart each on a run, one column each
+#: per method on the pipeline run, tags of a registered model (see :func:`headline`).
+HEADLINE = ("accuracy", "macro_accuracy", "worst_group_accuracy", "largest_group_gap")
+
+
+def run_name(dataset: str, *parts: str) -> str:
+    """A run's name in MLflow's runs table: the dataset, then what ran (method, seed)."""
+    return " · ".join([dataset, *parts])
+
+
+def pipeline_run_name(dataset: str) -> str:
+    """The pipeline (parent) run's name: the dataset and when it started."""
+    return run_name(dataset, time.strftime("%Y-%m-%d %H:%M"))
+
+
+def public_schema(dataset: GroupedDataset) -> dict[str, Any]:
+    """What a logged dataset says about itself: public facts only (no row or group counts)."""
+    pre = dataset.preprocessor
+    return {"input_shape": list(dataset.input_shape), "classes": dataset.class_names,
+            "groups": dataset.group_names,
+            "columns": list(pre.columns) if pre is not None else None}
+
+
+def log_data_input(tracking: TrackingConfig, run_id: str, dataset: GroupedDataset,
+                   version: str, source: str) -> None:
+    """``dataset`` as the run's logged input (MLflow's Dataset column): digest = its data
+    version (the source's content hash when the loader records one, else ``version``)."""
+    log_dataset(tracking, run_id, name=dataset.name,
+                digest=dataset.meta.get("data_version") or version,
+                source=str(dataset.meta.get("source") or source), schema=public_schema(dataset))
+
+
+def headline(metrics: dict[str, Any]) -> dict[str, float]:
+    """The :data:`HEADLINE` of a model's metrics: accuracy, macro accuracy, worst-group
+    accuracy and the largest gap between two groups' accuracies (NaN with < 2 groups)."""
+    try:
+        gap = max_gap(metrics["group_accuracy"])[0]
+    except ValueError:
+        gap = math.nan
+    return {**{k: float(metrics[k]) for k in HEADLINE[:3]}, "largest_group_gap": gap}
+
+
+class EpochLogger:
+    """Training callback: per-epoch TEST headline metrics into the run (held-out data that ε
+    does not cover, released without noise: :data:`dpfair.release.TEST_METRICS_NOTE`)."""
+
+    def __init__(self, tracking: TrackingConfig, run_id: str) -> None:
+        self.tracking, self.run_id = tracking, run_id
+
+    def on_epoch_end(self, epoch: int, entry: dict[str, Any]) -> None:
+        found = headline(entry["test"])
+        log_metrics(self.tracking, self.run_id,
+                    {f"test/{k}": found[k] for k in HEADLINE if k != "macro_accuracy"},
+                    step=epoch)
+
+    def on_train_end(self, result: TrainResult) -> None:
+        return None
+
+
+def epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
+    """DPSGD-F's per-group ε (Xu 5.2) as a table: group name, ε at the run's δ."""
+    return pd.DataFrame({"group": dataset.group_names, "epsilon": result.group_epsilons,
+                         "delta": result.delta}).set_index("group")
+
+
+def event_with_note(result: TrainResult) -> str:
+    """The run's DpEvent JSON (:func:`~dpfair.privacy.accounting.event_from_json` reads it)
+    with a ``note`` saying how its noise multipliers relate to the ``sigma`` param."""
+    how = ("set by the sigma param" if result.config.sigma is not None else
+           f"calibrated so that the run reaches target_epsilon {result.config.target_epsilon:g}")
+    note = (f"noise_multiplier of the GaussianDpEvent on the clipped gradient sum is sigma = "
+            f"{result.sigma:g} ({how}); the event is Poisson-sampled with probability "
+            f"sampling_probability and self-composed count = {result.steps} times (steps).")
+    if result.count_sigma is not None:
+        eff = (result.sigma ** -2 + result.count_sigma ** -2) ** -0.5
+        note += (f" The second GaussianDpEvent is the method's noisy count release "
+                 f"(noise multiplier {result.count_sigma:g}); both query the same batch, so "
+                 f"the accountant treats them as one Gaussian of noise multiplier "
+                 f"(sigma^-2 + count_sigma^-2)^-1/2 = {eff:.4g} (Zhao et al., Lemma 3.1): "
+                 "this is the noise_multiplier a reduced event shows.")
+    return json.dumps({**json.loads(accounting.event_to_json(result.event)), "note": note},
+                      indent=2, sort_keys=True)
