@@ -8,6 +8,8 @@ value of its search space at once, so no search opens a study while another meth
 are still wrong:
 
 * ``experiment.pair`` names groups of the dataset (did-you-mean);
+* a feature transform fitted on the training rows (exact statistics in every released model)
+  only with ``budget.allow_fitted_preprocessing`` (:func:`check_preprocessing`);
 * every batch size, given or searched, is at most n
   (:func:`~dpfair.training.plan.check_batch_size`);
 * every δ (``experiment.train.delta``, ``budget.delta``) is below 1/n unless its opt-out says
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from dpfair.config import Params
     from dpfair.data import GroupedDataset
 
-__all__ = ["check_against_data"]
+__all__ = ["check_against_data", "check_preprocessing"]
 
 REFERENCE = "nonprivate"
 
@@ -42,6 +44,7 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
     exp = params.experiment
     n_train = len(dataset.train)
     _check_pair(exp.pair, dataset)
+    check_preprocessing(params, dataset)
     if params.budget.delta is not None:
         check_delta(params.budget.delta, n_train, allowed=params.budget.allow_large_delta,
                     key="budget.delta", opt_out="budget.allow_large_delta")
@@ -58,6 +61,24 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
         configs = [make_config(base.method, base, point, seed=0, reproducible=False)
                    for point in grid_points(space)]
         _check_one_run(params, label, configs, n_train, dataset.n_groups)
+
+
+def check_preprocessing(params: Params, dataset: GroupedDataset) -> None:
+    """A released model carries its feature transform: one fitted on the training rows holds
+    their exact statistics, which ε does not cover. Refused unless the dataset declares its
+    public ranges and categories, or ``budget.allow_fitted_preprocessing`` accepts it."""
+    pre = dataset.preprocessor
+    if pre is None or getattr(pre, "data_independent", False):
+        return
+    if params.budget.allow_fitted_preprocessing:
+        return
+    raise PrivacyError(
+        f"dataset {dataset.name!r}: the models would carry a feature transform fitted on the "
+        f"{getattr(pre, 'fitted_on', 'training split')}. Declare the public ranges and "
+        f"categories of those columns (datasets.{dataset.name}.numeric_ranges and .categories), "
+        "or accept the release with budget.allow_fitted_preprocessing: true (the models are "
+        "then labelled as holding exact training statistics). Nothing was trained."
+    )
 
 
 def _check_pair(pair: list[str] | None, dataset: GroupedDataset) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 from dp_accounting import dp_event
 
-from dpfair.checks import check_against_data
+from dpfair.checks import check_against_data, check_preprocessing
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.errors import ConfigError, PrivacyError, did_you_mean
@@ -473,6 +473,7 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     """``dpfair train``: one method on one seed in a run of its own (no parent), logged like
     a pipeline's final run; its release is this one training run."""
     config = params.experiment.train_config(label, seed, **overrides)
+    check_preprocessing(params, dataset)
     exp_id, data_tags = _standalone(params, dataset)
     delta = params.budget.delta or config.delta
     event = make_plan(config, len(dataset.train), dataset.n_groups).event

@@ -201,6 +201,11 @@ class BudgetSection(BaseModel):
     allow_nonprivate_reference: bool = Field(
         False, description="release the non-private reference's test metrics (no guarantee)"
     )
+    allow_fitted_preprocessing: bool = Field(
+        False, description="release models whose feature transform was fitted on the training "
+        "rows (exact means, standard deviations, categories: not covered by ε); else declare "
+        "numeric_ranges and categories of the dataset"
+    )
     lifetime_epsilon: PositiveFloat | None = Field(
         None, description="the most ε all runs over time may release on one data source's "
         "people, composed (dpfair/source_ledger.py; None: no limit, still recorded)"

@@ -183,10 +183,11 @@ def log_params(cfg: TrackingConfig, run_id: str, params: Mapping[str, Any]) -> N
 
 def metric_key(name: str) -> str:
     """``name`` in the characters MLflow allows in a metric key (``[A-Za-z0-9_-. :/]``):
-    ``"acc/<=50K"`` -> ``"acc/le 50K"``, ``"acc/low (5_4_9)"`` -> ``"acc/low 5_4_9"``."""
-    for sign, word in (("<=", "le "), (">=", "ge "), ("<", "lt "), (">", "gt ")):
+    ``"acc/<=50K"`` -> ``"acc/le 50K"``, ``"acc/low (5_4_9)"`` -> ``"acc/low 5_4_9"``,
+    an intersectional group ``"acc/w × Ost"`` -> ``"acc/w x Ost"``."""
+    for sign, word in (("<=", "le "), (">=", "ge "), ("<", "lt "), (">", "gt "), ("×", "x")):
         name = name.replace(sign, word)
-    return re.sub(r"[^A-Za-z0-9_\-. :/]", "", name).strip()
+    return re.sub(r" {2,}", " ", re.sub(r"[^A-Za-z0-9_\-. :/]", "", name)).strip()
 
 
 def log_metrics(

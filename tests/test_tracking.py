@@ -34,7 +34,8 @@ def test_metric_key_keeps_allowed_and_spells_out_comparisons():
     assert metric_key("test/class_accuracy/>50K") == "test/class_accuracy/gt 50K"
     assert metric_key("test/class_accuracy/low (5_4_9)") == "test/class_accuracy/low 5_4_9"
     assert metric_key("final/test/group_accuracy/F & non-white") == (
-        "final/test/group_accuracy/F  non-white")
+        "final/test/group_accuracy/F non-white")
+    assert metric_key("test/group_accuracy/w × Ost") == "test/group_accuracy/w x Ost"
 
 
 def test_logged_metrics_with_dataset_names_reach_mlflow(tmp_path):
