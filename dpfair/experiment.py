@@ -25,7 +25,7 @@ from dp_accounting import dp_event
 from dpfair.checks import check_against_data, check_preprocessing
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
-from dpfair.errors import ConfigError, PrivacyError, did_you_mean
+from dpfair.errors import ConfigError, DataError, PrivacyError, did_you_mean
 from dpfair.fairness import GroupMetrics
 from dpfair.privacy import accounting
 from dpfair.release import (
@@ -143,14 +143,23 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
     out_dir = root / params.pipeline.data_dir
     uses_stage_params = Path(params_path).resolve() == root / "params.yaml"
     if params.pipeline.use_dvc and name in dvc_prepare_stages(root) and uses_stage_params:
-        from dvc.repo import Repo
+        if os.environ.get("DVC_STAGE"):
+            # inside `dvc repro`'s `run` stage: DVC ran prepare@name first (a dependency of
+            # `run`) and holds a lock on it, so a nested reproduce would fail; read its lock
+            version = data_version(name, root / "dvc.lock")
+            if version is None:
+                raise DataError(f"dvc.lock has no prepare@{name} output: run `dvc repro` (it "
+                                f"prepares {name} before the run stage)")
+        else:
+            from dvc.repo import Repo
 
-        os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-        # the stage's command is `python -m dpfair.cli ...`: run it with this interpreter
-        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-        with Repo(str(root)) as repo:
-            repo.reproduce(f"prepare@{name}")
-        version = data_version(name, root / "dvc.lock")
+            os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+            # the stage's command is `python -m dpfair.cli ...`: run it with this interpreter
+            os.environ["PATH"] = (f"{Path(sys.executable).parent}{os.pathsep}"
+                                  f"{os.environ['PATH']}")
+            with Repo(str(root)) as repo:
+                repo.reproduce(f"prepare@{name}")
+            version = data_version(name, root / "dvc.lock")
         path = root / "data" / "prepared" / name
     else:
         prepare(name, params.dataset(name), out_dir)

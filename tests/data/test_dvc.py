@@ -84,6 +84,8 @@ def test_dvc_pipeline_definition(repo_root):
         assert stage["cmd"].startswith("sh bin/dvc-python -m dpfair.cli ")
     assert "outputs/pipeline" in stages["evaluate"]["deps"] and stages["run"]["outs"] == [
         "outputs/pipeline"]
+    # run depends on its dataset's prepared arrays: `dvc dag` draws prepare -> run
+    assert "data/prepared/${experiment.dataset}/arrays.npz" in stages["run"]["deps"]
 
 
 @pytest.mark.slow
@@ -176,6 +178,8 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     for stage in ("prepare@synthetic", "run", "evaluate"):
         assert out.count(f"Running stage '{stage}'") == 1, out
 
+    dag = _dvc(repo, "dag", "--dot", quiet=True)
+    assert '"prepare@synthetic" -> "run"' in dag and '"run" -> "evaluate"' in dag, dag
     shown = json.loads(_dvc(repo, "metrics", "show", "--json", quiet=True))
     [(_, files)] = shown.items()
     metrics = files["data"]["evaluation/metrics.json"]["data"]
