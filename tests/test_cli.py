@@ -330,3 +330,18 @@ def test_results_of_an_empty_store_says_to_run_first(tmp_path):
     params.write_text(f"tracking:\n  uri: sqlite:///{tmp_path / 'mlflow.db'}\n")
     out = runner.invoke(app, ["results", "--params", str(params)])
     _fails_cleanly(out, "pipeline run", "run `dpfair run` first")
+
+
+def test_data_list_loads_no_torch():
+    """`dpfair data list` reads the registry only: no torch, pandas or sklearn (fast start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from dpfair.cli import app; "
+            "out = CliRunner().invoke(app, ['data', 'list']); assert out.exit_code == 0, "
+            "out.output; print(sorted(m for m in ('torch', 'pandas', 'sklearn') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

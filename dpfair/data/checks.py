@@ -10,11 +10,13 @@ recorded ``meta["feature_names"]``, else by flattened index), how many rows, and
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 _CHUNK_ROWS = 8192  # bounds the boolean masks of the exact check (CelebA is ~10 GB of x)
 _SHOWN = 5  # at most this many features or values are listed in a message
@@ -32,6 +34,8 @@ def _nonfinite(x: torch.Tensor, feature_names: list[str] | None) -> str | None:
     of one pass and no mask; only when it is not (a bad value, or an overflow of finite values)
     are the rows and features found, chunk by chunk.
     """
+    import torch
+
     flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # -1 is ambiguous for an empty split
     if bool(torch.isfinite(flat.sum())):
         return None
@@ -55,6 +59,8 @@ def _nonfinite(x: torch.Tensor, feature_names: list[str] | None) -> str | None:
 
 def _out_of_range(t: torch.Tensor, what: str, names: list[str]) -> str | None:
     """Why ``t`` is not an integer id in ``[0, len(names))``, or None."""
+    import torch
+
     if torch.is_floating_point(t) or torch.is_complex(t) or t.dtype == torch.bool:
         return f"{what} have dtype {t.dtype}, not an integer type"
     bad = (t < 0) | (t >= len(names))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class Split:
         return int(self.x.shape[0])
 
     def subset(self, index: torch.Tensor | np.ndarray) -> Split:
+        import torch
+
         index = torch.as_tensor(index, dtype=torch.long)
         return Split(self.x[index], self.y[index], self.g[index])
 

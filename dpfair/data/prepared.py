@@ -28,10 +28,9 @@ import uuid
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import yaml
 from pydantic import BaseModel
 
@@ -39,6 +38,9 @@ from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.data.errors import DataError
 from dpfair.data.registry import load_dataset
+
+if TYPE_CHECKING:
+    import torch
 
 ARRAYS = "arrays.npz"
 SUMMARY = "summary.json"
@@ -86,6 +88,8 @@ def summarize(ds: GroupedDataset, *, exact_counts: bool = False) -> dict[str, An
 
 
 def _counts(t: torch.Tensor, names: list[str]) -> dict[str, int]:
+    import torch
+
     c = torch.bincount(t, minlength=len(names)).tolist() if len(t) else [0] * len(names)
     return {name: int(n) for name, n in zip(names, c, strict=True)}
 
@@ -194,6 +198,8 @@ def load_prepared(path: str | Path) -> GroupedDataset:
     A DataError names the file if it is missing, corrupt, or holds a NaN or inf feature or an
     id out of range (``checks.check_values``).
     """
+    import torch
+
     path = Path(path)
     if path.is_dir():
         path = path / ARRAYS

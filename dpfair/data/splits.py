@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from dpfair.data.dataset import Split
+
+if TYPE_CHECKING:
+    import torch
 
 
 def rng(seed: int, stream: int = 0) -> np.random.Generator:
@@ -26,6 +30,8 @@ def holdout(n: int, fraction: float, seed: int, stream: int) -> tuple[np.ndarray
 
 def make_split(x: np.ndarray, y: np.ndarray, g: np.ndarray, divisor: float = 1.0) -> Split:
     """Tensors with the agreed dtypes: x float32 (divided by ``divisor``), y and g int64."""
+    import torch
+
     xf = np.ascontiguousarray(x, dtype=np.float32)
     if divisor != 1.0:
         xf = np.divide(xf, np.float32(divisor), dtype=np.float32)
@@ -38,6 +44,8 @@ def _owned(a: np.ndarray) -> np.ndarray:
 
 
 def _long(a: np.ndarray) -> torch.Tensor:
+    import torch
+
     return torch.from_numpy(_owned(np.ascontiguousarray(a, dtype=np.int64)))
 
 
