@@ -18,12 +18,13 @@ from torch import nn
 class Block(nn.Module):
     """Pre-norm transformer block: attention from a qkv Linear and an output Linear, then MLP."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, hidden: int | None = None) -> None:
         super().__init__()
+        hidden = hidden or 4 * dim
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, dim = x.shape

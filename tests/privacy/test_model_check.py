@@ -9,6 +9,7 @@ from torch import nn
 
 from dpfair.errors import PrivacyError
 from dpfair.privacy.model_check import check_model
+from tests.fixtures.own_models import BatchCentre, RunningMean
 
 BATCHNORM = "BatchNorm mixes samples in a batch; use GroupNorm or LayerNorm"
 
@@ -25,19 +26,6 @@ class Block(nn.Module):
         return x + self.norm(self.lin(x))
 
 
-class RunningMean(nn.Module):
-    """Keeps a running mean of its inputs (a buffer written in forward)."""
-
-    def __init__(self, width: int = 8) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
-        return x - self.mean
-
-
 class Calls(nn.Module):
     """Counts its calls in a buffer; its output does not depend on the count."""
 
@@ -48,13 +36,6 @@ class Calls(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         return x
-
-
-class BatchCentre(nn.Module):
-    """Subtracts the batch mean: mixes samples, no buffer, no parameter."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x - x.mean(0, keepdim=True)
 
 
 def _net(*middle: nn.Module, width: int = 8) -> nn.Sequential:

@@ -13,27 +13,12 @@ from torch import nn
 from dpfair.privacy.gradients import GhostClipping, Materialized, make_engine, plan_layers
 from dpfair.privacy.layer_grads import materialise_reason
 from dpfair.privacy.step import per_sample_cross_entropy
+from tests.conftest import load_benchmark
+
+Block = load_benchmark("arch_models").Block  # the benchmark's transformer block
 
 TOL = 1e-5
 DTYPE = torch.float64
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: self-attention from Linear layers, then an MLP."""
-
-    def __init__(self, dim: int, heads: int, hidden: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, dim = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        att = nn.functional.scaled_dot_product_attention(q, k, v)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, dim))
-        return x + self.mlp(self.ln2(x))
 
 
 class Transformer(nn.Module):
