@@ -434,6 +434,10 @@ def run(
     copy_results: Annotated[Path | None, typer.Option(
         help="also copy the results table and figures to this directory (replaced; the "
         "output of dvc.yaml's run stage)")] = None,
+    resume: Annotated[bool, typer.Option(
+        help="resume the latest pipeline run of these settings and data if it failed or was "
+        "killed (finished searches and trainings are read back, not redone); --no-resume "
+        "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
     from dpfair.config import load_params
@@ -449,7 +453,7 @@ def run(
     # DVC (the flow's prepare step) prints through its own handlers: not again through the
     # root logger that Prefect configures ("Running stage" twice)
     logging.getLogger("dvc").propagate = False
-    out = run_experiment(str(path), ".")
+    out = run_experiment(str(path), ".", resume=resume)
     if copy_results is not None:
         shutil.rmtree(copy_results, ignore_errors=True)
         shutil.copytree(out["results_dir"], copy_results)

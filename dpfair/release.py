@@ -117,6 +117,12 @@ class MethodRelease:
         return self.search.label if self.search is not None else _NOT_TUNED
 
     @property
+    def retrained(self) -> str:
+        """Trainings beyond one per seed (a resumed run's crashed attempts), as a phrase."""
+        extra = len(self.run_events) - len(self.seeds)
+        return f"; {extra} crashed attempt(s) retrained, each counted again" if extra else ""
+
+    @property
     def event(self) -> dp_event.DpEvent:
         """The composition of everything released for the method."""
         search = [] if self.search is None else [self.search.event or dp_event.NonPrivateDpEvent()]
@@ -138,7 +144,8 @@ class MethodRelease:
                     "bounded by its clip norm): no ε is reported and it is not in the total")
         seeds = ", ".join(str(s) for s in self.seeds)
         return (f"epsilon: this training run alone, at its delta; epsilon_method_release: "
-                f"{EPSILON_METHOD} (search: {self.tuning}; seeds {seeds}) at δ = {self.delta:g}")
+                f"{EPSILON_METHOD} (search: {self.tuning}; seeds {seeds}{self.retrained}) at "
+                f"δ = {self.delta:g}")
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,8 @@ class ReleasePlan:
             f"{seeds}; the last row composes every private release of this run (RDP "
             f"accountant, not a sum of epsilons). Every ε is at δ = {self.delta:g}.",
             *(f"{m.label}: {m.epsilon_note}" for m in self.without_guarantee),
+            *(f"{m.label}: resumed run{m.retrained}" for m in self.methods.values()
+              if m.retrained),
             TEST_METRICS_NOTE,
         ]
         if self.reproducible:
@@ -196,7 +205,7 @@ class ReleasePlan:
                       if m.epsilon_search is not None else "not tuned; ")
             seeds = ", ".join(str(s) for s in m.seeds)
             lines.append(f"{m.label}: {search}seeds {seeds}: ε {_fmt(m.epsilon_run)} each "
-                         f"(one training run); composed: ε {_fmt(m.epsilon)}")
+                         f"(one training run){m.retrained}; composed: ε {_fmt(m.epsilon)}")
         lines.append(f"total, composition of every private release: ε {_fmt(self.epsilon_total)} "
                      f"at δ = {self.delta:g}")
         if self.reproducible:
