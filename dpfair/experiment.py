@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from dp_accounting import dp_event
 
@@ -26,7 +25,7 @@ from dpfair.checks import check_against_data, check_preprocessing
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.errors import ConfigError, DataError, PrivacyError, did_you_mean
-from dpfair.fairness import GroupMetrics
+from dpfair.fairness import metric_records
 from dpfair.privacy import accounting
 from dpfair.release import (
     SECRET_NOISE,
@@ -66,6 +65,7 @@ from dpfair.training import (
     TrainResult,
     flat_metrics,
     make_plan,
+    metrics_release,
     train,
 )
 from dpfair.tuning import TuningConfig, TuningResult, tune
@@ -230,8 +230,12 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
         else:
             events = [make_plan(exp.train_config(label, seed), n_train, n_groups).event
                       for seed in exp.seeds]
+        # a tuned method's test release: its base configuration's (the ε of noisy test
+        # metrics is calibrated per run, whatever the selected epochs)
+        tests = [metrics_release(exp.train_config(label, seed), n_train, len(dataset.test))
+                 for seed in exp.seeds]
         releases.append(method_release(label, base.method.privacy_guarantee, exp.seeds,
-                                       events, search, base.reproducible, delta))
+                                       events, search, base.reproducible, delta, tests))
     plan = release_plan(releases, delta)
     check_budget(plan, params.budget)
     return plan
@@ -425,10 +429,15 @@ def train_logged(
             metrics.update({"epsilon": result.epsilon,
                             "epsilon_method_release": release.epsilon})
             facts.update({"delta": result.delta, "delta_release": release.delta})
+        if result.test_release.noisy:
+            metrics["epsilon_test_split"] = result.test_release.epsilon
+            facts.update({"test_noise_multiplier": result.test_release.noise_multiplier,
+                          "test_delta": result.test_release.delta})
         log_metrics(tracking, run_id, metrics)
         log_params(tracking, run_id, {"privacy": facts})
         set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
-                                    "dpfair.device": result.device})
+                                    "dpfair.device": result.device,
+                                    "dpfair.test_metrics": result.test_release.label})
         if release.has_epsilon:
             log_text(tracking, run_id, event_with_note(result), "dp_event.json")
             if result.group_epsilons:
@@ -441,8 +450,6 @@ def train_logged(
             log_json(tracking, run_id, result.nonprivate_stats, "nonprivate_stats.json")
         model_uri = log_model(tracking, experiment_id, run_id, result, dataset,
                               {"method": label, "seed": str(config.seed), "dpfair.noise": noise})
-    gm = GroupMetrics(**{k: np.asarray(v) if isinstance(v, list) else v
-                         for k, v in result.test_metrics.items()})
     history = {
         int(h["epoch"]): {dataset.group_names[k]: float(a)
                           for k, a in enumerate(h["test"]["group_accuracy"])}
@@ -450,7 +457,8 @@ def train_logged(
     }
     return result, RunRecord(
         label=label, seed=config.seed, run_id=run_id,
-        records=gm.to_records(label, config.seed, dataset.group_names, dataset.class_names),
+        records=metric_records(result.test_metrics, label, config.seed, dataset.group_names,
+                               dataset.class_names),
         history=history, clip_trajectory=trajectory,
         epsilon=result.epsilon if release.has_epsilon else math.inf,
         privacy_guarantee=result.privacy_guarantee, tuning_privacy=tuning_privacy,
@@ -485,9 +493,9 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     check_preprocessing(params, dataset)
     exp_id, data_tags = _standalone(params, dataset)
     delta = params.budget.delta or config.delta
-    event = make_plan(config, len(dataset.train), dataset.n_groups).event
-    release = method_release(label, config.method.privacy_guarantee, [seed], [event], None,
-                             config.reproducible, delta)
+    plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
+    release = method_release(label, config.method.privacy_guarantee, [seed], [plan.event], None,
+                             config.reproducible, delta, [plan.test])
     return train_logged(config, label, dataset, params.tracking, exp_id, None,
                         data_tags, release)
 
