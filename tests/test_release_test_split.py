@@ -195,3 +195,26 @@ def test_default_pipeline_plan_says_exact_and_has_no_test_column(tmp_path):
     assert not plan.test_noisy and TEST_METRICS_NOTE in plan.notes()
     assert all(t.label == EXACT_TEST_METRICS for m in plan.methods.values()
                for t in m.test_releases)
+
+
+def test_train_command_prints_the_noisy_label_and_no_count(tmp_path, monkeypatch):
+    import yaml
+    from typer.testing import CliRunner
+
+    from dpfair.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "datasets": {"synthetic": {"n": 400}},
+        "experiment": {"dataset": "synthetic", "model": {"name": "logistic_regression"},
+                       "train": {"epochs": 1, "batch_size": 50, "lr": 0.5, "sigma": 1.0,
+                                 "delta": 1e-5, "progress": False,
+                                 "test_metrics": {"release": "noisy", "epsilon": 1.0}},
+                       "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0]},
+    }))
+    out = CliRunner().invoke(app, ["train", "--method", "dpsgd"])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "test metrics: noisy (ε 1 at δ 1e-05 for the test split over 1 evaluation;" in text
+    assert TEST_METRICS_NOTE not in text and "macro" not in text
+    assert "│ minority │" in out.output and "— │" in out.output  # no count released
