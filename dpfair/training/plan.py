@@ -55,7 +55,8 @@ class MetricsRelease:
         if not self.noisy:
             return EXACT_TEST_METRICS
         return (f"noisy (ε {self.epsilon:.3g} at δ {self.delta:g} for the test split over "
-                f"{self.releases} evaluation{'s' * (self.releases != 1)}; noise multiplier {self.noise_multiplier:.4g})")
+                f"{self.releases} evaluation{'s' * (self.releases != 1)}; noise multiplier "
+                f"{self.noise_multiplier:.4g})")
 
 
 @dataclass(frozen=True)
