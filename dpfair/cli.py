@@ -327,8 +327,10 @@ def _group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table
     for col in ("group", "accuracy", "loss", "count"):
         table.add_column(col, justify="right" if col != "group" else "left")
     for k, name in enumerate(names):
+        count = metrics.get("group_count")  # not released with noisy test metrics
         table.add_row(name, percent(metrics['group_accuracy'][k]),
-                      score(metrics['group_loss'][k]), f"{int(metrics['group_count'][k])}")
+                      score(metrics['group_loss'][k]),
+                      f"{int(count[k])}" if count is not None else "—")
     return table
 
 
@@ -354,7 +356,8 @@ def train_cmd(
     m = result.test_metrics
     console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))
-    console.print(f"accuracy {percent(m['accuracy'])}  macro {percent(m['macro_accuracy'])}  "
+    macro = f"macro {percent(m['macro_accuracy'])}  " if "macro_accuracy" in m else ""
+    console.print(f"accuracy {percent(m['accuracy'])}  {macro}"
                   f"worst group {percent(m['worst_group_accuracy'])}")
     run = f"{result.steps} steps, q={result.sample_rate:.4g}, sigma={result.sigma:.4g}"
     if result.privacy_guarantee == "proven":
@@ -365,7 +368,8 @@ def train_cmd(
                       f"{result.privacy_guarantee})")
     if result.reproducible:
         console.print(f"[bold red]reproducible:[/] {REPLAYABLE_NOISE}")
-    console.print(TEST_METRICS_NOTE)
+    console.print(f"test metrics: {result.test_release.label}" if result.test_release.noisy
+                  else TEST_METRICS_NOTE)
     console.print(f"MLflow run {record.run_id}, model {record.model_uri}; open the UI with:\n"
                   f"  {ui_command(p.tracking)}", soft_wrap=True)
 

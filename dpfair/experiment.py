@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from dp_accounting import dp_event
 
@@ -27,7 +26,7 @@ from dpfair.checks import check_against_data, check_preprocessing
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.errors import ConfigError, DataError, PrivacyError, did_you_mean
-from dpfair.fairness import GroupMetrics
+from dpfair.fairness import metric_records
 from dpfair.privacy import accounting
 from dpfair.release import (
     SECRET_NOISE,
@@ -67,6 +66,7 @@ from dpfair.training import (
     TrainResult,
     flat_metrics,
     make_plan,
+    metrics_release,
     train,
 )
 from dpfair.tuning import TuningConfig, TuningResult, tune
@@ -248,10 +248,16 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
         else:
             per_seed = [make_plan(exp.train_config(label, seed), n_train, n_groups).event
                         for seed in exp.seeds]
-        events = [*per_seed, *(event for seed, event in zip(exp.seeds, per_seed, strict=True)
-                               for _ in range((extra_runs or {}).get((label, seed), 0)))]
+        # a tuned method's test release: its base configuration's (the ε of noisy test
+        # metrics is calibrated per run, whatever the selected epochs)
+        per_seed_test = [metrics_release(exp.train_config(label, seed), n_train,
+                                         len(dataset.test)) for seed in exp.seeds]
+        extra = [seed for seed in exp.seeds
+                 for _ in range((extra_runs or {}).get((label, seed), 0))]
+        events = [*per_seed, *(per_seed[exp.seeds.index(seed)] for seed in extra)]
+        tests = [*per_seed_test, *(per_seed_test[exp.seeds.index(seed)] for seed in extra)]
         releases.append(method_release(label, base.method.privacy_guarantee, exp.seeds,
-                                       events, search, base.reproducible, delta))
+                                       events, search, base.reproducible, delta, tests))
     plan = release_plan(releases, delta)
     check_budget(plan, params.budget)
     return plan
@@ -458,10 +464,15 @@ def train_logged(
             metrics.update({"epsilon": result.epsilon,
                             "epsilon_method_release": release.epsilon})
             facts.update({"delta": result.delta, "delta_release": release.delta})
+        if result.test_release.noisy:
+            metrics["epsilon_test_split"] = result.test_release.epsilon
+            facts.update({"test_noise_multiplier": result.test_release.noise_multiplier,
+                          "test_delta": result.test_release.delta})
         log_metrics(tracking, run_id, metrics)
         log_params(tracking, run_id, {"privacy": facts})
         set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
-                                    "dpfair.device": result.device})
+                                    "dpfair.device": result.device,
+                                    "dpfair.test_metrics": result.test_release.label})
         if release.has_epsilon:
             log_text(tracking, run_id, event_with_note(result), "dp_event.json")
             if result.group_epsilons:
@@ -484,9 +495,7 @@ def _run_record(result: TrainResult, label: str, seed: int, run_id: str,
                 dataset: GroupedDataset, trajectory: dict[str, list[float]],
                 release: MethodRelease, tuning_privacy: str, model_uri: str,
                 found: dict[str, float]) -> RunRecord:
-    """The summary's view of a finished training (its test metrics as records)."""
-    gm = GroupMetrics(**{k: np.asarray(v) if isinstance(v, list) else v
-                         for k, v in result.test_metrics.items()})
+    """The summary's view of a finished training (its released test metrics as records)."""
     history = {
         int(h["epoch"]): {dataset.group_names[k]: float(a)
                           for k, a in enumerate(h["test"]["group_accuracy"])}
@@ -494,7 +503,8 @@ def _run_record(result: TrainResult, label: str, seed: int, run_id: str,
     }
     return RunRecord(
         label=label, seed=seed, run_id=run_id,
-        records=gm.to_records(label, seed, dataset.group_names, dataset.class_names),
+        records=metric_records(result.test_metrics, label, seed, dataset.group_names,
+                               dataset.class_names),
         history=history, clip_trajectory=trajectory,
         epsilon=result.epsilon if release.has_epsilon else math.inf,
         privacy_guarantee=result.privacy_guarantee, tuning_privacy=tuning_privacy,
@@ -529,9 +539,9 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     check_preprocessing(params, dataset)
     exp_id, data_tags = _standalone(params, dataset)
     delta = params.budget.delta or config.delta
-    event = make_plan(config, len(dataset.train), dataset.n_groups).event
-    release = method_release(label, config.method.privacy_guarantee, [seed], [event], None,
-                             config.reproducible, delta)
+    plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
+    release = method_release(label, config.method.privacy_guarantee, [seed], [plan.event], None,
+                             config.reproducible, delta, [plan.test])
     return train_logged(config, label, dataset, params.tracking, exp_id, None,
                         data_tags, release)
 
