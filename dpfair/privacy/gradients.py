@@ -196,8 +196,13 @@ class GhostClipping(PerSampleGradients):
             tensor whose gradient is taken. ``make_engine`` sets it when it sees such a module.
     """
 
+    #: Whether :meth:`compute` keeps each fast layer's captured (input, output gradient) calls
+    #: in ``_calls``, for a subclass's second pass (:class:`dpfair.privacy.ascent.AscentGhost`).
+    keeps_calls = False
+
     def __init__(self, clone_outputs: bool = False) -> None:
         self.clone_outputs = clone_outputs
+        self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers: list[LayerGrads] = []
         self._params: list[nn.Parameter] = []
         self._all_finite = True
@@ -214,8 +219,13 @@ class GhostClipping(PerSampleGradients):
                     "gradient sums over samples); give them a batched input, e.g. "
                     "pos(positions.expand(batch_size, -1)), to keep the fast path"
                 )
-            self._plan = (model, plan, Materialized() if shared else None)
+            self._plan = (model, plan, self._whole_engine() if shared else None)
         return self._plan[1]
+
+    def _whole_engine(self) -> Materialized:
+        """The materialised engine that serves a model some layer of which runs without the
+        batch axis (a subclass forming ``g_i`` differently returns its own)."""
+        return Materialized()
 
     def compute(
         self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
@@ -278,6 +288,7 @@ class GhostClipping(PerSampleGradients):
                         tolerance=1e-4 if outs[0].dtype == dtype else 5e-2,
                     ))
             self._layers += [layer_grads(m, c) for m, c in per_layer.items()]
+            self._calls = per_layer if self.keeps_calls else {}
             norms = sum(
                 (layer.sq_norms() for layer in self._layers), self._params[0].new_zeros(len(x))
             )
@@ -412,5 +423,10 @@ def make_engine(model: nn.Module, kind: EngineKind = "auto") -> PerSampleGradien
             "per-sample gradients: fast path; materialised layer by layer for "
             + "; ".join(f"{name} ({why})" for name, _, why in slow)
         )
-    inplace = any(getattr(m, "inplace", False) for m in model.modules())
-    return GhostClipping(clone_outputs=inplace)
+    return GhostClipping(clone_outputs=modifies_in_place(model))
+
+
+def modifies_in_place(model: nn.Module) -> bool:
+    """Whether some module of ``model`` may modify its input in place (``inplace=True``), so the
+    fast path must clone layer outputs (``GhostClipping(clone_outputs=True)``)."""
+    return any(getattr(m, "inplace", False) for m in model.modules())

@@ -1,6 +1,7 @@
 """BAM, bias-aware minimisation (Knolle et al., Alg. 2 line 4; Eq. 14): DPSGD clipping of
 per-sample gradients taken after a per-sample ascent step,
-``g_i = grad l_i(theta + lam grad l_i(theta) / |grad l_i(theta)|)``, on the materialised path.
+``g_i = grad l_i(theta + lam grad l_i(theta) / |grad l_i(theta)|)``: two ghost-clipping passes
+on models made of Linear layers, else materialised (:mod:`dpfair.privacy.ascent`).
 
 Defaults: Knolle Table 2 (CIFAR-10: ``lam = 0.02``).
 """
@@ -9,36 +10,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import NonNegativeFloat, PositiveFloat
-from torch import Tensor, nn
+from torch import nn
 
+from dpfair.privacy.ascent import AscentGhost, AscentMaterialized, ghost_ascent_obstacle
 from dpfair.privacy.gradients import (
     EngineKind,
-    Materialized,
-    PerSampleFn,
     PerSampleGradients,
-    global_norm,
+    _log_once,
+    modifies_in_place,
 )
 from dpfair.privacy.methods.dpsgd import Dpsgd
 from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
-
-
-class AscentMaterialized(Materialized):
-    """Materialised per-sample gradients taken after a per-sample SAM ascent of radius ``lam``."""
-
-    def __init__(self, lam: float) -> None:
-        super().__init__()
-        self.lam = lam
-
-    def per_sample_fn(self, grad_value: PerSampleFn) -> PerSampleFn:
-        def ascended(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> tuple[dict, Tensor]:
-            g, loss = grad_value(p, xi, yi)
-            scale = self.lam / global_norm(list(g.values())).clamp(min=torch.finfo(loss.dtype).tiny)
-            g_at, _ = grad_value({n: p[n] + scale * g[n] for n in p}, xi, yi)
-            return g_at, loss
-
-        return ascended
 
 
 class Bam(Dpsgd):
@@ -49,8 +32,17 @@ class Bam(Dpsgd):
         self.lam = lam
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
+        """The fast ascent (:class:`dpfair.privacy.ascent.AscentGhost`) where every trainable
+        layer is an ``nn.Linear``, else the materialised one (``"fast"`` raises instead)."""
+        if kind == "materialized":
+            return AscentMaterialized(self.lam)
+        reason = ghost_ascent_obstacle(model)
+        if reason is None:
+            return AscentGhost(self.lam, clone_outputs=modifies_in_place(model))
         if kind == "fast":
-            raise ValueError("bam forms per-sample ascended gradients: materialised path only")
+            raise ValueError(f"bam's fast path cannot serve this model: {reason}; use engine "
+                             "'auto' (materialised ascended gradients)")
+        _log_once(f"bam: per-sample ascended gradients on the materialised path, because {reason}")
         return AscentMaterialized(self.lam)
 
 
