@@ -33,6 +33,7 @@ from dpfair.privacy.gradients import (
     global_norm,
     plan_layers,
 )
+from dpfair.privacy.layer_grads import _balance, _sq
 
 
 def ascent_scale(lam: float, norm: Tensor) -> Tensor:
@@ -76,29 +77,47 @@ def ghost_ascent_obstacle(model: nn.Module) -> str | None:
 
 
 class _Correction:
-    """Forward hook adding sample ``i``'s ascent to a Linear's output:
-    ``s_i sum_s d_s (a_s . x_t + 1)`` over the layer's pass-1 calls (positions ``s``)."""
+    """Forward hook adding sample ``i``'s ascent to a Linear's output,
+    ``s_i sum_s d_s (a_s . x_t + 1)`` over the positions ``s`` of the layer's pass-1 calls.
 
-    def __init__(self, module: nn.Linear, calls: list[tuple[Tensor, Tensor]], scale: Tensor):
+    The weight's factors are balanced first (:func:`dpfair.privacy.layer_grads._balance`: a
+    huge input with a zero output gradient gives ``0``, never ``0 * inf``), and ``s_i`` scales
+    last, so a zero gradient (``s_i = lam / tiny``) moves nothing, as on the materialised path;
+    ``still`` (``s_i = 0``, an infinite norm, or ``None`` when there is none) gets no shift at
+    all, as ``theta + 0 g_i`` is ``theta`` there.
+    """
+
+    def __init__(
+        self, module: nn.Linear, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
+        still: Tensor | None,
+    ) -> None:
         b = len(scale)
-        self.a = None
+        self.scale = scale.view(-1, 1, 1)
+        self.still = None if still is None else still.view(-1, 1, 1)
+        d = torch.cat([d.reshape(b, -1, d.shape[-1]) for _, d in calls], 1)  # (B, T, d_out)
+        self.a = self.d = None
         if module.weight.requires_grad:
-            self.a = torch.cat([a.reshape(b, -1, a.shape[-1]) for a, _ in calls], 1)
-        d = torch.cat([d.reshape(b, -1, d.shape[-1]) for _, d in calls], 1)
-        self.sd = scale.view(-1, 1, 1) * d  # (B, T, d_out)
-        self.bias = module.bias is not None and module.bias.requires_grad
+            a = torch.cat([a.reshape(b, -1, a.shape[-1]) for a, _ in calls], 1)  # (B, T, d_in)
+            self.a, self.d, _, _ = _balance(a, d, _sq(a), _sq(d))
+        self.bias = None  # sum_s s_i d_s: the bias's shift, the same at every position
+        if module.bias is not None and module.bias.requires_grad:
+            self.bias = self.scale * d.sum(1, keepdim=True)
 
     def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        x = args[0].to(self.sd.dtype)
+        x = args[0].to(self.scale.dtype)
         b = x.shape[0]
-        if self.a is None:  # bias only: the same shift at every position
-            shift = self.sd.sum(1, keepdim=True).expand(b, x[..., :1].numel() // b, -1)
-        elif self.a.shape[1] == 1 and x.dim() == 2:  # one call on (B, d_in): elementwise
-            coeff = torch.linalg.vecdot(x, self.a[:, 0]).unsqueeze(1) + (1 if self.bias else 0)
-            shift = coeff * self.sd[:, 0]
-        else:  # (B, T', d_in) against the T pass-1 positions: a T' x T product per sample
-            coeff = torch.bmm(x.reshape(b, -1, x.shape[-1]), self.a.transpose(1, 2))
-            shift = torch.bmm(coeff + 1 if self.bias else coeff, self.sd)
+        x = x.reshape(b, -1, x.shape[-1])  # (B, T', d_in)
+        shift = x.new_zeros(b, x.shape[1], output.shape[-1])
+        if self.a is not None and self.d is not None:
+            if self.a.shape[1] == 1 and x.shape[1] == 1:  # one position: elementwise
+                shift = torch.linalg.vecdot(x, self.a).unsqueeze(-1) * self.d
+            else:  # a T' x T product per sample
+                shift = torch.bmm(torch.bmm(x, self.a.transpose(1, 2)), self.d)
+            shift = self.scale * shift
+        if self.bias is not None:
+            shift = shift + self.bias
+        if self.still is not None:
+            shift = torch.where(self.still, 0, shift)
         return output + shift.reshape(output.shape).to(output.dtype)
 
 
@@ -123,8 +142,10 @@ class AscentGhost(GhostClipping):
         if self._whole_model() is not None or self.lam == 0:
             return norms
         losses, scale = self.losses, ascent_scale(self.lam, norms)
+        still = scale == 0
+        still = still if bool(still.any()) else None
         hooks = [
-            m.register_forward_hook(_Correction(m, calls, scale))  # type: ignore[arg-type]
+            m.register_forward_hook(_Correction(m, calls, scale, still))  # type: ignore[arg-type]
             for m, calls in self._calls.items()
         ]
         try:
