@@ -53,8 +53,8 @@ def method(key: str, *, n_groups: int = 2, sigma: float = 1.0, expected_batch_si
 
 
 def private_step(model: nn.Module, meth, **kw) -> PrivateStep:
-    """``PrivateStep(model, meth, **kw)``; skips a method whose former refuses this path (BAM
-    needs the materialised one)."""
+    """``PrivateStep(model, meth, **kw)``; skips a method whose former refuses this path (BAM's
+    fast ascent serves Linear-only models)."""
     try:
         return PrivateStep(model, meth, **kw)
     except ValueError as exc:

@@ -1,0 +1,171 @@
+"""BAM's fast ascent (issue #18, item 3): two ghost-clipping passes with per-sample corrections
+(:class:`dpfair.privacy.ascent.AscentGhost`) give the ascended per-sample gradients of the
+materialised reference (:class:`AscentMaterialized`): the same norms and weighted sums, the same
+samples dropped on huge, NaN and infinite inputs; ``lam = 0`` is DP-SGD; a model with a layer
+other than ``nn.Linear`` is materialised (``"fast"`` refuses it)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from pydantic import TypeAdapter
+from torch import nn
+
+from dpfair.privacy.ascent import AscentGhost, AscentMaterialized
+from dpfair.privacy.gradients import modifies_in_place
+from dpfair.privacy.methods import MethodConfig, build_method
+from dpfair.privacy.step import PrivateStep, per_sample_cross_entropy
+
+DTYPE = torch.float64
+TOL = 1e-5
+LAM = 0.5  # large enough that the ascended gradients differ clearly from the plain ones
+
+
+class SeqClassifier(nn.Module):
+    """Linear layers on ``(B, T, d)`` inputs: one on the sequence, then a head on its mean."""
+
+    def __init__(self, d: int = 6, width: int = 8, bias: bool = True) -> None:
+        super().__init__()
+        self.seq = nn.Linear(d, width, bias=bias)
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.seq(x)).mean(1))
+
+
+class Twice(nn.Module):
+    """One Linear called twice in a forward (its per-sample gradient sums both calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
+
+
+def mlp(act: type[nn.Module]) -> nn.Module:
+    return nn.Sequential(nn.Linear(5, 16), act(), nn.Linear(16, 16), act(), nn.Linear(16, 3))
+
+
+MODELS = {
+    "mlp_tanh": (lambda: mlp(nn.Tanh), (5,)),
+    "mlp_relu": (lambda: mlp(nn.ReLU), (5,)),
+    "mlp_relu_inplace": (lambda: mlp(lambda: nn.ReLU(inplace=True)), (5,)),
+    "logistic": (lambda: nn.Linear(5, 3), (5,)),
+    "sequence": (SeqClassifier, (4, 6)),
+    "sequence_no_bias": (lambda: SeqClassifier(bias=False), (4, 6)),
+    "linear_called_twice": (Twice, (5,)),
+}
+
+
+def model_and_batch(key: str, b: int, seed: int = 0, dtype: torch.dtype = DTYPE):
+    make, shape = MODELS[key]
+    torch.manual_seed(seed)
+    model = make().to(dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(b, *shape, generator=gen, dtype=dtype)
+    return model, x, torch.randint(0, 3, (b,), generator=gen)
+
+
+def both(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lam: float = LAM):
+    """``(fast, reference)`` engines with their norms on the batch."""
+    fast, ref = AscentGhost(lam, modifies_in_place(model)), AscentMaterialized(lam)
+    loss = per_sample_cross_entropy
+    return (fast, fast.compute(model, loss, x, y)), (ref, ref.compute(model, loss, x, y))
+
+
+@pytest.mark.parametrize("b", [1, 7, 64])
+@pytest.mark.parametrize("key", list(MODELS))
+def test_fast_ascent_equals_the_materialised_one(key, b):
+    model, x, y = model_and_batch(key, b)
+    (fast, fast_norms), (ref, ref_norms) = both(model, x, y)
+    torch.testing.assert_close(fast_norms, ref_norms, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(fast.losses, ref.losses, atol=TOL, rtol=TOL)
+    weights = torch.rand(b, generator=torch.Generator().manual_seed(3), dtype=DTYPE)
+    for a, r in zip(fast.weighted_grad(weights), ref.weighted_grad(weights), strict=True):
+        torch.testing.assert_close(a, r, atol=TOL, rtol=TOL)
+    plain = AscentGhost(0.0, modifies_in_place(model)).compute(model, per_sample_cross_entropy, x, y)
+    assert (fast_norms - plain).abs().max() > 1e-3  # the ascent did move every batch
+
+
+def test_only_trainable_parameters_ascend():
+    """A frozen weight neither moves nor counts in ``|g_i|``: the bias alone ascends."""
+    model, x, y = model_and_batch("sequence", 7)
+    model.seq.weight.requires_grad_(False)
+    (fast, fast_norms), (ref, ref_norms) = both(model, x, y)
+    torch.testing.assert_close(fast_norms, ref_norms, atol=TOL, rtol=TOL)
+    weights = torch.linspace(0.1, 1.0, 7, dtype=DTYPE)
+    for a, r in zip(fast.weighted_grad(weights), ref.weighted_grad(weights), strict=True):
+        torch.testing.assert_close(a, r, atol=TOL, rtol=TOL)
+
+
+SCALES = {torch.float32: (1e30, 1e20), torch.float64: (1e300, 1e160)}
+
+
+@pytest.mark.parametrize("dtype", list(SCALES), ids=["float32", "float64"])
+@pytest.mark.parametrize("key", ["mlp_tanh", "mlp_relu", "sequence"])
+def test_huge_nan_and_inf_samples_are_handled_as_materialised(key, dtype):
+    """Rows 1, 2 scaled past the dtype's range, 3 NaN, 4 inf, 5 zero: the same samples have a
+    finite, infinite or NaN ascended norm on both paths, equal where finite, and the clipped
+    sums agree."""
+    model, x, y = model_and_batch(key, 8, dtype=dtype)
+    big, bigger = SCALES[dtype]
+    x[1] *= big
+    x[2] *= bigger
+    x[3].view(-1)[0] = math.nan
+    x[4].view(-1)[0] = math.inf
+    x[5] = 0.0
+    (fast, fast_norms), (ref, ref_norms) = both(model, x, y)
+    kept = torch.isfinite(ref_norms)
+    assert torch.equal(torch.isfinite(fast_norms), kept)
+    assert torch.equal(torch.isnan(fast_norms), torch.isnan(ref_norms))
+    assert kept[[0, 5, 6, 7]].all() and not kept[[3, 4]].any()
+    tol = TOL if dtype == DTYPE else 1e-4
+    torch.testing.assert_close(fast_norms[kept], ref_norms[kept], atol=tol, rtol=tol)
+    weights = torch.where(kept, 0.3 / ref_norms.clamp(min=0.3), 0.0)
+    for a, r in zip(fast.weighted_grad(weights), ref.weighted_grad(weights), strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, r, atol=tol, rtol=tol)
+
+
+def bam(lam: float, name: str = "bam"):
+    config = {"name": name, "C": 0.3} | ({"lam": lam} if name == "bam" else {})
+    cfg = TypeAdapter(MethodConfig).validate_python(config)
+    return build_method(cfg, n_groups=2, sigma=1.0, expected_batch_size=5.0)
+
+
+def released(model: nn.Module, method, x, y, engine: str = "auto") -> list[torch.Tensor]:
+    model = copy.deepcopy(model)
+    step = PrivateStep(model, method, sigma=1.0, expected_batch_size=5.0, engine=engine)
+    step(x, y, torch.zeros(len(x), dtype=torch.long), torch.Generator().manual_seed(4))
+    return [p.grad for p in model.parameters()]
+
+
+def test_lam_zero_is_dpsgd():
+    model, x, y = model_and_batch("mlp_tanh", 7)
+    for a, r in zip(released(model, bam(0.0), x, y), released(model, bam(0.0, "dpsgd"), x, y),
+                    strict=True):
+        torch.testing.assert_close(a, r, atol=0, rtol=0)
+
+
+def test_the_step_takes_the_fast_ascent_on_linear_models_and_agrees_with_materialised():
+    model, x, y = model_and_batch("sequence", 7)
+    step = PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0, engine="fast")
+    assert isinstance(step.engine, AscentGhost)
+    fast = released(model, bam(LAM), x, y, "auto")
+    ref = released(model, bam(LAM), x, y, "materialized")
+    for a, r in zip(fast, ref, strict=True):
+        torch.testing.assert_close(a, r, atol=TOL, rtol=TOL)
+
+
+def test_a_model_with_a_convolution_is_materialised():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2)).to(DTYPE)
+    step = PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0)
+    assert type(step.engine) is AscentMaterialized
+    with pytest.raises(ValueError, match=r"0 is not nn.Linear"):
+        PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0, engine="fast")
