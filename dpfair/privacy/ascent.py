@@ -76,48 +76,58 @@ def ghost_ascent_obstacle(model: nn.Module) -> str | None:
     return None
 
 
+def _positions(calls: list[Tensor], b: int) -> Tensor:
+    """A layer's per-call tensors ``(B, ..., k)`` as one ``(B, T, k)``, the calls' positions
+    concatenated (a view for one call)."""
+    flat = [t.reshape(b, -1, t.shape[-1]) for t in calls]
+    return flat[0] if len(flat) == 1 else torch.cat(flat, 1)
+
+
 class _Correction:
     """Forward hook adding sample ``i``'s ascent to a Linear's output,
     ``s_i sum_s d_s (a_s . x_t + 1)`` over the positions ``s`` of the layer's pass-1 calls.
 
-    The weight's factors are balanced first (:func:`dpfair.privacy.layer_grads._balance`: a
-    huge input with a zero output gradient gives ``0``, never ``0 * inf``), and ``s_i`` scales
-    last, so a zero gradient (``s_i = lam / tiny``) moves nothing, as on the materialised path;
-    ``still`` (``s_i = 0``, an infinite norm, or ``None`` when there is none) gets no shift at
-    all, as ``theta + 0 g_i`` is ``theta`` there.
+    The weight's factors are balanced first (:func:`dpfair.privacy.layer_grads._balance`) and
+    ``s_i`` scales the output-gradient factor: a huge input with a zero output gradient, or a
+    zero gradient (``s_i = lam / tiny``), then gives ``0 * finite``, never ``0 * inf``, and moves
+    nothing, as on the materialised path. ``still`` (``s_i = 0``: an infinite norm; ``None``
+    when there is none) gets no shift at all, as ``theta + 0 g_i`` is ``theta`` there.
     """
 
     def __init__(
         self, module: nn.Linear, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
         still: Tensor | None,
     ) -> None:
-        b = len(scale)
-        self.scale = scale.view(-1, 1, 1)
-        self.still = None if still is None else still.view(-1, 1, 1)
-        d = torch.cat([d.reshape(b, -1, d.shape[-1]) for _, d in calls], 1)  # (B, T, d_out)
-        self.a = self.d = None
+        b, self.dtype = len(scale), scale.dtype
+        scale = scale.view(-1, 1, 1)
+        self.still = still
+        d = _positions([d for _, d in calls], b)  # (B, T, d_out)
+        self.a = self.sd = None
         if module.weight.requires_grad:
-            a = torch.cat([a.reshape(b, -1, a.shape[-1]) for a, _ in calls], 1)  # (B, T, d_in)
-            self.a, self.d, _, _ = _balance(a, d, _sq(a), _sq(d))
-        self.bias = None  # sum_s s_i d_s: the bias's shift, the same at every position
+            a = _positions([a for a, _ in calls], b)  # (B, T, d_in)
+            self.a, d_w, _, _ = _balance(a, d, _sq(a), _sq(d))
+            self.sd = scale * d_w
+        self.sb = None  # s_i sum_s d_s: the bias's shift, the same at every position
         if module.bias is not None and module.bias.requires_grad:
-            self.bias = self.scale * d.sum(1, keepdim=True)
+            self.sb = (scale * d).sum(1)
 
     def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        x = args[0].to(self.scale.dtype)
+        x = args[0].to(self.dtype)
         b = x.shape[0]
         x = x.reshape(b, -1, x.shape[-1])  # (B, T', d_in)
-        shift = x.new_zeros(b, x.shape[1], output.shape[-1])
-        if self.a is not None and self.d is not None:
-            if self.a.shape[1] == 1 and x.shape[1] == 1:  # one position: elementwise
-                shift = torch.linalg.vecdot(x, self.a).unsqueeze(-1) * self.d
-            else:  # a T' x T product per sample
-                shift = torch.bmm(torch.bmm(x, self.a.transpose(1, 2)), self.d)
-            shift = self.scale * shift
-        if self.bias is not None:
-            shift = shift + self.bias
+        if self.a is None or self.sd is None:  # bias only
+            shift = self.sb.unsqueeze(1).expand(b, x.shape[1], -1)  # type: ignore[union-attr]
+        elif self.a.shape[1] == 1 and x.shape[1] == 1:  # one position: elementwise
+            coeff = torch.linalg.vecdot(x, self.a)  # (B, 1)
+            shift = coeff * self.sd[:, 0] if self.sb is None else torch.addcmul(
+                self.sb, coeff, self.sd[:, 0]
+            )
+        else:  # a T' x T product per sample
+            shift = torch.bmm(torch.bmm(x, self.a.transpose(1, 2)), self.sd)
+            if self.sb is not None:
+                shift = shift + self.sb.unsqueeze(1)
         if self.still is not None:
-            shift = torch.where(self.still, 0, shift)
+            shift = torch.where(self.still.view(-1, *([1] * (shift.dim() - 1))), 0, shift)
         return output + shift.reshape(output.shape).to(output.dtype)
 
 
