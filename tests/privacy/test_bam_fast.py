@@ -48,6 +48,18 @@ class Twice(nn.Module):
         return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
 
 
+class BatchFree(nn.Module):
+    """A Linear run on an input without the batch axis (a learned offset of a constant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(5, 3)
+        self.offset = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x) + self.offset(torch.ones(1, 2, dtype=x.dtype))
+
+
 def mlp(act: type[nn.Module]) -> nn.Module:
     return nn.Sequential(nn.Linear(5, 16), act(), nn.Linear(16, 16), act(), nn.Linear(16, 3))
 
@@ -60,6 +72,7 @@ MODELS = {
     "sequence": (SeqClassifier, (4, 6)),
     "sequence_no_bias": (lambda: SeqClassifier(bias=False), (4, 6)),
     "linear_called_twice": (Twice, (5,)),
+    "batch_free_call": (BatchFree, (5,)),  # served whole by the materialised ascent
 }
 
 
