@@ -14,6 +14,9 @@
 * ``balance_groups``: sample ``samples_per_group`` rows per protected group without replacement
   (seeded). The paper samples each row with a probability giving 14,000 per sex *on average*;
   here the count is exact;
+* or ``group_ratios`` (with ``balance_groups: false``): subsample the groups to relative sizes
+  before the split, as the released code's ``group_ratios`` (``[1, 1]``: every woman and as
+  many men, 14,695 each; see ``GroupRatioOptions``);
 * seeded 80/20 train/test split (``test_fraction``), validation carved from the train part.
 """
 
@@ -24,14 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.errors import DataError
-from dpfair.data.options import HoldoutOptions
+from dpfair.data.options import GroupRatioOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import fetch, source
-from dpfair.data.splits import rng, train_val_test
+from dpfair.data.splits import ratio_index, rng, train_val_test
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,12 +52,21 @@ CLASS_NAMES = ["<=50K", ">50K"]
 GROUP_NAMES = {"sex": ["male", "female"], "race": ["white", "non-white"]}
 
 
-class AdultOptions(HoldoutOptions):
+class AdultOptions(GroupRatioOptions):
     """Options of ``adult`` (defaults: Esipova App. B.1; Xu uses ``balance_groups: false``)."""
 
     protected: Literal["sex", "race"] = Field("sex", description="group attribute")
     balance_groups: bool = Field(True, description="sample samples_per_group rows per group")
     samples_per_group: int = Field(14000, gt=0, description="rows per group when balancing")
+
+    @model_validator(mode="after")
+    def _one_sampling(self) -> AdultOptions:
+        if self.group_ratios is not None and self.balance_groups:
+            raise ValueError(
+                "group_ratios and balance_groups both subsample the groups: set "
+                "balance_groups: false to use group_ratios"
+            )
+        return self
 
 
 def read_table(data_path: Path, test_path: Path) -> pd.DataFrame:
@@ -137,6 +149,8 @@ def load_adult(opts: AdultOptions) -> GroupedDataset:
     index = np.arange(len(y))
     if opts.balance_groups:
         index = balanced_index(g, opts.samples_per_group, opts.seed, group_names)
+    elif opts.group_ratios is not None:
+        index = ratio_index(g, opts.group_ratios, opts.seed, group_names)
     train, val, test = train_val_test(
         x[index], y[index], g[index], seed=opts.seed,
         test_fraction=opts.test_fraction, validation_fraction=opts.validation_fraction,
@@ -145,7 +159,7 @@ def load_adult(opts: AdultOptions) -> GroupedDataset:
         name="adult", train=train, val=val, test=test,
         class_names=list(CLASS_NAMES), group_names=list(group_names),
         meta={
-            "options": opts.model_dump(mode="json"),
+            "options": opts.model_dump(mode="json", exclude_none=True),
             "feature_names": list(names),
             "n_rows_cleaned": int(len(y)),
             "sources": {p.name: m for p, m in zip(paths, md5s, strict=True)},
