@@ -140,3 +140,58 @@ def test_a_table_cut_short_resumes_without_repeating_runs(
     assert not done["partial"] and len(done["done"]) == 6
     assert reproduce.finished_seeds(cfg, done) == [0, 1]
     assert len(reproduce.table_stats(cfg, done)) == 3
+
+
+def test_flag_reasons_name_every_flagged_cell(reproduce: ModuleType) -> None:
+    notes = [{"cells": ["*.loss_*"], "reason": "their loss is on sigmoid outputs:  0.500"},
+             {"cells": ["dpsgd.acc_F"], "reason": "one split"}]
+    lines = reproduce.flag_reasons(
+        ["nonprivate.loss_M", "dpsgd.loss_F", "dpsgd.acc_F", "dpsgd.R_M"], notes)
+    assert lines[0] == "Why each ⚠:"
+    assert "- nonprivate (loss_M); dpsgd (loss_F): their loss is on sigmoid outputs: 0.500" \
+        in lines
+    assert "- dpsgd (acc_F): one split" in lines
+    assert "- dpsgd (R_M): **no reason recorded yet**" in lines  # never silently dropped
+    assert reproduce.flag_reasons([], notes) == []
+
+
+def test_previous_sections_are_carried_with_their_claims(
+    reproduce: ModuleType, tmp_path: Path
+) -> None:
+    """A table whose results are not stored keeps its section of the existing report."""
+    configs = {"01_a": {"title": "A", "kind": "table", "seeds": 1},
+               "02_b": {"title": "B", "kind": "table", "seeds": 1}}
+    out = tmp_path / "reproduction.md"
+    out.write_text("# Reproduction\n\n## A (`01_a`)\n\nSettings of A\n\n| a |\n\n"
+                   "## B (`02_b`)\n\nold B\n\n## Checks of the papers' claims\n\n"
+                   "- A: claim of A → **yes**\n- B: claim of B → **NO**\n")
+    text = reproduce.render(configs, {}, out)
+    assert "## A (`01_a`)\n\n" + reproduce.CARRIED + "\n\nSettings of A\n\n| a |" in text
+    assert "old B" in text and "- A: claim of A → **yes**" in text
+    assert "- B: claim of B → **NO**" in text
+    # rendering again keeps one marker, not two
+    again = reproduce.render(configs, {}, out)
+    assert again.count(reproduce.CARRIED) == 2 and again == text
+
+
+@requires_dataset("dutch")
+def test_data_seed_run_gives_each_seed_its_own_subsample(reproduce: ModuleType) -> None:
+    cfg = {"dataset": {"name": "dutch", "options": {"group_ratios": [1.0, 0.333],
+                                                    "validation_fraction": 0.0, "seed": 0}},
+           "data_seed": "run"}
+    first, second = reproduce.dataset_for(cfg, 0), reproduce.dataset_for(cfg, 1)
+    assert first.meta["options"]["seed"] == 0 and second.meta["options"]["seed"] == 1
+    assert not (len(first.train) == len(second.train)
+                and bool((first.train.x == second.train.x).all()))
+    fixed = reproduce.dataset_for({**cfg, "data_seed": None}, 1)
+    assert fixed.meta["options"]["seed"] == 0
+
+
+def test_released_configs_are_variants_of_the_paper_tables(reproduce: ModuleType) -> None:
+    configs = reproduce.load_configs()
+    for variant, paper in (("01b_esipova_adult_released", "01_esipova_adult"),
+                           ("02b_esipova_dutch_released", "02_esipova_dutch")):
+        cfg = configs[variant]
+        assert cfg["variant_of"] == paper and cfg["data_seed"] == "run"
+        assert cfg["published"] == configs[paper]["published"]
+        assert cfg["dataset"]["options"]["group_ratios"]
