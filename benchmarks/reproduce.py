@@ -510,7 +510,7 @@ def flag_reasons(cells: Sequence[str], notes: Sequence[Mapping[str, Any]]) -> li
 def _cell_list(cells: Sequence[str]) -> str:
     by_method: dict[str, list[str]] = {}
     for cell in cells:
-        method, column = cell.split(".", 1)
+        method, column = cell.rsplit(".", 1)
         by_method.setdefault(method, []).append(column)
     return "; ".join(f"{m} ({', '.join(cols)})" for m, cols in by_method.items())
 
@@ -750,7 +750,11 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
     carried_claims: list[str] = []
     for name, cfg_file in configs.items():
         if name not in results and name in previous:
-            lines += [*previous[name][:2], CARRIED, "", *previous[name][2:]]
+            body = previous[name][2:]
+            reasons = flag_reasons(markdown_flags(body), cfg_file.get("flag_notes", []))
+            at = next((i for i, ln in enumerate(body)
+                       if ln.startswith("Known differences of setting")), len(body))
+            lines += [*previous[name][:2], CARRIED, "", *body[:at], *reasons, *body[at:], ""]
             carried_claims += [ln for ln in previous.get(CLAIMS, [])
                                if ln.startswith((f"- {cfg_file['title']}:",
                                                  f"- {cfg_file['title']},"))]
@@ -796,6 +800,24 @@ CARRIED = ("*Carried over unchanged from the previous report: this table was not
            "pass that wrote this file (its machine and date lines are those of its own run).*")
 
 
+def markdown_flags(lines: Sequence[str]) -> list[str]:
+    """``method.column`` of every ⚠ cell in the markdown tables of a rendered section (Zhao's
+    rows are ``method@ε``, its columns lose their `` published`` suffix)."""
+    cells, header = [], None
+    for line in lines:
+        if not line.startswith("|"):
+            header = None
+            continue
+        row = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = row
+        elif not set(row[0]) <= set(":-"):
+            label = f"{row[1]}@{row[0]}" if header[0] == "ε" else row[0]
+            cells += [f"{label}.{col.removesuffix(' published')}"
+                      for col, cell in zip(header, row, strict=True) if "⚠" in cell]
+    return cells
+
+
 def previous_sections(path: Path) -> dict[str, list[str]]:
     """The sections of an existing report by table name (``## title (`name`)``), and the
     claims section under ``CLAIMS``: tables whose results are not stored here keep them."""
@@ -815,8 +837,14 @@ def previous_sections(path: Path) -> dict[str, list[str]]:
             body.pop()
         if key == CLAIMS:
             sections[key] = [ln for ln in body if ln.startswith("- ")]
-        elif body and body[1:2] == [""] and body[2:3] == [CARRIED]:
-            del body[2:4]  # carried before: keep one marker
+        else:
+            if body[1:2] == [""] and body[2:3] == [CARRIED]:
+                del body[2:4]  # carried before: keep one marker
+            if "Why each ⚠:" in body:  # its reasons are rendered again from the config
+                i = body.index("Why each ⚠:")
+                j = next((k for k in range(i + 2, len(body)) if not body[k].startswith("- ")),
+                         len(body))
+                del body[i:j + 1]
     return sections
 
 
