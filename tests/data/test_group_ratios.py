@@ -1,4 +1,4 @@
-"""``group_ratios``: subsample the groups to relative sizes before the split (fair-dp's option)."""
+"""Dataset options for the released codes: ``group_ratios`` (fair-dp), ``numeric_scaling`` (Xu)."""
 
 from __future__ import annotations
 
@@ -77,3 +77,16 @@ def test_adult_released_code_ratio(mirror):
     assert "group_ratios" in ds.meta["options"]
     default = load_dataset("adult", {"balance_groups": False})
     assert "group_ratios" not in default.meta["options"]  # defaults leave meta (and md5s) alone
+
+
+def test_adult_minmax_scaling(mirror):
+    """Xu's scaling: numeric features in [0, 1]; the other columns are unchanged."""
+    ds = load_dataset("adult", {"balance_groups": False, "numeric_scaling": "minmax"})
+    z = load_dataset("adult", {"balance_groups": False})
+    x = torch.cat([s.x for s in ds.splits().values()])
+    assert float(x[:, :5].min()) == 0.0 and float(x[:, :5].max()) == 1.0
+    assert torch.equal(ds.train.x[:, 5:], z.train.x[:, 5:])
+    assert not torch.equal(ds.train.x[:, :5], z.train.x[:, :5])
+    assert "min-max" in ds.meta["normalisation"] and "numeric_scaling" not in z.meta["options"]
+    with pytest.raises(ConfigError, match="minmax"):
+        load_dataset("adult", {"numeric_scaling": "max"})
