@@ -757,14 +757,15 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
             lines += [*previous[name][:2], CARRIED, "", *body[:at], *reasons, *body[at:], ""]
             carried_claims += [ln for ln in previous.get(CLAIMS, [])
                                if ln.startswith((f"- {cfg_file['title']}:",
-                                                 f"- {cfg_file['title']},"))]
+                                                 f"- {cfg_file['title']}, ε ="))]
             continue
         lines += [f"## {cfg_file['title']} (`{name}`)", ""]
         if name not in results:
             lines += ["Not run (no results recorded for this table).", ""]
             continue
         result = results[name]
-        cfg = result["config"]
+        # the ⚠ reasons come from the YAML as it is now, like the notes
+        cfg = {**result["config"], "flag_notes": cfg_file.get("flag_notes", [])}
         lines += ["Settings:", "", *settings_lines(cfg, result), ""]
         wanted = len(seed_list(cfg_file["seeds"]))
         if len(cfg["seeds"]) < wanted and not cfg.get("quick") and not cfg.get("shortened"):
