@@ -6,6 +6,7 @@ columns of the report, not the numbers.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -41,6 +42,16 @@ def _tiny(config_dir: Path, reproduce: ModuleType) -> Path:
     for name, cfg in (("02_esipova_dutch", dutch), ("05_zhao_adult", zhao)):
         cfg.pop("name")
         (out / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    return out
+
+
+def _with_variant(out: Path, reproduce: ModuleType) -> Path:
+    """The tiny configs plus a released-code variant of the Dutch table (two methods)."""
+    released = reproduce.load_configs()["02b_esipova_dutch_released"]
+    released["methods"] = [m for m in released["methods"] if m["label"] in ("nonprivate", "dpsgd")]
+    released["quick"] = {"epochs": 1, "seeds": 2, "subsample": 600}
+    released.pop("name")
+    (out / "02b_esipova_dutch_released.yaml").write_text(yaml.safe_dump(released))
     return out
 
 
@@ -195,3 +206,21 @@ def test_released_configs_are_variants_of_the_paper_tables(reproduce: ModuleType
         assert cfg["variant_of"] == paper and cfg["data_seed"] == "run"
         assert cfg["published"] == configs[paper]["published"]
         assert cfg["dataset"]["options"]["group_ratios"]
+
+
+@requires_dataset("dutch")
+def test_released_variant_renders_three_columns_and_a_verdict(
+    reproduce: ModuleType, tmp_path: Path
+) -> None:
+    config_dir = _with_variant(_tiny(tmp_path, reproduce), reproduce)
+    report = tmp_path / "reproduction.md"
+    assert reproduce.main(["--quick", "--only", "02_esipova_dutch", "02b_esipova_dutch_released",
+                           "--config-dir", str(config_dir), "--out", str(report),
+                           "--work-dir", str(tmp_path / "work")]) == 0
+    text = report.read_text()
+    assert "ours (released-code settings, `02b_esipova_dutch_released`) / published" in text
+    # a cell holds paper / released / published; methods the script lacks say so
+    assert re.search(r"\| dpsgd +\| [^|/]+ / [^|/]+ / 76\.0 ± 0\.2 +\|", text)
+    assert "not in the released script" in text  # dpsgd_global is not in the tiny variant
+    assert "cells within 2 SEs)" in text
+    assert "Why each ⚠:" in text and "no reason recorded yet" not in text
