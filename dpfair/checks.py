@@ -13,7 +13,8 @@ are still wrong:
 * every batch size, given or searched, is at most n
   (:func:`~dpfair.training.plan.check_batch_size`);
 * every δ (``experiment.train.delta``, ``budget.delta``) is below 1/n unless its opt-out says
-  otherwise (:func:`~dpfair.training.plan.check_delta`; ``tuning.delta``: by
+  otherwise, and noisy test metrics' δ below 1/n_test
+  (:func:`~dpfair.training.plan.check_delta`; ``tuning.delta``: by
   :func:`dpfair.tuning.prepare`, before any study opens);
 * ``budget.epsilon`` and ``tuning.budget_epsilon`` allow at least one training run of every
   method with a proven guarantee (the cheapest configuration of its space, if tuned).
@@ -52,6 +53,10 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
         base = exp.train_config(label, exp.seeds[0])
         space = params.tuning.spaces.get(label, {})
         check_batch_size(base.batch_size, n_train, key="experiment.train.batch_size")
+        if base.test_metrics.release == "noisy":
+            check_delta(base.test_delta, len(dataset.test), allowed=base.allow_large_delta,
+                        key="experiment.train.test_metrics.delta (else .delta)",
+                        opt_out="experiment.train.allow_large_delta")
         for value in space.get("batch_size", []):
             check_batch_size(int(value), n_train, key=f"tuning.spaces.{label}.batch_size")
         if base.method.privacy_guarantee != "proven":

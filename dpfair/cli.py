@@ -327,8 +327,10 @@ def _group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table
     for col in ("group", "accuracy", "loss", "count"):
         table.add_column(col, justify="right" if col != "group" else "left")
     for k, name in enumerate(names):
+        count = metrics.get("group_count")  # not released with noisy test metrics
         table.add_row(name, percent(metrics['group_accuracy'][k]),
-                      score(metrics['group_loss'][k]), f"{int(metrics['group_count'][k])}")
+                      score(metrics['group_loss'][k]),
+                      f"{int(count[k])}" if count is not None else "—")
     return table
 
 
@@ -354,7 +356,8 @@ def train_cmd(
     m = result.test_metrics
     console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))
-    console.print(f"accuracy {percent(m['accuracy'])}  macro {percent(m['macro_accuracy'])}  "
+    macro = f"macro {percent(m['macro_accuracy'])}  " if "macro_accuracy" in m else ""
+    console.print(f"accuracy {percent(m['accuracy'])}  {macro}"
                   f"worst group {percent(m['worst_group_accuracy'])}")
     run = f"{result.steps} steps, q={result.sample_rate:.4g}, sigma={result.sigma:.4g}"
     if result.privacy_guarantee == "proven":
@@ -365,7 +368,8 @@ def train_cmd(
                       f"{result.privacy_guarantee})")
     if result.reproducible:
         console.print(f"[bold red]reproducible:[/] {REPLAYABLE_NOISE}")
-    console.print(TEST_METRICS_NOTE)
+    console.print(f"test metrics: {result.test_release.label}" if result.test_release.noisy
+                  else TEST_METRICS_NOTE)
     console.print(f"MLflow run {record.run_id}, model {record.model_uri}; open the UI with:\n"
                   f"  {ui_command(p.tracking)}", soft_wrap=True)
 
@@ -434,6 +438,10 @@ def run(
     copy_results: Annotated[Path | None, typer.Option(
         help="also copy the results table and figures to this directory (replaced; the "
         "output of dvc.yaml's run stage)")] = None,
+    resume: Annotated[bool, typer.Option(
+        help="resume the latest pipeline run of these settings and data if it failed or was "
+        "killed (finished searches and trainings are read back, not redone); --no-resume "
+        "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
     from dpfair.config import load_params
@@ -449,7 +457,7 @@ def run(
     # DVC (the flow's prepare step) prints through its own handlers: not again through the
     # root logger that Prefect configures ("Running stage" twice)
     logging.getLogger("dvc").propagate = False
-    out = run_experiment(str(path), ".")
+    out = run_experiment(str(path), ".", resume=resume)
     if copy_results is not None:
         shutil.rmtree(copy_results, ignore_errors=True)
         shutil.copytree(out["results_dir"], copy_results)

@@ -9,7 +9,9 @@ run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cel
   ``largest_cost_gap`` (the largest privacy-cost gap between groups, accuracy points; Esipova
   et al. 2023, Eq. 1), ``epsilon_run`` and ``epsilon_released``. Only numbers that the results
   table already publishes: no training-set counts, and no ε for a release without a DP
-  guarantee (the non-private reference, heuristic methods): such a method has none.
+  guarantee (the non-private reference, heuristic methods): such a method has none. With noisy
+  test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test split's
+  ε, a different set of rows).
 - ``group_accuracy.csv``: test accuracy (%) per method and group (the named pair and the worst
   group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
@@ -25,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from dpfair.errors import DataError
-from dpfair.release import EPSILON_METHOD, EPSILON_RUN
+from dpfair.release import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 WORST = "acc_worst_group"  # the table's worst-group column (more than two groups)
 COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the pair's
@@ -91,6 +93,7 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
         "largest_cost_gap": gap,
         "epsilon_run": number(row[EPSILON_RUN]),
         "epsilon_released": number(row[EPSILON_METHOD]),
+        "epsilon_test": number(row[EPSILON_TEST]) if EPSILON_TEST in row else None,
     }
     if row["note"]:
         metrics["note"] = row["note"]
@@ -106,6 +109,11 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
               if str(i).startswith(TOTAL_ROW)]
     if totals and totals[0] is not None:
         metrics["epsilon_total"] = totals[0]
+    if EPSILON_TEST in table.columns:
+        test_totals = [number(table.at[i, EPSILON_TEST]) for i in table.index
+                       if str(i).startswith(TOTAL_ROW)]
+        if test_totals and test_totals[0] is not None:
+            metrics["epsilon_test_total"] = test_totals[0]
     metrics["methods"] = methods
     groups = pd.DataFrame(
         [{"method": m, "group": g, "method_group": f"{m} · {g}", "accuracy": acc}

@@ -14,11 +14,11 @@ import hashlib
 import math
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from dp_accounting import dp_event
 
@@ -26,7 +26,7 @@ from dpfair.checks import check_against_data, check_preprocessing
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.errors import ConfigError, DataError, PrivacyError, did_you_mean
-from dpfair.fairness import GroupMetrics
+from dpfair.fairness import metric_records
 from dpfair.privacy import accounting
 from dpfair.release import (
     SECRET_NOISE,
@@ -66,12 +66,19 @@ from dpfair.training import (
     TrainResult,
     flat_metrics,
     make_plan,
+    metrics_release,
     train,
 )
 from dpfair.tuning import TuningConfig, TuningResult, tune
 from dpfair.tuning import prepare as prepare_search
 
 REFERENCE = "nonprivate"
+#: The artifact of a finished final training that a resumed pipeline reads back
+#: (:mod:`dpfair.resume`): its :class:`RunRecord`, test metrics already logged on the run.
+RUN_RECORD = "pipeline/run_record.json"
+#: The artifact of a finished search: the selected configuration that the final runs train
+#: (what the search releases, as the params ``selected.*`` also show; no trial seed).
+SELECTED_CONFIG = "selected_config.json"
 @dataclass(frozen=True)
 class PreparedData:
     name: str
@@ -97,6 +104,12 @@ class RunRecord:
     tuning_privacy: str
     model_uri: str
     headline: dict[str, float]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        """Read back :data:`RUN_RECORD` (JSON object keys are strings: epochs become ints)."""
+        history = {int(epoch): groups for epoch, groups in data["history"].items()}
+        return cls(**{**data, "history": history, "epsilon": float(data["epsilon"])})
 
 
 @dataclass
@@ -191,7 +204,8 @@ def log_pipeline_inputs(params: Params, params_path: str | Path, prepared: Prepa
 # ------------------------------------------------------------------------- release, tuning
 
 
-def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str]) -> ReleasePlan:
+def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str],
+                 extra_runs: Mapping[tuple[str, int], int] | None = None) -> ReleasePlan:
     """Everything the run will release, with its ε, checked against ``params.budget``: a
     :class:`~dpfair.errors.PrivacyError` itemising the spend before anything trains.
 
@@ -201,6 +215,10 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
     event; a tuned method's is the search's per-run bound (:mod:`dpfair.release`). First,
     everything that needs the data is checked for every method (:mod:`dpfair.checks`), so no
     search opens a study while another method's settings are wrong.
+
+    ``extra_runs[(label, seed)]``: trainings of that method and seed beyond the planned one (a
+    resumed pipeline's earlier attempts that started and did not finish, :mod:`dpfair.resume`):
+    each may have released per-epoch metrics, so each is one more run event of the method.
     """
     check_against_data(params, dataset)
     untuned = [label for label in params.tuning.spaces if label not in studies]
@@ -226,12 +244,20 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
                                  params.tuning.config(label, studies[label]))
             search = search_release(job.cfg, accounting.event_from_json(job.run_event_json),
                                     job.k, params.tuning.release)
-            events = [search.run_event] * len(exp.seeds)
+            per_seed = [search.run_event] * len(exp.seeds)
         else:
-            events = [make_plan(exp.train_config(label, seed), n_train, n_groups).event
-                      for seed in exp.seeds]
+            per_seed = [make_plan(exp.train_config(label, seed), n_train, n_groups).event
+                        for seed in exp.seeds]
+        # a tuned method's test release: its base configuration's (the ε of noisy test
+        # metrics is calibrated per run, whatever the selected epochs)
+        per_seed_test = [metrics_release(exp.train_config(label, seed), n_train,
+                                         len(dataset.test)) for seed in exp.seeds]
+        extra = [seed for seed in exp.seeds
+                 for _ in range((extra_runs or {}).get((label, seed), 0))]
+        events = [*per_seed, *(per_seed[exp.seeds.index(seed)] for seed in extra)]
+        tests = [*per_seed_test, *(per_seed_test[exp.seeds.index(seed)] for seed in extra)]
         releases.append(method_release(label, base.method.privacy_guarantee, exp.seeds,
-                                       events, search, base.reproducible, delta))
+                                       events, search, base.reproducible, delta, tests))
     plan = release_plan(releases, delta)
     check_budget(plan, params.budget)
     return plan
@@ -278,13 +304,26 @@ def tune_method(
         search = _check_planned(result, cfg, release, mode)
         log_search(tracking, experiment_id, tune_run_id, label, cfg, result, search, release,
                    mode)
-    best = result.best_config
-    return TuneRecord(
-        label=label,
-        run_id=tune_run_id,
-        best_config=best.model_dump(mode="json") if best is not None else None,
-        tuning_privacy=result.tuning_privacy,
-    )
+        best = result.best_config
+        record = TuneRecord(
+            label=label,
+            run_id=tune_run_id,
+            best_config=best.model_dump(mode="json") if best is not None else None,
+            tuning_privacy=result.tuning_privacy,
+        )
+        log_json(tracking, tune_run_id, asdict(_released(record)), SELECTED_CONFIG)
+    return record
+
+
+def _released(record: TuneRecord) -> TuneRecord:
+    """``record`` as the search may release it: the selected configuration without the seed
+    of its trial (derived from the trial's number, which would tell about K); the final runs
+    use their own seeds (:func:`final_config`)."""
+    if record.best_config is None:
+        return record
+    return TuneRecord(record.label, record.run_id,
+                      {k: v for k, v in record.best_config.items() if k != "seed"},
+                      record.tuning_privacy)
 
 
 def log_search(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, label: str,
@@ -425,10 +464,15 @@ def train_logged(
             metrics.update({"epsilon": result.epsilon,
                             "epsilon_method_release": release.epsilon})
             facts.update({"delta": result.delta, "delta_release": release.delta})
+        if result.test_release.noisy:
+            metrics["epsilon_test_split"] = result.test_release.epsilon
+            facts.update({"test_noise_multiplier": result.test_release.noise_multiplier,
+                          "test_delta": result.test_release.delta})
         log_metrics(tracking, run_id, metrics)
         log_params(tracking, run_id, {"privacy": facts})
         set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
-                                    "dpfair.device": result.device})
+                                    "dpfair.device": result.device,
+                                    "dpfair.test_metrics": result.test_release.label})
         if release.has_epsilon:
             log_text(tracking, run_id, event_with_note(result), "dp_event.json")
             if result.group_epsilons:
@@ -441,16 +485,26 @@ def train_logged(
             log_json(tracking, run_id, result.nonprivate_stats, "nonprivate_stats.json")
         model_uri = log_model(tracking, experiment_id, run_id, result, dataset,
                               {"method": label, "seed": str(config.seed), "dpfair.noise": noise})
-    gm = GroupMetrics(**{k: np.asarray(v) if isinstance(v, list) else v
-                         for k, v in result.test_metrics.items()})
+        record = _run_record(result, label, config.seed, run_id, dataset, trajectory, release,
+                             tuning_privacy, model_uri, found)
+        log_json(tracking, run_id, asdict(record), RUN_RECORD)  # last: the run is complete
+    return result, record
+
+
+def _run_record(result: TrainResult, label: str, seed: int, run_id: str,
+                dataset: GroupedDataset, trajectory: dict[str, list[float]],
+                release: MethodRelease, tuning_privacy: str, model_uri: str,
+                found: dict[str, float]) -> RunRecord:
+    """The summary's view of a finished training (its released test metrics as records)."""
     history = {
         int(h["epoch"]): {dataset.group_names[k]: float(a)
                           for k, a in enumerate(h["test"]["group_accuracy"])}
         for h in result.history
     }
-    return result, RunRecord(
-        label=label, seed=config.seed, run_id=run_id,
-        records=gm.to_records(label, config.seed, dataset.group_names, dataset.class_names),
+    return RunRecord(
+        label=label, seed=seed, run_id=run_id,
+        records=metric_records(result.test_metrics, label, seed, dataset.group_names,
+                               dataset.class_names),
         history=history, clip_trajectory=trajectory,
         epsilon=result.epsilon if release.has_epsilon else math.inf,
         privacy_guarantee=result.privacy_guarantee, tuning_privacy=tuning_privacy,
@@ -485,9 +539,9 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     check_preprocessing(params, dataset)
     exp_id, data_tags = _standalone(params, dataset)
     delta = params.budget.delta or config.delta
-    event = make_plan(config, len(dataset.train), dataset.n_groups).event
-    release = method_release(label, config.method.privacy_guarantee, [seed], [event], None,
-                             config.reproducible, delta)
+    plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
+    release = method_release(label, config.method.privacy_guarantee, [seed], [plan.event], None,
+                             config.reproducible, delta, [plan.test])
     return train_logged(config, label, dataset, params.tracking, exp_id, None,
                         data_tags, release)
 

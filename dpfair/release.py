@@ -17,6 +17,13 @@ own event whenever the space leaves σ, q and the steps alone).
 Releases without a guarantee carry no ε: the non-private reference and heuristic methods
 (``privacy_guarantee`` not ``"proven"``, e.g. FairLens). They are left out of the total, shown
 with a label instead of a number, and refused unless the budget allows them.
+
+The test split is other rows: its metrics are either exact (the default; ε does not cover
+them, :data:`TEST_METRICS_NOTE`) or noisy (``test_metrics.release: noisy``,
+:mod:`dpfair.fairness.noisy`). Every method and seed evaluates the same test rows, so the
+test split's ε is the composition of all of their noisy releases, whatever the method's
+training guarantee (its model never saw a test row): a line of its own
+(:data:`EPSILON_TEST`), never mixed into the training ε.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from dp_accounting import dp_event
 
 from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
-from dpfair.training import REPLAYABLE_NOISE
+from dpfair.training import REPLAYABLE_NOISE, MetricsRelease
 from dpfair.tuning.events import search_event
 
 if TYPE_CHECKING:
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EPSILON_METHOD",
     "EPSILON_RUN",
+    "EPSILON_TEST",
     "HEURISTIC",
     "NONPRIVATE_REFERENCE",
     "PRIVATE_LEDGER_STATUS",
@@ -55,6 +63,7 @@ __all__ = [
     "SearchRelease",
     "check_budget",
     "epsilon_cells",
+    "epsilon_test_cell",
     "epsilon_text",
     "method_release",
     "release_plan",
@@ -66,6 +75,7 @@ HEURISTIC = "heuristic — no DP guarantee"
 NONPRIVATE_REFERENCE = "non-private reference: no DP guarantee"
 EPSILON_RUN = "ε one training run"
 EPSILON_METHOD = "ε released for this method (search + all seeds)"
+EPSILON_TEST = "ε test split (noisy test metrics)"
 TEST_METRICS_NOTE = (
     "Test metrics come from held-out test data that ε does not cover: they are released "
     "without noise, and a practitioner's test split is private data too."
@@ -106,6 +116,22 @@ class MethodRelease:
     epsilon_run: float
     epsilon_search: float | None
     epsilon: float
+    #: how each seed's run releases its test metrics; ``epsilon_test``: their composition's
+    #: ε for the test rows (None: exact, not covered)
+    test_releases: tuple[MetricsRelease, ...] = ()
+    epsilon_test: float | None = None
+
+    @property
+    def test_noisy(self) -> bool:
+        """Whether every run of the method releases noisy test metrics."""
+        return bool(self.test_releases) and all(t.noisy for t in self.test_releases)
+
+    @property
+    def test_event(self) -> dp_event.DpEvent | None:
+        """The composition of the method's test releases (None: exact)."""
+        if not self.test_noisy:
+            return None
+        return dp_event.ComposedDpEvent([t.event for t in self.test_releases])
 
     @property
     def has_epsilon(self) -> bool:
@@ -115,6 +141,12 @@ class MethodRelease:
     @property
     def tuning(self) -> str:
         return self.search.label if self.search is not None else _NOT_TUNED
+
+    @property
+    def retrained(self) -> str:
+        """Trainings beyond one per seed (a resumed run's crashed attempts), as a phrase."""
+        extra = len(self.run_events) - len(self.seeds)
+        return f"; {extra} crashed attempt(s) retrained, each counted again" if extra else ""
 
     @property
     def event(self) -> dp_event.DpEvent:
@@ -138,7 +170,8 @@ class MethodRelease:
                     "bounded by its clip norm): no ε is reported and it is not in the total")
         seeds = ", ".join(str(s) for s in self.seeds)
         return (f"epsilon: this training run alone, at its delta; epsilon_method_release: "
-                f"{EPSILON_METHOD} (search: {self.tuning}; seeds {seeds}) at δ = {self.delta:g}")
+                f"{EPSILON_METHOD} (search: {self.tuning}; seeds {seeds}{self.retrained}) at "
+                f"δ = {self.delta:g}")
 
 
 @dataclass(frozen=True)
@@ -150,6 +183,15 @@ class ReleasePlan:
     delta: float
     event_total: dp_event.DpEvent
     epsilon_total: float
+    #: the test split's line: every noisy test release composed, its ε at ``test_delta``
+    #: (None: the test metrics are exact)
+    test_event_total: dp_event.DpEvent | None = None
+    epsilon_test_total: float | None = None
+    test_delta: float | None = None
+
+    @property
+    def test_noisy(self) -> bool:
+        return self.epsilon_test_total is not None
 
     @property
     def without_guarantee(self) -> list[MethodRelease]:
@@ -179,11 +221,26 @@ class ReleasePlan:
             f"{seeds}; the last row composes every private release of this run (RDP "
             f"accountant, not a sum of epsilons). Every ε is at δ = {self.delta:g}.",
             *(f"{m.label}: {m.epsilon_note}" for m in self.without_guarantee),
-            TEST_METRICS_NOTE,
+            *(f"{m.label}: resumed run{m.retrained}" for m in self.methods.values()
+              if m.retrained),
+            self.test_note(),
         ]
         if self.reproducible:
             notes.append(f"Reproducible run: {REPLAYABLE_NOISE}.")
         return notes
+
+    def test_note(self) -> str:
+        """What the test metrics are: exact (:data:`TEST_METRICS_NOTE`) or noisy, with the
+        test split's total ε."""
+        if not self.test_noisy:
+            return TEST_METRICS_NOTE
+        return (f"Test metrics are released with Gaussian noise (dpfair.fairness.noisy: noisy "
+                f"per-group counts, correct predictions and clipped losses; no per-class "
+                f"metric or count): '{EPSILON_TEST}' composes a method's evaluations on all "
+                f"its seeds, and the last row every method's: ε "
+                f"{_fmt(self.epsilon_test_total)} at δ = {self.test_delta:g} for the test "
+                "rows, separate from the training ε (other rows; a person in both splits "
+                "pays both).")
 
     def itemised(self) -> list[str]:
         """One line per method and one for the total: the spend, as the budget sees it."""
@@ -196,9 +253,13 @@ class ReleasePlan:
                       if m.epsilon_search is not None else "not tuned; ")
             seeds = ", ".join(str(s) for s in m.seeds)
             lines.append(f"{m.label}: {search}seeds {seeds}: ε {_fmt(m.epsilon_run)} each "
-                         f"(one training run); composed: ε {_fmt(m.epsilon)}")
+                         f"(one training run){m.retrained}; composed: ε {_fmt(m.epsilon)}")
         lines.append(f"total, composition of every private release: ε {_fmt(self.epsilon_total)} "
                      f"at δ = {self.delta:g}")
+        if self.test_noisy:
+            per = "; ".join(f"{m.label} {_fmt(m.epsilon_test)}" for m in self.methods.values())
+            lines.append(f"test split (noisy test metrics, other rows): {per}; composed: ε "
+                         f"{_fmt(self.epsilon_test_total)} at δ = {self.test_delta:g}")
         if self.reproducible:
             lines.append(f"reproducible: {REPLAYABLE_NOISE}")
         return lines
@@ -246,16 +307,23 @@ def method_release(
     search: SearchRelease | None,
     reproducible: bool,
     delta: float,
+    test: Sequence[MetricsRelease] = (),
 ) -> MethodRelease:
     """A method's release (``run_events``: one per seed) with its epsilons at ``delta``; a
     method without a proven guarantee gets none (``inf``). ``reproducible``: its runs draw
-    their noise from the seed (the non-private reference has no noise to replay)."""
+    their noise from the seed (the non-private reference has no noise to replay). ``test``:
+    each seed's test-metric release; noisy ones get their composed ε for the test rows,
+    whatever the training guarantee."""
     release = MethodRelease(
         label=label, guarantee=guarantee, seeds=tuple(seeds), run_events=tuple(run_events),
         search=search, delta=delta, epsilon_run=math.inf,
         reproducible=guarantee != "none" and (reproducible or bool(search and search.reproducible)),
         epsilon_search=None if search is None else math.inf, epsilon=math.inf,
+        test_releases=tuple(test),
     )
+    if release.test_event is not None:
+        release = replace(release, epsilon_test=accounting.epsilon(
+            release.test_event, _test_delta(release.test_releases)))
     if not release.has_epsilon:
         return release
     return replace(
@@ -267,13 +335,26 @@ def method_release(
     )
 
 
+def _test_delta(releases: Sequence[MetricsRelease]) -> float:
+    """The δ of composed test releases: the largest of theirs."""
+    return max(t.delta for t in releases if t.delta is not None)
+
+
 def release_plan(methods: Sequence[MethodRelease], delta: float) -> ReleasePlan:
-    """The run's releases and their total ε (the composition of those with a guarantee)."""
+    """The run's releases and their total ε (the composition of those with a guarantee), and
+    the test split's line when every method's test metrics are noisy (module docstring)."""
     private = [m.event for m in methods if m.has_epsilon]
     total = dp_event.ComposedDpEvent(private)
     eps = accounting.epsilon(total, delta) if private else 0.0
-    return ReleasePlan(methods={m.label: m for m in methods}, delta=delta, event_total=total,
+    plan = ReleasePlan(methods={m.label: m for m in methods}, delta=delta, event_total=total,
                        epsilon_total=eps)
+    tests = [m.test_event for m in methods]
+    if not methods or any(e is None for e in tests):
+        return plan
+    test_total = dp_event.ComposedDpEvent(tests)
+    test_delta = _test_delta([t for m in methods for t in m.test_releases])
+    return replace(plan, test_event_total=test_total, test_delta=test_delta,
+                   epsilon_test_total=accounting.epsilon(test_total, test_delta))
 
 
 def check_budget(plan: ReleasePlan, budget: BudgetSection) -> None:
@@ -294,6 +375,15 @@ def check_budget(plan: ReleasePlan, budget: BudgetSection) -> None:
         refused.append(f"the total ε {_fmt(plan.epsilon_total)} exceeds budget.epsilon "
                        f"{budget.epsilon:g} (δ = {plan.delta:g}): lower mu, the seeds or the "
                        "epochs, raise sigma, or tune fewer methods")
+    if budget.test_epsilon is not None:
+        if plan.epsilon_test_total is None:
+            refused.append("budget.test_epsilon is set but the test metrics are exact (no ε "
+                           "covers them): set experiment.train.test_metrics.release: noisy, "
+                           "or remove budget.test_epsilon")
+        elif not plan.epsilon_test_total <= budget.test_epsilon:
+            refused.append(f"the test split's ε {_fmt(plan.epsilon_test_total)} exceeds "
+                           f"budget.test_epsilon {budget.test_epsilon:g}: lower "
+                           "test_metrics.epsilon, the seeds or the methods")
     if refused:
         raise PrivacyError(
             "the run would release more than the budget allows; nothing was trained.\n  "
@@ -309,6 +399,12 @@ def epsilon_cells(m: MethodRelease) -> tuple[str, str]:
     if m.search is not None and m.search.event is None:
         return epsilon_text(m.epsilon_run), f"∞ ({m.search.label})"
     return epsilon_text(m.epsilon_run), epsilon_text(m.epsilon)
+
+
+def epsilon_test_cell(m: MethodRelease) -> str:
+    """Method ``m``'s cell of the :data:`EPSILON_TEST` column: its noisy test releases' ε,
+    or why there is none."""
+    return epsilon_text(m.epsilon_test) if m.epsilon_test is not None else "exact: not covered"
 
 
 def epsilon_text(eps: float) -> str:

@@ -51,17 +51,20 @@ def log_data_input(tracking: TrackingConfig, run_id: str, dataset: GroupedDatase
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:
     """The :data:`HEADLINE` of a model's metrics: accuracy, macro accuracy, worst-group
-    accuracy and the largest gap between two groups' accuracies (NaN with < 2 groups)."""
+    accuracy and the largest gap between two groups' accuracies (NaN with < 2 groups). A
+    noisy test release has no macro accuracy (no per-class metric): it is left out."""
     try:
         gap = max_gap(metrics["group_accuracy"])[0]
     except ValueError:
         gap = math.nan
-    return {**{k: float(metrics[k]) for k in HEADLINE[:3]}, "largest_group_gap": gap}
+    return {**{k: float(metrics[k]) for k in HEADLINE[:3] if k in metrics},
+            "largest_group_gap": gap}
 
 
 class EpochLogger:
     """Training callback: per-epoch TEST headline metrics into the run (held-out data that ε
-    does not cover, released without noise: :data:`dpfair.release.TEST_METRICS_NOTE`)."""
+    does not cover, :data:`dpfair.release.TEST_METRICS_NOTE`, unless the run releases noisy
+    test metrics: then these are the noisy ones)."""
 
     def __init__(self, tracking: TrackingConfig, run_id: str) -> None:
         self.tracking, self.run_id = tracking, run_id

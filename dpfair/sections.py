@@ -195,6 +195,10 @@ class BudgetSection(BaseModel):
         description="experts only: accept budget.delta >= 1/n_train (checked once the data is "
         "loaded; such a δ allows releasing training examples outright)",
     )
+    test_epsilon: PositiveFloat | None = Field(
+        None, allow_inf_nan=False, description="the most ε the run's noisy test metrics may "
+        "release about the test split, all methods and seeds composed (None: no limit)"
+    )
     allow_heuristic: bool = Field(
         False, description="run methods without a proven guarantee (released with no ε)"
     )

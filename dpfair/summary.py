@@ -7,7 +7,8 @@ The parent run carries the comparison, one metric per method and question (the r
 columns, the compare page): ``worst_group_accuracy/<method>``, ``largest_group_gap/<method>``
 and ``accuracy/<method>`` (test, mean over seeds), ``epsilon_run/<method>`` and
 ``epsilon_released/<method>`` (the table's two ε columns; none for a release without
-guarantee), ``epsilon_total``; the results table is an MLflow table artifact
+guarantee), ``epsilon_total`` (and with noisy test metrics ``epsilon_test/<method>`` and
+``epsilon_test_total``, the test split's line); the results table is an MLflow table artifact
 (``results/results_table.json``) beside ``results.md`` and ``results.csv``.
 """
 
@@ -29,10 +30,11 @@ from dpfair.privacy import accounting
 from dpfair.release import (
     EPSILON_METHOD,
     EPSILON_RUN,
+    EPSILON_TEST,
     SECRET_NOISE,
-    TEST_METRICS_NOTE,
     ReleasePlan,
     epsilon_cells,
+    epsilon_test_cell,
     epsilon_text,
 )
 from dpfair.tracking import (
@@ -45,7 +47,7 @@ from dpfair.tracking import (
     register_selected,
     set_tags,
 )
-from dpfair.training import REPLAYABLE_NOISE
+from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE
 
 #: The per-method comparison on the pipeline run: the test headline metrics it averages.
 COMPARED = ("worst_group_accuracy", "largest_group_gap", "accuracy")
@@ -75,15 +77,25 @@ class Summary:
 
 def log_release(tracking: TrackingConfig, run_id: str, plan: ReleasePlan) -> None:
     """The plan on the pipeline run: the total ε (with what it leaves out), each method's two
-    ε columns, the composed event, and the release notes as the run's description."""
+    ε columns, the test split's line (noisy test metrics), the composed event, and the
+    release notes as the run's description."""
     metrics = {"epsilon_total": plan.epsilon_total, "delta": plan.delta}
     for m in plan.methods.values():
         if m.has_epsilon:
             metrics.update({f"epsilon_run/{m.label}": m.epsilon_run,
                             f"epsilon_released/{m.label}": m.epsilon})
+        if m.epsilon_test is not None:
+            metrics[f"epsilon_test/{m.label}"] = m.epsilon_test
+    if plan.epsilon_test_total is not None:
+        metrics.update({"epsilon_test_total": plan.epsilon_test_total,
+                        "delta_test": plan.test_delta})
     log_metrics(tracking, run_id, metrics)
     set_tags(tracking, run_id, {
         "dpfair.epsilon_total": plan.total_label,
+        "dpfair.test_metrics": (f"noisy (ε {epsilon_text(plan.epsilon_test_total)} at δ "
+                                f"{plan.test_delta:g} for the test split, all methods and "
+                                "seeds)") if plan.epsilon_test_total is not None
+        else EXACT_TEST_METRICS,
         "mlflow.note.content": "\n".join(f"- {note}" for note in plan.notes()),
         **({"dpfair.noise": REPLAYABLE_NOISE} if plan.reproducible else {}),
     })
@@ -155,12 +167,18 @@ def _compared(runs: list[RunRecord]) -> dict[str, float]:
 
 def _with_release(table: pd.DataFrame, plan: ReleasePlan) -> pd.DataFrame:
     """``table`` with each method's two ε columns, a last row holding the run's total ε, and
-    the row of a reproducible method labelled so (:mod:`dpfair.release`)."""
+    the row of a reproducible method labelled so (:mod:`dpfair.release`). With noisy test
+    metrics, a third column holds the test split's ε (per method; the total in the last
+    row), never mixed with the training ε."""
     cells = pd.DataFrame([epsilon_cells(plan.methods[m]) for m in table.index],
                          index=table.index, columns=[EPSILON_RUN, EPSILON_METHOD])
     table = table.join(cells)
+    if plan.epsilon_test_total is not None:
+        table[EPSILON_TEST] = [epsilon_test_cell(plan.methods[m]) for m in table.index]
     table.loc[plan.total_label] = ""
     table.loc[plan.total_label, EPSILON_METHOD] = epsilon_text(plan.epsilon_total)
+    if plan.epsilon_test_total is not None:
+        table.loc[plan.total_label, EPSILON_TEST] = epsilon_text(plan.epsilon_test_total)
     return table.rename(index={m.label: f"{m.label} ({REPLAYABLE_NOISE})"
                                for m in plan.methods.values() if m.reproducible})
 
@@ -269,7 +287,7 @@ def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDat
             "pipeline_run_id": parent_run_id}
     note = plan.methods[record.label].epsilon_note
     registered = register_selected(tracking, name, record.model_uri, record.run_id, tags,
-                                   description=f"{note}. {TEST_METRICS_NOTE}")
+                                   description=f"{note}. {plan.test_note()}")
     set_tags(tracking, parent_run_id,
              {"dpfair.registered_model": f"{registered['name']}/{registered['version']}"})
     return registered

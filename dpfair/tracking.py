@@ -90,6 +90,16 @@ def experiment_id(cfg: TrackingConfig, dataset: str) -> str:
     return found.experiment_id
 
 
+def existing_experiment(cfg: TrackingConfig, dataset: str) -> str | None:
+    """The id of ``dataset``'s experiment if it exists; a local SQLite store that does not
+    exist yet is not created (a run refused before it starts leaves no store behind)."""
+    uri = cfg.resolved_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return None
+    found = client(cfg).get_experiment_by_name(f"{cfg.experiment_prefix}-{dataset}")
+    return None if found is None else found.experiment_id
+
+
 @functools.cache
 def git_commit() -> str | None:
     """The git commit of the working directory's checkout, or None outside one."""
@@ -143,7 +153,26 @@ def run(
         all_tags["mlflow.parentRunId"] = parent_run_id
     mlf = client(cfg)
     created = mlf.create_run(experiment, tags=all_tags, run_name=name)
-    run_id = created.info.run_id
+    with _terminated(mlf, created.info.run_id) as run_id:
+        yield run_id
+
+
+@contextmanager
+def reopen(cfg: TrackingConfig, run_id: str, tags: Mapping[str, str] | None = None
+           ) -> Iterator[str]:
+    """Set a finished or failed run RUNNING again, owned by this process (its ``dpfair.host``
+    and ``dpfair.pid``), and end it as :func:`run` does (a resumed pipeline,
+    :mod:`dpfair.resume`)."""
+    mlf = client(cfg)
+    mlf.update_run(run_id, status="RUNNING")
+    set_tags(cfg, run_id, {"dpfair.host": host(), "dpfair.pid": str(os.getpid()), **(tags or {})})
+    with _terminated(mlf, run_id):
+        yield run_id
+
+
+@contextmanager
+def _terminated(mlf: MlflowClient, run_id: str) -> Iterator[str]:
+    """End ``run_id`` FINISHED, or FAILED if the body raises."""
     try:
         yield run_id
     except BaseException:

@@ -12,7 +12,9 @@ name each other (:mod:`flows.artifacts`). A method that fails does not lose the 
 runs are logged, the failure is reported with its error, and the flow ends failed. Runs of
 this experiment that a killed process left RUNNING are marked FAILED before the new pipeline
 run opens (:func:`dpfair.tracking.fail_stale_runs`), and Prefect temporary servers a killed
-run left behind are stopped before this one starts its own (:mod:`flows.server`).
+run left behind are stopped before this one starts its own (:mod:`flows.server`). A rerun with
+the same settings and data resumes the latest pipeline run if it failed: same parent run and
+studies, finished searches and trainings read back, not redone (:mod:`dpfair.resume`).
 """
 
 from __future__ import annotations
@@ -37,11 +39,26 @@ from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.data import source_version  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.release import epsilon_text  # noqa: E402
+from dpfair.resume import (  # noqa: E402
+    FINGERPRINT_TAG,
+    STUDY_TAG,
+    Resumable,
+    find_resumable,
+    fingerprint,
+    retry_event,
+)
 from dpfair.run_log import pipeline_run_name  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
 from dpfair.source_ledger import Release, SourceLedger, reserve_plan  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
-from dpfair.tracking import experiment_id, fail_stale_runs, run, run_url  # noqa: E402
+from dpfair.tracking import (  # noqa: E402
+    existing_experiment,
+    experiment_id,
+    fail_stale_runs,
+    reopen,
+    run,
+    run_url,
+)
 from flows import artifacts  # noqa: E402
 from flows.server import mark_owner, stop_orphan_servers  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
@@ -112,48 +129,67 @@ def ledger(params: Params, root: str | Path) -> SourceLedger:
 
 
 @flow(name="dpfair-experiment")
-def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str, Any]:
+def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
+                    resume: bool = True) -> dict[str, Any]:
     params: Params = load_params(params_path)
     exp, tracking = params.experiment, params.tracking
     source = source_version(exp.dataset, params.dataset(exp.dataset))
     prepared = prepare_data(params, root, params_path)
     dataset = load_data(prepared)
-    token = uuid.uuid4().hex[:8]
-    studies = {label: f"{prepared.name}-{label}-{token}"
-               for label in exp.methods if label in params.tuning.spaces}
-    plan = plan_release(params, dataset, studies)  # over budget: refused, nothing trains
     book = ledger(params, root)
-    reserved = reserve_plan(book, prepared.name, source, plan, params.budget,
-                            **artifacts.prefect_tags())  # over the lifetime: refused
-    with book.spending(reserved) as spend:
-        exp_id = experiment_id(tracking, prepared.name)
-        if stale := fail_stale_runs(tracking, exp_id):
+    earlier = None
+    if (known := existing_experiment(tracking, prepared.name)) is not None:
+        if stale := fail_stale_runs(tracking, known):
             _log.warning("marked FAILED %d run(s) left RUNNING by a killed process: %s",
                          len(stale), ", ".join(stale))
+        if resume:
+            earlier = find_resumable(tracking, known, params, prepared.version, book)
+    if earlier is not None:
+        _log.warning("%s", earlier.describe())
+        studies = earlier.studies
+    else:
+        token = uuid.uuid4().hex[:8]
+        studies = {label: f"{prepared.name}-{label}-{token}"
+                   for label in exp.methods if label in params.tuning.spaces}
+    attempts = earlier.attempts if earlier else {}
+    plan = plan_release(params, dataset, studies, attempts)  # over budget: refused
+    if earlier is None:
+        reserved = reserve_plan(book, prepared.name, source, plan, params.budget,
+                                **artifacts.prefect_tags())  # over the lifetime: refused
+    else:  # the crashed run's reservation counts in full; the retrains come on top
+        reserved = book.reserve(prepared.name, source, retry_event(plan, attempts), plan.delta,
+                                lifetime_epsilon=params.budget.lifetime_epsilon,
+                                context={"resumes": earlier.parent_run_id,
+                                         **artifacts.prefect_tags()})
+    with book.spending(reserved) as spend:
+        exp_id = experiment_id(tracking, prepared.name)
         data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
         failures: dict[str, str] = {}
-        with run(tracking, exp_id, pipeline_run_name(prepared.name),
-                 tags={**data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
-                       "dpfair.ledger_release": reserved.id}) as parent:
+        with _pipeline_run(params, prepared.name, exp_id, data_tags, studies, reserved.id,
+                           earlier) as parent:
             spend.context["mlflow_run_id"] = parent
             artifacts.tag_flow_run(parent)
             log_release(tracking, parent, plan)
-            log_inputs(params, params_path, prepared, dataset, tracking, parent)
+            if earlier is None:  # a resumed run has them already (same settings, same data)
+                log_inputs(params, params_path, prepared, dataset, tracking, parent)
             spend.may_release()  # from here on, tasks may log what the plan covers
             tune_futures = {
                 label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
                                           studies[label], plan.methods[label])
-                for label in studies
+                for label in studies if not (earlier and label in earlier.tuned)
             }
-            tuned = _collect(tune_futures, failures)
+            tuned = {**(earlier.tuned if earlier else {}), **_collect(tune_futures, failures)}
+            done = earlier.trained if earlier else {}
             train_futures = {
                 (label, seed): train_seed.submit(
                     steps.final_config(params, label, seed, tuned.get(label)), label, dataset,
                     tracking, exp_id, parent, data_tags, plan.methods[label], tuned.get(label))
                 for label in plan.methods if label not in failures
-                for seed in exp.seeds
+                for seed in exp.seeds if (label, seed) not in done
             }
-            runs = list(_collect(train_futures, failures).values())
+            trained = {**done, **_collect(train_futures, failures)}
+            runs = [trained[label, seed] for label in plan.methods for seed in exp.seeds
+                    if (label, seed) in trained]
             out_dir = Path(root) / "outputs" / parent
             summary: Summary | None = None
             later: list[str] = []
@@ -186,12 +222,34 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[
                  for r in runs],
         "release": {"delta": plan.delta, "epsilon_total": plan.epsilon_total,
                     "total_label": plan.total_label,
+                    "epsilon_test_total": plan.epsilon_test_total,
+                    "test_delta": plan.test_delta,
                     "methods": {m.label: {"epsilon_run": m.epsilon_run,
                                           "epsilon_search": m.epsilon_search,
                                           "epsilon": m.epsilon, "search": m.tuning,
                                           "guarantee": m.guarantee}
                                 for m in plan.methods.values()}},
     }
+
+
+@contextmanager
+def _pipeline_run(params: Params, dataset: str, exp_id: str, data_tags: dict[str, str],
+                  studies: dict[str, str], ledger_release: str,
+                  earlier: Resumable | None) -> Iterator[str]:
+    """The pipeline's parent run: a new one, tagged so that a rerun can find and resume it
+    (:mod:`dpfair.resume`), or the crashed one, reopened."""
+    if earlier is not None:
+        with reopen(params.tracking, earlier.parent_run_id, tags={
+                "dpfair.resumed": earlier.describe(),
+                "dpfair.ledger_release_resumed": ledger_release,
+                **artifacts.prefect_tags()}) as parent:
+            yield parent
+        return
+    tags = {**data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
+            "dpfair.ledger_release": ledger_release, FINGERPRINT_TAG: fingerprint(params),
+            **{f"{STUDY_TAG}{label}": name for label, name in studies.items()}}
+    with run(params.tracking, exp_id, pipeline_run_name(dataset), tags=tags) as parent:
+        yield parent
 
 
 def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str, parent: str,
@@ -208,7 +266,7 @@ def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str,
         **({"registered model": f"`{registered['name']}` version {registered['version']}"}
            if registered else {}),
         "data": f"{source}, version `{version}`",
-        "privacy ledger": f"this run ε {epsilon_text(reserved.epsilon)}; spent on this "
+        "privacy ledger": f"{_what(reserved)} ε {epsilon_text(reserved.epsilon)}; spent on this "
                           f"source's people so far ε {epsilon_text(spent)} at δ = "
                           f"{reserved.delta:g}" + (f" (lifetime budget {lifetime:g})"
                                                    if lifetime is not None else ""),
@@ -216,6 +274,12 @@ def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str,
     }
     body = summary.markdown() if summary is not None else "No results table: the summary failed."
     artifacts.publish(f"dpfair results: {source}", facts, body)
+
+
+def _what(reserved: Release) -> str:
+    """What the ledger release of this flow run is: the run's, or what resuming added."""
+    resumed = reserved.context.get("resumes")
+    return f"resuming run {resumed} added" if resumed else "this run"
 
 
 def _share_cores(workers: int) -> None:
@@ -228,7 +292,8 @@ def _share_cores(workers: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)  # for process and Dask workers
 
 
-def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str, Any]:
+def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
+                   resume: bool = True) -> dict[str, Any]:
     """Validate params.yaml (a ConfigError before any work), then run the flow. SIGTERM
     ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`
     around it): the pipeline run ends FAILED, the trainings in progress finish and are logged
@@ -242,4 +307,4 @@ def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[s
     configured = experiment_flow.with_options(task_runner=task_runner(params.pipeline))
     with sigterm_raises():
         return configured(params_path=str(Path(params_path).resolve()),
-                          root=str(Path(root).resolve()))
+                          root=str(Path(root).resolve()), resume=resume)

@@ -345,3 +345,23 @@ def test_data_list_loads_no_torch():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(("flags", "resume"), [([], True), (["--no-resume"], False)])
+def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
+    """`dpfair run` resumes a failed pipeline run by default; --no-resume starts a new one."""
+    import flows.experiment
+
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    seen = []
+
+    def fake_run(path, root, resume):
+        seen.append(resume)
+        return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}
+
+    monkeypatch.setattr(flows.experiment, "run_experiment", fake_run)
+    monkeypatch.setattr("dpfair.preflight.check_tracking", lambda tracking: None)
+    out = runner.invoke(app, ["run", *flags])
+    assert out.exit_code == 0, out.output
+    assert seen == [resume]

@@ -51,6 +51,7 @@ UPPER = (
     "dpfair.processes",
     "dpfair.audit_tracking",
     "dpfair.preflight",
+    "dpfair.resume",
     "flows",
     "tasks",
 )

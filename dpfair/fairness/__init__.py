@@ -43,6 +43,7 @@ from dpfair.fairness.metrics import (
     Record,
     group_metrics,
     intersect_groups,
+    metric_records,
     per_sample_nll,
 )
 from dpfair.lazy import lazy_getattr
@@ -104,6 +105,7 @@ __all__ = [
     "group_metrics",
     "intersect_groups",
     "max_gap",
+    "metric_records",
     "pair_gap",
     "per_sample_nll",
     "privacy_cost",

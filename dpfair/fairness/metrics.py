@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -62,45 +63,50 @@ class GroupMetrics:
         group_names: Sequence[str],
         class_names: Sequence[str] | None = None,
     ) -> list[Record]:
-        """Records in the canonical format of :func:`dpfair.fairness.records.runs_frame`.
+        """Records in the canonical format of :func:`dpfair.fairness.records.runs_frame`
+        (:func:`metric_records` of these metrics)."""
+        return metric_records(asdict(self), method, seed, group_names, class_names)
 
-        Per group: accuracy, loss, count; for :data:`ALL`: accuracy, loss, macro, worst-class
-        and worst-group accuracy. Per class (group ``"class:<name>"``) only when
-        ``class_names`` is given.
-        """
-        if len(group_names) != len(self.group_accuracy):
+
+def metric_records(
+    metrics: Mapping[str, Any],
+    method: str,
+    seed: int,
+    group_names: Sequence[str],
+    class_names: Sequence[str] | None = None,
+) -> list[Record]:
+    """One model's test metrics (the fields of :class:`GroupMetrics`, or the subset that a
+    noisy release has, :func:`dpfair.fairness.noisy.noisy_group_metrics`) as records in the
+    canonical format of :func:`dpfair.fairness.records.runs_frame`.
+
+    Per group: accuracy, loss, count; for :data:`ALL`: accuracy, loss, macro, worst-class
+    and worst-group accuracy. Per class (group ``"class:<name>"``) only when ``class_names``
+    is given. A metric absent from ``metrics`` (a noisy release has no count, no per-class
+    metric and no macro accuracy) has no record.
+    """
+    if len(group_names) != len(metrics["group_accuracy"]):
+        raise ValueError(
+            f"{len(group_names)} group names for {len(metrics['group_accuracy'])} groups"
+        )
+    rows: list[tuple[str, str, float]] = []
+    for k, name in enumerate(group_names):
+        rows += [(name, metric, metrics[f"group_{metric}"][k])
+                 for metric in (ACCURACY, LOSS, COUNT) if f"group_{metric}" in metrics]
+    rows += [(ALL, metric, metrics[metric]) for metric in
+             (ACCURACY, LOSS, MACRO_ACCURACY, WORST_CLASS_ACCURACY, WORST_GROUP_ACCURACY)
+             if metric in metrics]
+    if class_names is not None and "class_accuracy" in metrics:
+        if len(class_names) != len(metrics["class_accuracy"]):
             raise ValueError(
-                f"{len(group_names)} group names for {len(self.group_accuracy)} groups"
+                f"{len(class_names)} class names for {len(metrics['class_accuracy'])} classes"
             )
-        rows: list[tuple[str, str, float]] = []
-        for k, name in enumerate(group_names):
-            rows += [
-                (name, ACCURACY, self.group_accuracy[k]),
-                (name, LOSS, self.group_loss[k]),
-                (name, COUNT, self.group_count[k]),
-            ]
-        rows += [
-            (ALL, ACCURACY, self.accuracy),
-            (ALL, LOSS, self.loss),
-            (ALL, MACRO_ACCURACY, self.macro_accuracy),
-            (ALL, WORST_CLASS_ACCURACY, self.worst_class_accuracy),
-            (ALL, WORST_GROUP_ACCURACY, self.worst_group_accuracy),
-        ]
-        if class_names is not None:
-            if len(class_names) != len(self.class_accuracy):
-                raise ValueError(
-                    f"{len(class_names)} class names for {len(self.class_accuracy)} classes"
-                )
-            for c, name in enumerate(class_names):
-                rows += [
-                    (f"class:{name}", ACCURACY, self.class_accuracy[c]),
-                    (f"class:{name}", LOSS, self.class_loss[c]),
-                    (f"class:{name}", COUNT, self.class_count[c]),
-                ]
-        return [
-            {"method": method, "seed": seed, "group": g, "metric": m, "value": float(v)}
-            for g, m, v in rows
-        ]
+        for c, name in enumerate(class_names):
+            rows += [(f"class:{name}", metric, metrics[f"class_{metric}"][c])
+                     for metric in (ACCURACY, LOSS, COUNT)]
+    return [
+        {"method": method, "seed": seed, "group": g, "metric": m, "value": float(v)}
+        for g, m, v in rows
+    ]
 
 
 def per_sample_nll(y_true: npt.ArrayLike, probs: npt.ArrayLike) -> np.ndarray:

@@ -5,7 +5,7 @@ its ε); ``train`` runs it. The modules, bottom to top: ``config``, ``evaluation
 ``result``, ``progress`` (rich, loaded only when a bar is shown), ``loop``.
 """
 
-from dpfair.training.config import TrainConfig
+from dpfair.training.config import MetricsReleaseConfig, TrainConfig
 from dpfair.training.evaluation import (
     Predictions,
     evaluate,
@@ -14,12 +14,21 @@ from dpfair.training.evaluation import (
     predict,
 )
 from dpfair.training.loop import poisson_batch, resolve_device, train
-from dpfair.training.plan import RunPlan, make_plan
+from dpfair.training.plan import (
+    EXACT_TEST_METRICS,
+    MetricsRelease,
+    RunPlan,
+    make_plan,
+    metrics_release,
+)
 from dpfair.training.result import REPLAYABLE_NOISE, Callback, TrainResult
 
 __all__ = [
+    "EXACT_TEST_METRICS",
     "REPLAYABLE_NOISE",
     "Callback",
+    "MetricsRelease",
+    "MetricsReleaseConfig",
     "Predictions",
     "RunPlan",
     "TrainConfig",
@@ -27,6 +36,7 @@ __all__ = [
     "evaluate",
     "flat_metrics",
     "make_plan",
+    "metrics_release",
     "metrics_from_predictions",
     "poisson_batch",
     "predict",

@@ -21,6 +21,36 @@ from dpfair.privacy.methods import MethodConfig
 from dpfair.training.progress import ProgressMode
 
 
+class MetricsReleaseConfig(BaseModel):
+    """How a run releases its test metrics (:mod:`dpfair.fairness.noisy`). ``exact`` (the
+    default): as computed, on held-out data that the training ε does not cover. ``noisy``:
+    every evaluation releases only the Gaussian release of the per-group sums, its noise
+    calibrated so that all the run's evaluations together reach ``epsilon`` at ``delta``
+    (None: the run's ``delta``; below 1/n_test, checked once the data is known); losses are
+    clipped to ``[0, loss_clip]``. Per-class metrics and counts are then not released."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release: Literal["exact", "noisy"] = "exact"
+    epsilon: PositiveFloat | None = Field(
+        None, allow_inf_nan=False,
+        description="ε of all the run's test evaluations together (release: noisy)")
+    delta: float | None = Field(
+        None, gt=0.0, lt=1.0, description="δ of that ε (None: the run's delta); < 1/n_test")
+    loss_clip: PositiveFloat = Field(
+        10.0, allow_inf_nan=False, description="per-example test losses are clipped to [0, this]")
+
+    @model_validator(mode="after")
+    def _epsilon_for_noisy(self) -> MetricsReleaseConfig:
+        if self.release == "noisy" and self.epsilon is None:
+            raise ValueError("release: noisy needs epsilon, the ε of all the run's test "
+                             "evaluations together (e.g. epsilon: 1.0)")
+        if self.release == "exact" and (self.epsilon is not None or self.delta is not None):
+            raise ValueError("epsilon and delta apply to release: noisy only; set release: "
+                             "noisy, or remove them (exact test metrics have no ε)")
+        return self
+
+
 class TrainConfig(BaseModel):
     """One training run. Give exactly one of ``epochs``/``steps``; a private method needs
     exactly one of ``sigma`` (noise multiplier) and ``target_epsilon`` (σ is then the smallest
@@ -31,7 +61,8 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     Randomness (DESIGN.md section 5, "Secret randomness"): ``seed`` fixes the initialisation;
     Poisson batches, gradient noise and count noise come from OS entropy unless
     ``reproducible`` (then from ``seed``, and the run is labelled
-    :data:`dpfair.training.REPLAYABLE_NOISE`).
+    :data:`dpfair.training.REPLAYABLE_NOISE`), and so does the noise of noisy test metrics
+    (:class:`MetricsReleaseConfig`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -87,6 +118,14 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
         "auto", description="a progress bar: auto (in an interactive terminal without CI), "
         "true or false")
     nonprivate_stats: bool = Field(False, description="record the (non-private) train loss")
+    test_metrics: MetricsReleaseConfig = Field(
+        default_factory=MetricsReleaseConfig,
+        description="exact (default; held-out data that ε does not cover) or noisy test metrics")
+
+    @property
+    def test_delta(self) -> float:
+        """δ of noisy test metrics: ``test_metrics.delta``, else the run's ``delta``."""
+        return self.test_metrics.delta if self.test_metrics.delta is not None else self.delta
 
     @field_validator("sigma")
     @classmethod

@@ -18,7 +18,14 @@ and count noise). By default it is reseeded before every step from OS entropy
 noise; a fresh seed per step because torch's CPU generator keeps only 32 bits of a seed.
 With ``TrainConfig.reproducible`` it is seeded once with the run seed and the noise is
 replayable (:data:`~dpfair.training.result.REPLAYABLE_NOISE`). The initialisation is the
-seed's in both modes.
+seed's in both modes. Noisy test metrics (``TrainConfig.test_metrics``) draw their noise from
+a numpy generator seeded the same way: OS entropy by default, a third seed of the split when
+reproducible.
+
+Test evaluation: the epochs of ``plan.eval_epochs``. Exact (default): the metrics of
+:func:`~dpfair.training.evaluation.metrics_from_predictions` and the last predictions are
+kept. Noisy: only :func:`dpfair.fairness.noisy.noisy_group_metrics` leaves the evaluation; no
+exact test value, no test prediction is kept in the history or the result.
 
 Determinism: only a reproducible run repeats, and then bit for bit only for the same seed, the
 same device and the same number of torch threads (``torch.get_num_threads()``; the pipeline
@@ -43,6 +50,7 @@ from torch import nn
 
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError
+from dpfair.fairness.noisy import noisy_group_metrics
 from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting
 from dpfair.privacy.methods import Method, build_method
@@ -71,10 +79,11 @@ def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> tor
     return keep.nonzero().flatten()
 
 
-def _seeds(seed: int) -> tuple[int, int]:
-    """Independent seeds for model initialisation and for the reproducible training generator."""
-    init, run = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
-    return int(init), int(run)
+def _seeds(seed: int) -> tuple[int, int, int]:
+    """Independent seeds for model initialisation, the reproducible training generator and the
+    reproducible test-metric noise."""
+    init, run, test = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint64)
+    return int(init), int(run), int(test)
 
 
 def _reseed_secretly(generator: torch.Generator) -> None:
@@ -136,9 +145,9 @@ def train(
     started = time.perf_counter()
     if len(dataset.train) == 0 or len(dataset.test) == 0:
         raise ValueError(f"dataset {dataset.name!r} has an empty training or test split")
-    plan = make_plan(config, len(dataset.train), dataset.n_groups)
+    plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
     device = resolve_device(config.device)
-    init_seed, run_seed = _seeds(config.seed)
+    init_seed, run_seed, test_seed = _seeds(config.seed)
     method = build_method(
         config.method, n_groups=dataset.n_groups, sigma=plan.sigma,
         expected_batch_size=float(config.batch_size),
@@ -155,8 +164,8 @@ def train(
         generator.manual_seed(run_seed)
     data = dataset.train
     x, y, g = data.x.to(device), data.y.to(device), data.g.to(device)
-    log = _Log()
-    n_epochs = math.ceil(plan.steps / plan.steps_per_epoch)
+    # OS entropy (kept nowhere) unless reproducible, like the batches and gradient noise
+    log = _Log(plan, np.random.default_rng(test_seed if config.reproducible else None))
     model.train()
     with progress_bar(config.progress, f"{method.name} on {dataset.name}", plan.steps) as bar:
         for t in range(1, plan.steps + 1):
@@ -172,7 +181,7 @@ def train(
                 continue
             epoch = math.ceil(t / plan.steps_per_epoch)
             log.epoch(epoch, t, config.nonprivate_stats)
-            if epoch % config.eval_every == 0 or epoch == n_epochs:
+            if epoch in plan.eval_epochs:
                 entry = log.evaluate(model, dataset, epoch, t, config.eval_batch_size)
                 bar.status(f"epoch {epoch}: test acc {entry['test']['accuracy']:.3f}")
                 for cb in callbacks:
@@ -185,8 +194,11 @@ def train(
 
 @dataclass
 class _Log:
-    """What the loop records: history, clip trajectory, non-private stats, last test outputs."""
+    """What the loop records: history, clip trajectory, non-private stats, last test outputs
+    (exact release only; ``test_rng`` draws the noise of a noisy one)."""
 
+    plan: RunPlan
+    test_rng: np.random.Generator
     history: list[dict[str, Any]] = field(default_factory=list)
     clip_trajectory: list[dict[str, Any]] = field(default_factory=list)
     nonprivate_stats: list[dict[str, Any]] = field(default_factory=list)
@@ -207,8 +219,17 @@ class _Log:
     def evaluate(
         self, model: nn.Module, dataset: GroupedDataset, epoch: int, t: int, batch_size: int
     ) -> dict[str, Any]:
-        self.test_predictions = predict(model, dataset.test, batch_size)
-        test = metrics_from_predictions(self.test_predictions, dataset.n_classes, dataset.n_groups)
+        found = predict(model, dataset.test, batch_size)
+        release = self.plan.test
+        if release.noisy:
+            assert release.noise_multiplier is not None and release.loss_clip is not None
+            test = noisy_group_metrics(
+                found.y_true, found.y_pred, found.groups, found.loss, dataset.n_groups,
+                noise_multiplier=release.noise_multiplier, loss_clip=release.loss_clip,
+                rng=self.test_rng)
+        else:
+            self.test_predictions = found
+            test = metrics_from_predictions(found, dataset.n_classes, dataset.n_groups)
         self.history.append({"epoch": epoch, "step": t, "test": test})
         return self.history[-1]
 
@@ -227,7 +248,6 @@ def _result(
     val_metrics = None
     if len(dataset.val):
         val_metrics = metrics_from_predictions(val_pred, dataset.n_classes, dataset.n_groups)
-    assert log.test_predictions is not None
     return TrainResult(
         config=config,
         model_state={k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
@@ -257,4 +277,5 @@ def _result(
         wall_time_s=time.perf_counter() - started,
         device=str(next(model.parameters()).device),
         reproducible=plan.reproducible,
+        test_release=plan.test,
     )

@@ -6,7 +6,10 @@ rate ``q = batch_size / n_train``, the step count ``T`` (``steps``, or ``epochs 
 smallest reaching ``target_epsilon``), the method's one-step event at σ and the run event
 ``SelfComposed(PoissonSampled(q, step), T)`` (:func:`~dpfair.privacy.accounting.run_event`).
 It builds no model and reads no data, so tuning and tracking report ``plan.event``: what was
-planned is what is accounted.
+planned is what is accounted. The plan also fixes the epochs evaluated on the test split
+(``eval_epochs``, the loop's only source) and how their metrics are released
+(:class:`MetricsRelease`: exact, or noisy with the noise multiplier of
+:func:`dpfair.fairness.noisy.calibrate` for that many releases).
 """
 
 from __future__ import annotations
@@ -18,9 +21,42 @@ from dataclasses import dataclass
 from dp_accounting import dp_event
 
 from dpfair.errors import ConfigError
+from dpfair.fairness import noisy
 from dpfair.privacy import accounting
 from dpfair.privacy.methods import MethodSpec, PrivacyGuarantee, build_method
 from dpfair.training.config import TrainConfig
+
+#: The label of exact test metrics (an MLflow tag, a results note): see MetricsRelease.label.
+EXACT_TEST_METRICS = "exact (held-out test data; not covered by ε)"
+
+
+@dataclass(frozen=True)
+class MetricsRelease:
+    """How a run releases its test metrics: ``releases`` evaluations (R), exact (``event``
+    None) or each the Gaussian release of :mod:`dpfair.fairness.noisy` at
+    ``noise_multiplier``, all of them together ``event`` with ``epsilon`` at ``delta``. The
+    ε is that of the test rows, disjoint from the training rows: never composed with the
+    training ε."""
+
+    releases: int
+    noise_multiplier: float | None = None
+    loss_clip: float | None = None
+    event: dp_event.DpEvent | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+
+    @property
+    def noisy(self) -> bool:
+        return self.event is not None
+
+    @property
+    def label(self) -> str:
+        """``noisy (ε …, δ …, …)`` or :data:`EXACT_TEST_METRICS` (MLflow tag, console)."""
+        if not self.noisy:
+            return EXACT_TEST_METRICS
+        return (f"noisy (ε {self.epsilon:.3g} at δ {self.delta:g} for the test split over "
+                f"{self.releases} evaluation{'s' * (self.releases != 1)}; noise multiplier "
+                f"{self.noise_multiplier:.4g})")
 
 
 @dataclass(frozen=True)
@@ -28,7 +64,9 @@ class RunPlan:
     """A run's privacy-relevant numbers: ``epsilon`` is ``event``'s at ``delta``; a
     non-private run has σ = 0 and ``event = NonPrivateDpEvent()`` (ε = ∞). ``reproducible``:
     the batches and noise will be drawn from the configured seed, so ``epsilon`` does not
-    protect what the run releases (:data:`dpfair.training.REPLAYABLE_NOISE`)."""
+    protect what the run releases (:data:`dpfair.training.REPLAYABLE_NOISE`).
+    ``eval_epochs``: the epochs evaluated on the test split; ``test``: how their metrics are
+    released (:class:`MetricsRelease`)."""
 
     n_train: int
     sample_rate: float
@@ -42,6 +80,48 @@ class RunPlan:
     epsilon: float
     delta: float
     reproducible: bool
+    eval_epochs: tuple[int, ...]
+    test: MetricsRelease
+
+
+def evaluated_epochs(n_epochs: int, eval_every: int) -> tuple[int, ...]:
+    """The epochs whose test metrics a run releases: every ``eval_every``-th and the last."""
+    return tuple(e for e in range(1, n_epochs + 1) if e % eval_every == 0 or e == n_epochs)
+
+
+def _schedule(config: TrainConfig, n_train: int) -> tuple[int, int, tuple[int, ...]]:
+    """Steps per epoch, steps and the evaluated epochs of ``config`` on ``n_train`` examples."""
+    per_epoch = accounting.steps_for_epochs(1, n_train, config.batch_size)
+    steps = config.steps if config.steps is not None else config.epochs * per_epoch
+    return per_epoch, steps, evaluated_epochs(math.ceil(steps / per_epoch), config.eval_every)
+
+
+@functools.lru_cache(maxsize=256)
+def _test_noise(epsilon: float, delta: float, releases: int) -> float:
+    """:func:`dpfair.fairness.noisy.calibrate`, cached (a search plans many runs)."""
+    return noisy.calibrate(epsilon, delta, releases)
+
+
+def metrics_release(
+    config: TrainConfig, n_train: int, n_test: int | None = None
+) -> MetricsRelease:
+    """How ``config`` on ``n_train`` training examples releases its test metrics (R = the
+    evaluated epochs); noisy: the noise multiplier calibrated so that the R releases reach
+    ``test_metrics.epsilon`` (:func:`dpfair.fairness.noisy.calibrate`) and, when ``n_test``
+    is known, δ < 1/n_test (:func:`check_delta`)."""
+    releases = len(_schedule(config, n_train)[2])
+    options = config.test_metrics
+    if options.release == "exact":
+        return MetricsRelease(releases=releases)
+    delta = config.test_delta
+    if n_test is not None:
+        check_delta(delta, n_test, allowed=config.allow_large_delta, key="test_metrics.delta",
+                    opt_out="allow_large_delta")
+    assert options.epsilon is not None  # MetricsReleaseConfig requires it when noisy
+    z = _test_noise(options.epsilon, delta, releases)
+    event = noisy.release_event(z, releases)
+    return MetricsRelease(releases=releases, noise_multiplier=z, loss_clip=options.loss_clip,
+                          event=event, epsilon=accounting.epsilon(event, delta), delta=delta)
 
 
 def _step_event(
@@ -110,16 +190,18 @@ def check_batch_size(batch_size: int, n_train: int, key: str = "batch_size") -> 
         )
 
 
-def make_plan(config: TrainConfig, n_train: int, n_groups: int) -> RunPlan:
+def make_plan(
+    config: TrainConfig, n_train: int, n_groups: int, n_test: int | None = None
+) -> RunPlan:
     """The plan of ``train(config, dataset)`` for a training split of ``n_train`` examples in
-    ``n_groups`` groups (module docstring); raises before anything runs: a batch larger than
-    the split, or a private method's δ ≥ 1/n_train (:func:`check_delta`)."""
+    ``n_groups`` groups and a test split of ``n_test`` (module docstring); raises before
+    anything runs: a batch larger than the split, or a private method's δ ≥ 1/n_train (and a
+    noisy test release's δ ≥ 1/n_test, :func:`check_delta`)."""
     check_batch_size(config.batch_size, n_train)
     if config.method.is_private:
         check_delta(config.delta, n_train, allowed=config.allow_large_delta)
     q = config.batch_size / n_train
-    per_epoch = accounting.steps_for_epochs(1, n_train, config.batch_size)
-    steps = config.steps if config.steps is not None else config.epochs * per_epoch
+    per_epoch, steps, eval_epochs = _schedule(config, n_train)
     expected = float(config.batch_size)
     if not config.method.is_private:
         sigma = 0.0
@@ -144,4 +226,6 @@ def make_plan(config: TrainConfig, n_train: int, n_groups: int) -> RunPlan:
         epsilon=accounting.epsilon(event, config.delta),
         delta=config.delta,
         reproducible=config.reproducible,
+        eval_epochs=eval_epochs,
+        test=metrics_release(config, n_train, n_test),
     )

@@ -14,6 +14,7 @@ from dpfair.models import build_model
 from dpfair.privacy.methods import PrivacyGuarantee
 from dpfair.training.config import TrainConfig
 from dpfair.training.evaluation import Predictions
+from dpfair.training.plan import MetricsRelease
 
 #: How every output of a ``reproducible`` run (or search) is labelled: its batches and noise
 #: are drawn from the logged seed, so anyone can replay them and tell whether a record was in
@@ -26,7 +27,9 @@ class TrainResult:
     """Everything a run produced; ``model_state`` is on the CPU.
 
     Private: the model, ``clip_trajectory`` (clip bounds are computed from noisy releases) and
-    test metrics/predictions (the test split is not the training data). ``nonprivate_stats``
+    test metrics/predictions (the test split is not the training data). With noisy test
+    metrics (``test_release.noisy``) ``history`` and ``test_metrics`` hold only the noisy
+    release (no per-class metric, no count) and ``test_predictions`` is None. ``nonprivate_stats``
     (training-batch loss, computed from the raw batch) is *not* private; it is only recorded
     when ``TrainConfig.nonprivate_stats`` is set. ``event`` is the planned run event
     (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``.
@@ -44,7 +47,7 @@ class TrainResult:
     history: list[dict[str, Any]]
     test_metrics: dict[str, Any]
     val_metrics: dict[str, Any] | None
-    test_predictions: Predictions
+    test_predictions: Predictions | None
     val_predictions: Predictions
     method: str
     privacy_guarantee: PrivacyGuarantee
@@ -63,6 +66,7 @@ class TrainResult:
     wall_time_s: float
     device: str
     reproducible: bool
+    test_release: MetricsRelease
     #: the trained module (on the CPU) when ``train`` was given one instead of ``config.model``
     own_model: nn.Module | None = None
 

@@ -209,7 +209,13 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     """The evaluate stage's numbers are the table's: worst group (the acc_worst_group column,
     else the lower of the pair), the largest cost gap, ε only for methods with a guarantee."""
     from dpfair.dvc_outputs import write_outputs
-    from dpfair.release import EPSILON_METHOD, EPSILON_RUN, HEURISTIC, NONPRIVATE_REFERENCE
+    from dpfair.release import (
+        EPSILON_METHOD,
+        EPSILON_RUN,
+        EPSILON_TEST,
+        HEURISTIC,
+        NONPRIVATE_REFERENCE,
+    )
 
     table = pd.DataFrame(
         {"acc_2": ["98.0 ± 0.1", "90.0 ± 0.5", "91.0 ± 0.4", ""],
@@ -234,6 +240,14 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])
     assert curve.to_dict("records") == [
         {"method": "dpsgd", "epsilon": 5.62, "worst_group_accuracy": 60.5}]
+    # noisy test metrics: the test split's ε per method (every method: its own rows) and total
+    table[EPSILON_TEST] = ["0.9", "0.9", "0.9", "1.6"]
+    table.to_csv(tmp_path / "results.csv")
+    metrics = json.loads(write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")[
+        "metrics.json"].read_text())
+    assert metrics["epsilon_test_total"] == 1.6 and metrics["epsilon_total"] == 5.62
+    assert {m: v["epsilon_test"] for m, v in metrics["methods"].items()} == {
+        "nonprivate": 0.9, "dpsgd": 0.9, "fairlens": 0.9}
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(DataError, match="not a results table"):
         write_outputs(tmp_path / "other.csv", tmp_path / "evaluation")

@@ -91,7 +91,12 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     assert tune_run.data.tags["dpfair.release"] == "selected"
     assert tune_run.data.params["selected.lr"] in ("0.2", "0.5")
     listed = {a.path for a in client.list_artifacts(tune_run.info.run_id)}
-    assert listed == {"dp_event_search.json"}
+    assert listed == {"dp_event_search.json", "selected_config.json"}
+    selected = json.loads(Path(client.download_artifacts(
+        tune_run.info.run_id, "selected_config.json", str(tmp_path))).read_text())
+    # the public base with the selected lr; no trial seed (it would tell the trial's number)
+    assert selected["best_config"]["lr"] == float(tune_run.data.params["selected.lr"])
+    assert "seed" not in selected["best_config"]
     # ... the ledger is private working state beside the Optuna storage (the cwd's optuna.db)
     [ledger] = tmp_path.glob("*.ledger.PRIVATE.json")
     private = json.loads(ledger.read_text())

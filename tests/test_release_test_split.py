@@ -1,0 +1,220 @@
+"""The test split's line of a run's release (noisy test metrics): every method and seed
+evaluates the same test rows, so its ε is the accountant's composition of all of their
+noisy releases (oracle: dp_accounting's RDP accountant), kept apart from the training ε; the
+budget refuses an over-spend; a small pipeline carries the label into the results table and
+MLflow. Default (exact) outputs keep saying that ε does not cover the test metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.rdp import RdpAccountant
+
+from dpfair.errors import ConfigError, PrivacyError
+from dpfair.release import (
+    EPSILON_METHOD,
+    EPSILON_RUN,
+    EPSILON_TEST,
+    TEST_METRICS_NOTE,
+    check_budget,
+    method_release,
+    release_plan,
+)
+from dpfair.sections import BudgetSection
+from dpfair.training import EXACT_TEST_METRICS, TrainConfig, make_plan
+
+DELTA, TEST_DELTA = 1e-5, 1e-4
+N_TRAIN, N_TEST, N_GROUPS = 1000, 200, 2
+
+
+def _config(method: dict, test: dict | None = None, epochs: int = 3) -> TrainConfig:
+    return TrainConfig(method=method, model={"name": "logistic_regression"}, epochs=epochs,
+                       batch_size=100, sigma=1.5 if method["name"] != "nonprivate" else None,
+                       delta=DELTA, test_metrics=test or {})
+
+
+def _release(label: str, method: dict, test: dict | None, seeds=(0, 1), epochs: int = 3):
+    plans = [make_plan(_config(method, test, epochs), N_TRAIN, N_GROUPS, N_TEST)
+             for _ in seeds]
+    guarantee = plans[0].privacy_guarantee
+    return method_release(label, guarantee, seeds, [p.event for p in plans], None, False,
+                          DELTA, [p.test for p in plans])
+
+
+def _oracle(events: list[dp_event.DpEvent], delta: float) -> float:
+    accountant = RdpAccountant()
+    for event in events:
+        accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+NOISY = {"release": "noisy", "epsilon": 0.5, "delta": TEST_DELTA}
+
+
+def test_test_split_total_is_the_composition_of_every_method_and_seed():
+    ref = _release("nonprivate", {"name": "nonprivate"}, NOISY)
+    dpsgd = _release("dpsgd", {"name": "dpsgd", "C": 1.0}, NOISY, epochs=5)
+    lens = _release("fairlens", {"name": "fairlens", "C": 1.0}, NOISY, seeds=(0, 1, 2))
+    plan = release_plan([ref, dpsgd, lens], DELTA)
+    gaussians = [dp_event.GaussianDpEvent(t.noise_multiplier)
+                 for m in (ref, dpsgd, lens) for t in m.test_releases
+                 for _ in range(t.releases)]
+    assert len(gaussians) == 2 * 3 + 2 * 5 + 3 * 3  # one per evaluated epoch of every run
+    assert plan.epsilon_test_total == pytest.approx(_oracle(gaussians, TEST_DELTA), rel=1e-9)
+    assert plan.test_delta == TEST_DELTA
+    # per method: its seeds composed, whatever its training guarantee (no training row here)
+    assert lens.epsilon_test == pytest.approx(
+        _oracle([dp_event.GaussianDpEvent(lens.test_releases[0].noise_multiplier)] * 9,
+                TEST_DELTA), rel=1e-9)
+    assert ref.epsilon_test is not None and math.isfinite(ref.epsilon_test)
+    # every run alone reaches its target; composed, more; never the sum of epsilons
+    assert all(t.epsilon == pytest.approx(0.5, rel=1e-3) for t in dpsgd.test_releases)
+    assert 0.5 < plan.epsilon_test_total < 7 * 0.5
+    # kept apart from the training ε: the training total ignores the test releases
+    assert plan.epsilon_total == release_plan(
+        [_release(m.label, m_spec, None, seeds=m.seeds, epochs=e) for m, m_spec, e in
+         ((ref, {"name": "nonprivate"}, 3), (dpsgd, {"name": "dpsgd", "C": 1.0}, 5),
+          (lens, {"name": "fairlens", "C": 1.0}, 3))], DELTA).epsilon_total
+    lines = plan.itemised()
+    assert any(line.startswith("test split (noisy test metrics") for line in lines)
+    assert TEST_METRICS_NOTE not in plan.notes() and EPSILON_TEST in plan.test_note()
+
+
+def test_exact_test_metrics_have_no_test_line_and_say_so():
+    plan = release_plan([_release("dpsgd", {"name": "dpsgd", "C": 1.0}, None)], DELTA)
+    assert not plan.test_noisy and plan.epsilon_test_total is None
+    assert TEST_METRICS_NOTE in plan.notes()
+    assert not any("test split" in line for line in plan.itemised())
+
+
+def test_the_test_budget_refuses_an_over_spend_or_exact_metrics_before_training():
+    plan = release_plan([_release("dpsgd", {"name": "dpsgd", "C": 1.0}, NOISY)], DELTA)
+    check_budget(plan, BudgetSection(test_epsilon=plan.epsilon_test_total * 1.01))
+    with pytest.raises(PrivacyError, match="budget.test_epsilon") as refused:
+        check_budget(plan, BudgetSection(test_epsilon=plan.epsilon_test_total / 2))
+    assert "test split (noisy test metrics" in str(refused.value)  # the itemised spend
+    exact = release_plan([_release("dpsgd", {"name": "dpsgd", "C": 1.0}, None)], DELTA)
+    with pytest.raises(PrivacyError, match="test metrics are exact"):
+        check_budget(exact, BudgetSection(test_epsilon=1.0))
+
+
+# ------------------------------------------------------------------ a small pipeline
+
+
+def _params(tmp_path, test_metrics: dict, **budget):
+    from dpfair.config import parse_params
+
+    return parse_params({
+        "datasets": {"synthetic": {"n": 400}},
+        "experiment": {"dataset": "synthetic", "model": {"name": "logistic_regression"},
+                       "train": {"epochs": 2, "batch_size": 50, "lr": 0.01, "sigma": 1.0,
+                                 "delta": 1e-5, "progress": False,
+                                 "test_metrics": test_metrics},
+                       "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0, 1],
+                       "baseline": "dpsgd"},
+        "budget": {"allow_nonprivate_reference": True, **budget},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                     "artifact_root": str(tmp_path / "art")},
+    })
+
+
+def test_pipeline_labels_noisy_test_metrics_in_the_table_and_mlflow(tmp_path):
+    """The flow's steps without Prefect: the results table has the test split's column and
+    total, the runs and the pipeline run carry the label and ε, the records have no count or
+    per-class value, and what MLflow holds is the noisy release, not the exact metrics."""
+    from mlflow import MlflowClient
+
+    from dpfair.data import load_dataset
+    from dpfair.experiment import final_config, plan_release, train_logged
+    from dpfair.summary import log_release, summarise
+    from dpfair.tracking import experiment_id, run
+    from dpfair.training import evaluate
+
+    params = _params(tmp_path, {"release": "noisy", "epsilon": 1.0})
+    tracking = params.tracking
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    plan = plan_release(params, dataset, {})
+    assert plan.test_noisy and set(plan.methods) == {"nonprivate", "dpsgd"}
+    exp = experiment_id(tracking, "synthetic")
+    with run(tracking, exp, "pipeline") as parent:
+        log_release(tracking, parent, plan)
+        trained = [train_logged(final_config(params, label, seed, None), label, dataset,
+                                tracking, exp, parent, {}, plan.methods[label])
+                   for label in plan.methods for seed in (0, 1)]
+        records = [record for _, record in trained]
+        summary = summarise(params, dataset, records, tmp_path / "out", plan)
+    client = MlflowClient(tracking.uri)
+    parent_data = client.get_run(parent).data
+    assert parent_data.metrics["epsilon_test_total"] == pytest.approx(plan.epsilon_test_total)
+    assert parent_data.tags["dpfair.test_metrics"].startswith("noisy (ε")
+    assert plan.test_note() in parent_data.tags["mlflow.note.content"]
+    assert TEST_METRICS_NOTE not in parent_data.tags["mlflow.note.content"]
+    for result, record in trained:
+        data = client.get_run(record.run_id).data
+        assert data.tags["dpfair.test_metrics"] == result.test_release.label
+        assert data.tags["dpfair.test_metrics"].startswith("noisy")
+        assert data.metrics["epsilon_test_split"] == pytest.approx(1.0, rel=1e-3)
+        logged = data.metrics["final/test/accuracy"]
+        assert logged == result.test_metrics["accuracy"]
+        exact = evaluate(result.load_model(), dataset.test, dataset.n_classes,
+                         dataset.n_groups)
+        assert 0 < exact["accuracy"] < 1 and logged != exact["accuracy"]
+        loss = {r["group"]: r["value"] for r in record.records if r["metric"] == "loss"}
+        assert not set(loss.values()) & {*exact["group_loss"], exact["loss"]}
+        assert "final/test/macro_accuracy" not in data.metrics
+        assert not {r["metric"] for r in record.records} & {"count", "macro_accuracy"}
+        assert not [r for r in record.records if str(r["group"]).startswith("class:")]
+    table = summary.table
+    assert table.loc[plan.total_label, EPSILON_TEST] == f"{plan.epsilon_test_total:.2f}"
+    assert table.loc["dpsgd", EPSILON_TEST] == f"{plan.methods['dpsgd'].epsilon_test:.2f}"
+    # never mixed: the training columns hold the training ε
+    assert table.loc["dpsgd", EPSILON_RUN] == f"{plan.methods['dpsgd'].epsilon_run:.2f}"
+    assert table.loc[plan.total_label, EPSILON_METHOD] == f"{plan.epsilon_total:.2f}"
+    markdown = (tmp_path / "out" / "results.md").read_text()
+    assert EPSILON_TEST in markdown and markdown.count(plan.test_note()) == 1
+
+
+def test_pipeline_refuses_a_test_delta_not_below_one_over_n_test(tmp_path):
+    from dpfair.data import load_dataset
+    from dpfair.experiment import plan_release
+
+    params = _params(tmp_path, {"release": "noisy", "epsilon": 1.0, "delta": 0.05})
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    with pytest.raises(ConfigError, match=r"experiment\.train\.test_metrics\.delta"):
+        plan_release(params, dataset, {})
+
+
+def test_default_pipeline_plan_says_exact_and_has_no_test_column(tmp_path):
+    from dpfair.data import load_dataset
+    from dpfair.experiment import plan_release
+
+    params = _params(tmp_path, {})
+    plan = plan_release(params, load_dataset("synthetic", params.dataset("synthetic")), {})
+    assert not plan.test_noisy and TEST_METRICS_NOTE in plan.notes()
+    assert all(t.label == EXACT_TEST_METRICS for m in plan.methods.values()
+               for t in m.test_releases)
+
+
+def test_train_command_prints_the_noisy_label_and_no_count(tmp_path, monkeypatch):
+    import yaml
+    from typer.testing import CliRunner
+
+    from dpfair.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "datasets": {"synthetic": {"n": 400}},
+        "experiment": {"dataset": "synthetic", "model": {"name": "logistic_regression"},
+                       "train": {"epochs": 1, "batch_size": 50, "lr": 0.5, "sigma": 1.0,
+                                 "delta": 1e-5, "progress": False,
+                                 "test_metrics": {"release": "noisy", "epsilon": 1.0}},
+                       "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0]},
+    }))
+    out = CliRunner().invoke(app, ["train", "--method", "dpsgd"])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "test metrics: noisy (ε 1 at δ 1e-05 for the test split over 1 evaluation;" in text
+    assert TEST_METRICS_NOTE not in text and "macro" not in text
+    assert "│ minority │" in out.output and "— │" in out.output  # no count released
