@@ -52,7 +52,7 @@ from dpfair import fairness, report
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.experiment import train_and_log
 from dpfair.fairness import GroupMetrics
-from dpfair.release import MethodRelease, method_release
+from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, MethodRelease, method_release
 from dpfair.tracking import TrackingConfig, experiment_id, log_json, log_metrics, run, set_tags
 from dpfair.training import TrainConfig, TrainResult, make_plan, train
 from dpfair.tuning import TuningConfig, tune
@@ -442,6 +442,14 @@ def finished_seeds(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[in
     return [s for s in cfg["seeds"] if all((m["label"], s) in done for m in cfg["methods"])]
 
 
+def _epsilon_cell(label: str, eps: float | None) -> str:
+    """A method's ε cell: a number only for a proven guarantee; the non-private reference and
+    heuristic methods (FairLens) carry their label (:mod:`dpfair.release`)."""
+    if eps is not None and math.isfinite(eps) and eps > 0:
+        return f"{eps:.2f}"
+    return NONPRIVATE_REFERENCE if label == REFERENCE else HEURISTIC
+
+
 def table_stats(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> pd.DataFrame:
     seeds = set(finished_seeds(cfg, result))
     frame = fairness.runs_frame([r for r in result["records"] if r["seed"] in seeds])
@@ -460,8 +468,7 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[lis
     cmp = report.comparison_with_published(stats, pub, percent=percent, n_se=N_SE)
     ours = fairness.format_table(stats, percent=percent)
     eps = {m: float(np.mean(v)) for m, v in result["epsilons"].items()}
-    ours["epsilon"] = [f"{eps[m]:.2f}" if m in eps and eps[m] > 0 else "∞"
-                       for m in ours.index]
+    ours["epsilon"] = [_epsilon_cell(m, eps.get(m)) for m in ours.index]
     lines = [
         f"Ours (mean ± SE over {len(finished_seeds(cfg, result))} seeds; accuracies "
         f"{'in %' if percent else 'as fractions'}; ε measured by our accountant, "

@@ -224,3 +224,14 @@ def test_released_variant_renders_three_columns_and_a_verdict(
     assert "not in the released script" in text  # dpsgd_global is not in the tiny variant
     assert "cells within 2 SEs)" in text
     assert "Why each ⚠:" in text and "no reason recorded yet" not in text
+
+
+def test_epsilon_cells_show_a_number_only_for_a_proven_guarantee(
+    reproduce: ModuleType,
+) -> None:
+    from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE
+
+    assert reproduce._epsilon_cell("dpsgd", 3.5212) == "3.52"
+    assert reproduce._epsilon_cell("fairlens", float("inf")) == HEURISTIC
+    assert reproduce._epsilon_cell("nonprivate", float("inf")) == NONPRIVATE_REFERENCE
+    assert reproduce._epsilon_cell("fairlens", None) == HEURISTIC
