@@ -46,12 +46,13 @@ import pandas as pd
 import torch
 import yaml
 from machine import cpu_model
+from report_notes import CARRIED, CLAIMS, flag_reasons, markdown_flags, previous_sections
 
 from dpfair import fairness, report
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.experiment import train_and_log
 from dpfair.fairness import GroupMetrics
-from dpfair.release import MethodRelease, method_release
+from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, MethodRelease, method_release
 from dpfair.tracking import TrackingConfig, experiment_id, log_json, log_metrics, run, set_tags
 from dpfair.training import TrainConfig, TrainResult, make_plan, train
 from dpfair.tuning import TuningConfig, tune
@@ -130,9 +131,14 @@ def published_table(key: str, path: Path = PUBLISHED) -> Any:
 _DATA_CACHE: dict[str, GroupedDataset] = {}
 
 
-def dataset_for(cfg: Mapping[str, Any]) -> GroupedDataset:
-    """The configured dataset, its training split subsampled when ``subsample`` is set."""
-    spec = cfg["dataset"]
+def dataset_for(cfg: Mapping[str, Any], seed: int | None = None) -> GroupedDataset:
+    """The configured dataset, its training split subsampled when ``subsample`` is set.
+
+    With ``data_seed: run`` in the config the dataset's ``seed`` (split, group subsample) is the
+    run's ``seed``, as in fair-dp's scripts, where one seed drives data and training."""
+    spec = copy.deepcopy(dict(cfg["dataset"]))
+    if cfg.get("data_seed") == "run" and seed is not None:
+        spec["options"] = {**spec.get("options", {}), "seed": seed}
     key = json.dumps([spec, cfg.get("subsample")], sort_keys=True)
     if key not in _DATA_CACHE:
         ds = load_dataset(spec["name"], dict(spec.get("options", {})))
@@ -206,10 +212,11 @@ def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print
     ``save(partial)`` is called after every training with the results so far; ``previous``, a
     partial result of the same configuration, is resumed: its finished runs are kept, not
     repeated."""
-    ds = dataset_for(cfg)
+    ds = dataset_for(cfg, cfg["seeds"][0])
     n_train = len(ds.train)
     exp_id = experiment_id(tracking, cfg["dataset"]["name"])
     prev = dict(previous or {})
+    sizes: dict[str, list[int]] = {k: list(v) for k, v in prev.get("sizes", {}).items()}
     records: list[dict] = list(prev.get("records", []))
     epsilons: dict[str, list[float]] = {k: list(v) for k, v in prev.get("epsilons", {}).items()}
     done: list[list] = list(prev.get("done", []))
@@ -219,13 +226,16 @@ def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print
 
     def result(partial: bool) -> dict:
         return {"kind": "table", "records": records, "epsilons": epsilons, "done": done,
-                "settings": settings, "n_train": n_train, "n_test": len(ds.test),
+                "settings": settings, "n_train": n_train, "n_test": len(ds.test), "sizes": sizes,
                 "wall_s": elapsed, "mlflow_run": parent, "partial": partial}
 
     if done:
         log(f"[{cfg['name']}] resuming: {len(done)} runs already done")
     with run(tracking, exp_id, f"reproduce:{cfg['name']}", tags=tags) as parent:
         for seed in cfg["seeds"]:
+            ds = dataset_for(cfg, seed)
+            n_train = len(ds.train)
+            sizes[str(seed)] = [n_train, len(ds.test)]
             for m in cfg["methods"]:
                 label = m["label"]
                 lr = resolve_lr(m["lr"], cfg, n_train)
@@ -432,6 +442,14 @@ def finished_seeds(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[in
     return [s for s in cfg["seeds"] if all((m["label"], s) in done for m in cfg["methods"])]
 
 
+def _epsilon_cell(label: str, eps: float | None) -> str:
+    """A method's ε cell: a number only for a proven guarantee; the non-private reference and
+    heuristic methods (FairLens) carry their label (:mod:`dpfair.release`)."""
+    if eps is not None and math.isfinite(eps) and eps > 0:
+        return f"{eps:.2f}"
+    return NONPRIVATE_REFERENCE if label == REFERENCE else HEURISTIC
+
+
 def table_stats(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> pd.DataFrame:
     seeds = set(finished_seeds(cfg, result))
     frame = fairness.runs_frame([r for r in result["records"] if r["seed"] in seeds])
@@ -450,8 +468,7 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[lis
     cmp = report.comparison_with_published(stats, pub, percent=percent, n_se=N_SE)
     ours = fairness.format_table(stats, percent=percent)
     eps = {m: float(np.mean(v)) for m, v in result["epsilons"].items()}
-    ours["epsilon"] = [f"{eps[m]:.2f}" if m in eps and eps[m] > 0 else "∞"
-                       for m in ours.index]
+    ours["epsilon"] = [_epsilon_cell(m, eps.get(m)) for m in ours.index]
     lines = [
         f"Ours (mean ± SE over {len(finished_seeds(cfg, result))} seeds; accuracies "
         f"{'in %' if percent else 'as fractions'}; ε measured by our accountant, "
@@ -462,8 +479,68 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[lis
     n_flag = int(cmp["differs"].fillna(False).sum())
     n_cmp = int(cmp["differs"].notna().sum())
     lines += [f"{n_flag} of {n_cmp} comparable cells differ beyond {N_SE:g} combined SEs.", ""]
+    lines += flag_reasons(flagged_cells(cmp), cfg.get("flag_notes", []))
     facts = {"stats": stats, "cmp": cmp, "pub": pub, "eps": eps}
     return lines, facts
+
+
+def flagged_cells(cmp: pd.DataFrame) -> list[str]:
+    """``method.column`` of every cell flagged ⚠ in a ``comparison_with_published`` frame."""
+    hit = cmp[cmp["differs"].fillna(False).astype(bool)]
+    return [f"{m}.{c}" for m, c in zip(hit["method"], hit["column"], strict=True)]
+
+
+def three_way(cfg: Mapping[str, Any], result: Mapping[str, Any], vcfg: Mapping[str, Any],
+              vresult: Mapping[str, Any]) -> list[str]:
+    """Paper settings / released-code settings / published, cell by cell, and per method which
+    of our two settings matches the published row more often (cells within 2 combined SEs)."""
+    percent = cfg["layout"] == "esipova"
+    pub = published_table(cfg["published"])
+    both = [report.comparison_with_published(table_stats(c, r), pub, percent=percent, n_se=N_SE)
+            .set_index(["method", "column"]) for c, r in ((cfg, result), (vcfg, vresult))]
+    a = both[0]
+    methods = list(dict.fromkeys(a.index.get_level_values(0)))
+    columns = list(dict.fromkeys(a.index.get_level_values(1)))
+    table = pd.DataFrame("", index=pd.Index(methods, name="method"), columns=columns + ["matches"])
+    for m in methods:
+        score = [0, 0, 0]
+        for c in columns:
+            if (m, c) not in a.index:
+                continue
+            d = _digits(c, percent)
+            ra = a.loc[(m, c)]
+            parts = []
+            for k, frame in enumerate(both):
+                if (m, c) not in frame.index or pd.isna(frame.loc[(m, c)]["ours_mean"]):
+                    parts.append("-")
+                    continue
+                r = frame.loc[(m, c)]
+                flag = bool(r["differs"]) if not pd.isna(r["differs"]) else None
+                score[k] += flag is False
+                score[2] += k == 0 and flag is not None
+                parts.append(_cell(r["ours_mean"], r["ours_se"], d) + (" ⚠" if flag else ""))
+            pub_se = None if math.isnan(ra["published_se"]) else ra["published_se"]
+            table.at[m, c] = " / ".join([*parts, _cell(ra["published_mean"], pub_se, d)])
+        if m not in vresult["settings"]:
+            verdict = f"paper settings {score[0]}/{score[2]}; not in the released script"
+        else:
+            best = ("paper settings" if score[0] > score[1] else "released code"
+                    if score[1] > score[0] else "both equally")
+            verdict = (f"{best} (paper {score[0]}/{score[2]}, released {score[1]}/{score[2]} "
+                       "cells within 2 SEs)")
+        table.at[m, "matches"] = verdict
+    return [f"Ours (paper settings, `{cfg['name']}`) / ours (released-code settings, "
+            f"`{vcfg['name']}`) / published (⚠ on our cell: beyond {N_SE:g} combined SEs of "
+            "the published one; ε: paper settings "
+            f"{_eps_range(result)}, released code {_eps_range(vresult)}, published "
+            f"{cfg['published_epsilon']}; the reasons of each setting's ⚠ are under its own "
+            "table):", "", table.to_markdown(), ""]
+
+
+def _eps_range(result: Mapping[str, Any]) -> str:
+    eps = [float(np.mean(v)) for v in result["epsilons"].values() if np.isfinite(np.mean(v))]
+    lo, hi = min(eps), max(eps)
+    return f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}-{hi:.2f}"
 
 
 def zhao_frame(result: Mapping[str, Any]) -> pd.DataFrame:
@@ -644,13 +721,26 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
              "accuracy), `R_*` excess loss, `*_gap` their absolute difference between groups, "
              "`delta_*` private minus non-private accuracy (Xu's sign).", "", *preamble]
     facts: dict[str, dict] = {}
+    previous = previous_sections(out)
+    carried_claims: list[str] = []
     for name, cfg_file in configs.items():
+        if name not in results and name in previous:
+            body = previous[name][2:]
+            reasons = flag_reasons(markdown_flags(body), cfg_file.get("flag_notes", []))
+            at = next((i for i, ln in enumerate(body)
+                       if ln.startswith("Known differences of setting")), len(body))
+            lines += [*previous[name][:2], CARRIED, "", *body[:at], *reasons, *body[at:], ""]
+            carried_claims += [ln for ln in previous.get(CLAIMS, [])
+                               if ln.startswith((f"- {cfg_file['title']}:",
+                                                 f"- {cfg_file['title']}, ε ="))]
+            continue
         lines += [f"## {cfg_file['title']} (`{name}`)", ""]
         if name not in results:
             lines += ["Not run (no results recorded for this table).", ""]
             continue
         result = results[name]
-        cfg = result["config"]
+        # the ⚠ reasons come from the YAML as it is now, like the notes
+        cfg = {**result["config"], "flag_notes": cfg_file.get("flag_notes", [])}
         lines += ["Settings:", "", *settings_lines(cfg, result), ""]
         wanted = len(seed_list(cfg_file["seeds"]))
         if len(cfg["seeds"]) < wanted and not cfg.get("quick") and not cfg.get("shortened"):
@@ -662,10 +752,17 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
         else:
             body, facts[name] = render_zhao(cfg, result)
         lines += body
+        variant = next((v for v, c in configs.items()
+                        if c.get("variant_of") == name and v in results), None)
+        if variant is not None:
+            lines += three_way(cfg, result, results[variant]["config"], results[variant])
         if cfg_file.get("notes"):  # from the YAML as it is now, not as stored with the run
             lines += [f"Known differences of setting: {cfg_file['notes']}", ""]
-    lines += ["## Checks of the papers' claims", "", *claims(
-        {n: results[n]["config"] for n in facts}, facts)]
+    checked = claims({n: results[n]["config"] for n in facts}, facts)
+    if carried_claims:
+        checked[-1:-1] = ["", "Carried over from the previous report (tables not rerun in "
+                          "this pass):", "", *carried_claims]
+    lines += [f"## {CLAIMS}", "", *checked]
     for disc in discussions.values():
         lines += [f"## {disc['title']}", "", disc["text"].rstrip(), ""]
     text = "\n".join(lines).rstrip() + "\n"

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from dpfair.release import ReleasePlan
     from dpfair.sections import BudgetSection
 
-__all__ = ["FORMAT", "Release", "SourceLedger", "Spending", "Status", "reserve_plan"]
+__all__ = ["FORMAT", "Release", "SourceLedger", "Spending", "Status", "reserve", "reserve_plan"]
 
 FORMAT = 1
 Status = Literal["pending", "released", "void"]
@@ -288,9 +288,22 @@ def reserve_plan(ledger: SourceLedger, source: str, version: str, plan: ReleaseP
     """Reserve a pipeline run's whole release (:class:`dpfair.release.ReleasePlan`) on
     ``source`` at ``version`` against ``budget.lifetime_epsilon``, with
     ``budget.disjoint_from_previous``; releases without a guarantee are recorded by label."""
-    return ledger.reserve(
-        source, version, plan.event_total, plan.delta, epsilon=plan.epsilon_total,
-        lifetime_epsilon=budget.lifetime_epsilon, disjoint=budget.disjoint_from_previous,
+    return reserve(
+        ledger, source, version, plan.event_total, plan.delta, budget,
+        epsilon=plan.epsilon_total,
         without_guarantee=[f"{m.label}: {m.no_epsilon_label}" for m in plan.without_guarantee],
-        context=context,
+        **context,
+    )
+
+
+def reserve(ledger: SourceLedger, source: str, version: str, event: dp_event.DpEvent,
+            delta: float, budget: BudgetSection, *, epsilon: float | None = None,
+            without_guarantee: Sequence[str] = (), **context: str) -> Release:
+    """Reserve ``event`` (one command's release: ``dpfair train``, ``dpfair tune``, a
+    pipeline run) as :meth:`SourceLedger.reserve` does, with ``budget``'s lifetime ε and
+    ``disjoint_from_previous``."""
+    return ledger.reserve(
+        source, version, event, delta, epsilon=epsilon,
+        lifetime_epsilon=budget.lifetime_epsilon, disjoint=budget.disjoint_from_previous,
+        without_guarantee=without_guarantee, context=context,
     )

@@ -345,3 +345,66 @@ def test_data_list_loads_no_torch():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(("flags", "resume"), [([], True), (["--no-resume"], False)])
+def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
+    """`dpfair run` resumes a failed pipeline run by default; --no-resume starts a new one."""
+    import flows.experiment
+
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    seen = []
+
+    def fake_run(path, root, resume):
+        seen.append(resume)
+        return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}
+
+    monkeypatch.setattr(flows.experiment, "run_experiment", fake_run)
+    monkeypatch.setattr("dpfair.preflight.check_tracking", lambda tracking: None)
+    out = runner.invoke(app, ["run", *flags])
+    assert out.exit_code == 0, out.output
+    assert seen == [resume]
+
+
+def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch):
+    """`dpfair train` and `dpfair tune` spend privacy on the data source like a pipeline run:
+    each is reserved in the ledger first (a resumed study once), and a lifetime budget that
+    is spent refuses the next command before it logs or trains anything."""
+    from mlflow import MlflowClient
+
+    from dpfair.config import load_params
+    from dpfair.data import load_dataset
+    from dpfair.source_ledger import SourceLedger
+    from dpfair.training import make_plan
+
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path, progress=False)
+    for command in (["train", "--method", "dpsgd"], ["train", "--method", "fairlens"],
+                    ["tune", "--method", "dpsgd", "--study", "s1"],
+                    ["tune", "--method", "dpsgd", "--study", "s1"]):  # resumes: same search
+        out = runner.invoke(app, command)
+        assert out.exit_code == 0, out.output
+    params = load_params(tmp_path / "params.yaml")
+    book = SourceLedger(tmp_path / params.budget.ledger)
+    trained, heuristic, search = book.releases("synthetic")
+    assert [r.context["command"] for r in (trained, heuristic, search)] == [
+        "dpfair train", "dpfair train", "dpfair tune"]
+    assert {r.status for r in (trained, heuristic, search)} == {"released"}
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    config = params.experiment.train_config("dpsgd", 0)
+    assert trained.epsilon == pytest.approx(make_plan(config, len(dataset.train),
+                                                      dataset.n_groups).epsilon, rel=1e-9)
+    assert heuristic.epsilon == 0 and heuristic.without_guarantee[0].startswith("fairlens: ")
+    assert search.context["study"] == "s1" and search.epsilon > trained.epsilon
+
+    data = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    data["budget"] = {"lifetime_epsilon": 1.0}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(data))
+    mlflow = MlflowClient(params.tracking.resolved_uri())
+    before = len(mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()]))
+    out = runner.invoke(app, ["train", "--method", "dpsgd"])
+    assert out.exit_code == 2 and "budget.lifetime_epsilon" in _printed(out.output)
+    assert len(mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()])
+               ) == before
+    assert len(book.releases("synthetic")) == 3

@@ -6,6 +6,7 @@ columns of the report, not the numbers.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -41,6 +42,16 @@ def _tiny(config_dir: Path, reproduce: ModuleType) -> Path:
     for name, cfg in (("02_esipova_dutch", dutch), ("05_zhao_adult", zhao)):
         cfg.pop("name")
         (out / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    return out
+
+
+def _with_variant(out: Path, reproduce: ModuleType) -> Path:
+    """The tiny configs plus a released-code variant of the Dutch table (two methods)."""
+    released = reproduce.load_configs()["02b_esipova_dutch_released"]
+    released["methods"] = [m for m in released["methods"] if m["label"] in ("nonprivate", "dpsgd")]
+    released["quick"] = {"epochs": 1, "seeds": 2, "subsample": 600}
+    released.pop("name")
+    (out / "02b_esipova_dutch_released.yaml").write_text(yaml.safe_dump(released))
     return out
 
 
@@ -140,3 +151,87 @@ def test_a_table_cut_short_resumes_without_repeating_runs(
     assert not done["partial"] and len(done["done"]) == 6
     assert reproduce.finished_seeds(cfg, done) == [0, 1]
     assert len(reproduce.table_stats(cfg, done)) == 3
+
+
+def test_flag_reasons_name_every_flagged_cell(reproduce: ModuleType) -> None:
+    notes = [{"cells": ["*.loss_*"], "reason": "their loss is on sigmoid outputs:  0.500"},
+             {"cells": ["dpsgd.acc_F"], "reason": "one split"}]
+    lines = reproduce.flag_reasons(
+        ["nonprivate.loss_M", "dpsgd.loss_F", "dpsgd.acc_F", "dpsgd.R_M"], notes)
+    assert lines[0] == "Why each ⚠:"
+    assert "- nonprivate (loss_M); dpsgd (loss_F): their loss is on sigmoid outputs: 0.500" \
+        in lines
+    assert "- dpsgd (acc_F): one split" in lines
+    assert "- dpsgd (R_M): **no reason recorded yet**" in lines  # never silently dropped
+    assert reproduce.flag_reasons([], notes) == []
+
+
+def test_previous_sections_are_carried_with_their_claims(
+    reproduce: ModuleType, tmp_path: Path
+) -> None:
+    """A table whose results are not stored keeps its section of the existing report."""
+    configs = {"01_a": {"title": "A", "kind": "table", "seeds": 1},
+               "02_b": {"title": "B", "kind": "table", "seeds": 1}}
+    out = tmp_path / "reproduction.md"
+    out.write_text("# Reproduction\n\n## A (`01_a`)\n\nSettings of A\n\n| a |\n\n"
+                   "## B (`02_b`)\n\nold B\n\n## Checks of the papers' claims\n\n"
+                   "- A: claim of A → **yes**\n- B: claim of B → **NO**\n")
+    text = reproduce.render(configs, {}, out)
+    assert "## A (`01_a`)\n\n" + reproduce.CARRIED + "\n\nSettings of A\n\n| a |" in text
+    assert "old B" in text and "- A: claim of A → **yes**" in text
+    assert "- B: claim of B → **NO**" in text
+    # rendering again keeps one marker, not two
+    again = reproduce.render(configs, {}, out)
+    assert again.count(reproduce.CARRIED) == 2 and again == text
+
+
+@requires_dataset("dutch")
+def test_data_seed_run_gives_each_seed_its_own_subsample(reproduce: ModuleType) -> None:
+    cfg = {"dataset": {"name": "dutch", "options": {"group_ratios": [1.0, 0.333],
+                                                    "validation_fraction": 0.0, "seed": 0}},
+           "data_seed": "run"}
+    first, second = reproduce.dataset_for(cfg, 0), reproduce.dataset_for(cfg, 1)
+    assert first.meta["options"]["seed"] == 0 and second.meta["options"]["seed"] == 1
+    assert not (len(first.train) == len(second.train)
+                and bool((first.train.x == second.train.x).all()))
+    fixed = reproduce.dataset_for({**cfg, "data_seed": None}, 1)
+    assert fixed.meta["options"]["seed"] == 0
+
+
+def test_released_configs_are_variants_of_the_paper_tables(reproduce: ModuleType) -> None:
+    configs = reproduce.load_configs()
+    for variant, paper in (("01b_esipova_adult_released", "01_esipova_adult"),
+                           ("02b_esipova_dutch_released", "02_esipova_dutch")):
+        cfg = configs[variant]
+        assert cfg["variant_of"] == paper and cfg["data_seed"] == "run"
+        assert cfg["published"] == configs[paper]["published"]
+        assert cfg["dataset"]["options"]["group_ratios"]
+
+
+@requires_dataset("dutch")
+def test_released_variant_renders_three_columns_and_a_verdict(
+    reproduce: ModuleType, tmp_path: Path
+) -> None:
+    config_dir = _with_variant(_tiny(tmp_path, reproduce), reproduce)
+    report = tmp_path / "reproduction.md"
+    assert reproduce.main(["--quick", "--only", "02_esipova_dutch", "02b_esipova_dutch_released",
+                           "--config-dir", str(config_dir), "--out", str(report),
+                           "--work-dir", str(tmp_path / "work")]) == 0
+    text = report.read_text()
+    assert "ours (released-code settings, `02b_esipova_dutch_released`) / published" in text
+    # a cell holds paper / released / published; methods the script lacks say so
+    assert re.search(r"\| dpsgd +\| [^|/]+ / [^|/]+ / 76\.0 ± 0\.2 +\|", text)
+    assert "not in the released script" in text  # dpsgd_global is not in the tiny variant
+    assert "cells within 2 SEs)" in text
+    assert "Why each ⚠:" in text and "no reason recorded yet" not in text
+
+
+def test_epsilon_cells_show_a_number_only_for_a_proven_guarantee(
+    reproduce: ModuleType,
+) -> None:
+    from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE
+
+    assert reproduce._epsilon_cell("dpsgd", 3.5212) == "3.52"
+    assert reproduce._epsilon_cell("fairlens", float("inf")) == HEURISTIC
+    assert reproduce._epsilon_cell("nonprivate", float("inf")) == NONPRIVATE_REFERENCE
+    assert reproduce._epsilon_cell("fairlens", None) == HEURISTIC

@@ -8,12 +8,16 @@
   + 91 one-hot = 98 input features, matching Esipova's MLP with N = 91,650 parameters;
 * z-score the 5 numerical features (mean and sample std, ddof=1) over the **whole cleaned table**
   (all 45,222 rows, before balancing and splitting), as the papers and fair-dp do. The test
-  rows therefore contribute to the normalisation statistics, exactly as in the papers;
+  rows therefore contribute to the normalisation statistics, exactly as in the papers
+  (``numeric_scaling: minmax`` maps them to [0, 1] over the same rows, as Xu et al. Sec. 6.1);
 * one-hot the 6 categorical features; columns ordered by feature then sorted value, so the
   column order is the same on every run;
 * ``balance_groups``: sample ``samples_per_group`` rows per protected group without replacement
   (seeded). The paper samples each row with a probability giving 14,000 per sex *on average*;
   here the count is exact;
+* or ``group_ratios`` (with ``balance_groups: false``): subsample the groups to relative sizes
+  before the split, as the released code's ``group_ratios`` (``[1, 1]``: every woman and as
+  many men, 14,695 each; see ``GroupRatioOptions``);
 * seeded 80/20 train/test split (``test_fraction``), validation carved from the train part.
 """
 
@@ -24,14 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.errors import DataError
-from dpfair.data.options import HoldoutOptions
+from dpfair.data.options import GroupRatioOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import fetch, source
-from dpfair.data.splits import rng, train_val_test
+from dpfair.data.splits import ratio_index, rng, train_val_test
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,12 +53,24 @@ CLASS_NAMES = ["<=50K", ">50K"]
 GROUP_NAMES = {"sex": ["male", "female"], "race": ["white", "non-white"]}
 
 
-class AdultOptions(HoldoutOptions):
+class AdultOptions(GroupRatioOptions):
     """Options of ``adult`` (defaults: Esipova App. B.1; Xu uses ``balance_groups: false``)."""
 
     protected: Literal["sex", "race"] = Field("sex", description="group attribute")
+    numeric_scaling: Literal["minmax"] | None = Field(
+        None, description="minmax: numeric features to [0, 1] (Xu Sec. 6.1); unset: z-score",
+    )
     balance_groups: bool = Field(True, description="sample samples_per_group rows per group")
     samples_per_group: int = Field(14000, gt=0, description="rows per group when balancing")
+
+    @model_validator(mode="after")
+    def _one_sampling(self) -> AdultOptions:
+        if self.group_ratios is not None and self.balance_groups:
+            raise ValueError(
+                "group_ratios and balance_groups both subsample the groups: set "
+                "balance_groups: false to use group_ratios"
+            )
+        return self
 
 
 def read_table(data_path: Path, test_path: Path) -> pd.DataFrame:
@@ -81,14 +97,20 @@ def read_table(data_path: Path, test_path: Path) -> pd.DataFrame:
 
 @lru_cache(maxsize=2)
 def _encoded(
-    data_path: str, test_path: str, md5s: tuple[str, str]
+    data_path: str, test_path: str, md5s: tuple[str, str], scaling: str | None = None
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], tuple[str, ...]]:
-    """Encoded features of the whole table; cached in-process (md5s make the key content-based)."""
+    """Encoded features of the whole table; cached in-process (md5s make the key content-based).
+
+    ``scaling``: ``None`` z-scores the numeric features, ``"minmax"`` maps each to [0, 1]
+    (min and max over the whole cleaned table)."""
     import pandas as pd
 
     df = read_table(Path(data_path), Path(test_path))
     num = df[NUMERICAL].astype(np.float64)
-    num = (num - num.mean()) / num.std(ddof=1)
+    if scaling == "minmax":
+        num = (num - num.min()) / (num.max() - num.min())
+    else:
+        num = (num - num.mean()) / num.std(ddof=1)
     parts = [num.to_numpy()]
     names = list(NUMERICAL)
     race = (df["race"] != "White").to_numpy(np.float64)
@@ -131,12 +153,14 @@ def load_adult(opts: AdultOptions) -> GroupedDataset:
     files = ("adult.data", "adult.test")
     paths = tuple(fetch("adult", f) for f in files)  # md5-verified
     md5s = tuple(source("adult", f).md5 for f in files)
-    x, y, groups, names = _encoded(str(paths[0]), str(paths[1]), md5s)
+    x, y, groups, names = _encoded(str(paths[0]), str(paths[1]), md5s, opts.numeric_scaling)
     g = groups[opts.protected]
     group_names = GROUP_NAMES[opts.protected]
     index = np.arange(len(y))
     if opts.balance_groups:
         index = balanced_index(g, opts.samples_per_group, opts.seed, group_names)
+    elif opts.group_ratios is not None:
+        index = ratio_index(g, opts.group_ratios, opts.seed, group_names)
     train, val, test = train_val_test(
         x[index], y[index], g[index], seed=opts.seed,
         test_fraction=opts.test_fraction, validation_fraction=opts.validation_fraction,
@@ -145,10 +169,14 @@ def load_adult(opts: AdultOptions) -> GroupedDataset:
         name="adult", train=train, val=val, test=test,
         class_names=list(CLASS_NAMES), group_names=list(group_names),
         meta={
-            "options": opts.model_dump(mode="json"),
+            "options": opts.model_dump(mode="json", exclude_none=True),
             "feature_names": list(names),
             "n_rows_cleaned": int(len(y)),
             "sources": {p.name: m for p, m in zip(paths, md5s, strict=True)},
-            "normalisation": "z-score over the whole cleaned table (Esipova App. B.1, fair-dp)",
+            "normalisation": (
+                "min-max to [0, 1] over the whole cleaned table (Xu Sec. 6.1)"
+                if opts.numeric_scaling == "minmax"
+                else "z-score over the whole cleaned table (Esipova App. B.1, fair-dp)"
+            ),
         },
     )

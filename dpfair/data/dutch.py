@@ -9,7 +9,9 @@ Features as in the papers' code (fair-dp ``preprocess_dutch``): the binary attri
 (0 male, 1 female) and prev_residence_place (0/1) are one 0/1 column each, every other
 attribute is one-hot over the values present, ordered by attribute then numeric value:
 59 input features, matching Esipova's logistic regression with N = 120 parameters.
-Seeded 80/20 train/test split, validation carved from the train part.
+``group_ratios`` subsamples the groups before the split (the released code's Dutch script uses
+``[1, 0.333]``: every man, a third as many women). Seeded 80/20 train/test split, validation
+carved from the train part.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import numpy as np
 
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.errors import DataError
-from dpfair.data.options import HoldoutOptions
+from dpfair.data.options import GroupRatioOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import fetch, source
-from dpfair.data.splits import train_val_test
+from dpfair.data.splits import ratio_index, train_val_test
 
 FILE = "dutch_census_2001.arff"
 TARGET = "occupation"
@@ -34,7 +36,7 @@ GROUP_NAMES = ["male", "female"]
 BINARY = {"sex": {"1": 0, "2": 1}, "prev_residence_place": {"1": 0, "2": 1}}
 
 
-class DutchOptions(HoldoutOptions):
+class DutchOptions(GroupRatioOptions):
     """Options of ``dutch`` (group: sex)."""
 
 
@@ -89,6 +91,9 @@ def load_dutch(opts: DutchOptions) -> GroupedDataset:
     path: Path = fetch("dutch", FILE)
     md5 = source("dutch", FILE).md5
     x, y, g, names = _encoded(str(path), md5)
+    if opts.group_ratios is not None:
+        index = ratio_index(g, opts.group_ratios, opts.seed, list(GROUP_NAMES))
+        x, y, g = x[index], y[index], g[index]
     train, val, test = train_val_test(
         x, y, g, seed=opts.seed,
         test_fraction=opts.test_fraction, validation_fraction=opts.validation_fraction,
@@ -97,7 +102,7 @@ def load_dutch(opts: DutchOptions) -> GroupedDataset:
         name="dutch", train=train, val=val, test=test,
         class_names=list(CLASS_NAMES), group_names=list(GROUP_NAMES),
         meta={
-            "options": opts.model_dump(mode="json"),
+            "options": opts.model_dump(mode="json", exclude_none=True),
             "feature_names": list(names),
             "n_rows_cleaned": int(len(y)),
             "sources": {FILE: md5},

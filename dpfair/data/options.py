@@ -8,7 +8,7 @@ silently ignored setting.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 
 class DatasetOptions(BaseModel):
@@ -30,3 +30,20 @@ class HoldoutOptions(DatasetOptions):
     """Options of datasets without an official test split: a seeded random test split."""
 
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="fraction of rows for test")
+
+
+class GroupRatioOptions(HoldoutOptions):
+    """A holdout dataset whose groups can be subsampled to given relative sizes.
+
+    ``group_ratios`` (one positive number per group, in group order) keeps the largest subsample
+    whose group sizes are proportional to it, e.g. ``[1, 0.333]`` keeps every man and a third
+    as many women as men (Esipova et al.'s released code, fair-dp ``group_ratios``). As in that
+    code it subsamples **before** the train/test split, with the split seed, so the test set
+    has the same proportions. Counts are exact (``floor``); fair-dp keeps each row with a
+    probability, so its counts vary around these. Unset (default): every row is kept.
+    """
+
+    group_ratios: list[PositiveFloat] | None = Field(
+        None, min_length=2,
+        description="relative group sizes to subsample to before the split (default: all rows)",
+    )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpfair.data.dataset import Split
+from dpfair.data.errors import DataError
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +28,37 @@ def holdout(n: int, fraction: float, seed: int, stream: int) -> tuple[np.ndarray
     perm = rng(seed, stream).permutation(n)
     n_out = int(fraction * n)
     return perm[n_out:], perm[:n_out]
+
+
+def ratio_index(
+    g: np.ndarray, ratios: list[float], seed: int, names: list[str]
+) -> np.ndarray:
+    """Sorted rows of the largest subsample whose group sizes are proportional to ``ratios``.
+
+    With ``n_k`` rows in group ``k``, the scale is ``s = min_k n_k / r_k`` and group ``k`` keeps
+    ``floor(r_k * s)`` rows (all of the limiting group), drawn without replacement. fair-dp's
+    ``find_sample_weights`` gives the same expected sizes when the largest ratio is 1.
+    """
+    if len(ratios) != len(names):
+        raise DataError(
+            f"group_ratios has {len(ratios)} entries but the dataset has {len(names)} groups "
+            f"{names}: give one ratio per group, in that order"
+        )
+    rows = [np.flatnonzero(g == k) for k in range(len(names))]
+    empty = [name for name, r in zip(names, rows, strict=True) if len(r) == 0]
+    if empty:
+        raise DataError(f"cannot subsample by group_ratios: groups {empty} have no rows")
+    scale = min(len(r) / ratio for r, ratio in zip(rows, ratios, strict=True))
+    gen = rng(seed, stream=5)
+    keep = []
+    for r, ratio, name in zip(rows, ratios, names, strict=True):
+        n_keep = min(len(r), math.floor(ratio * scale + 1e-9))
+        if n_keep == 0:
+            raise DataError(
+                f"group_ratios {ratios} keep no row of group {name!r}: raise its ratio"
+            )
+        keep.append(gen.choice(r, size=n_keep, replace=False))
+    return np.sort(np.concatenate(keep))
 
 
 def make_split(x: np.ndarray, y: np.ndarray, g: np.ndarray, divisor: float = 1.0) -> Split:
