@@ -4,15 +4,18 @@ norm over every trainable parameter).
 
 * :class:`AscentMaterialized` -- the reference: ``vmap`` of two ``grad`` calls per sample.
 * :class:`AscentGhost` -- the fast path for models whose trainable layers are all ``nn.Linear``
-  (inputs ``(B, d)`` or ``(B, ..., d)``). A Linear's per-sample gradient is low rank in factored
-  form, ``grad_W l_i = sum_t d_t a_t^T`` and ``grad_b l_i = sum_t d_t`` (``a`` its input, ``d``
-  its output gradient, ``t`` over positions), so sample ``i``'s ascended layer applied to an
-  input ``x_t`` is ``W x_t + b + s_i sum_s d_s (a_s . x_t + 1)``, ``s_i = lam / |g_i|``: the
-  shared layer plus a per-sample correction (a ``T x T`` product on sequences). Pass 1 is the
-  ghost-clipping pass at ``theta`` (:class:`dpfair.privacy.gradients.GhostClipping`: the factors
-  and ``|g_i|``); pass 2 runs it again with forward hooks adding the corrections (later layers
-  see the ascended activations, as they must), so its ghost norms and weighted sum are those of
-  the ascended gradients. Cost: about two DP-SGD steps, no per-sample gradient materialised.
+  (inputs ``(B, d)`` or ``(B, ..., d)``) or ``nn.Conv2d``. A Linear's per-sample gradient is
+  low rank in factored form, ``grad_W l_i = sum_t d_t a_t^T`` and ``grad_b l_i = sum_t d_t``
+  (``a`` its input, ``d`` its output gradient, ``t`` over positions), so sample ``i``'s ascended
+  layer applied to an input ``x_t`` is ``W x_t + b + s_i sum_s d_s (a_s . x_t + 1)``,
+  ``s_i = lam / |g_i|``: the shared layer plus a per-sample correction (a ``T x T`` product on
+  sequences). A convolution's correction ``s_i (G_i * x + sum_p d_p)`` needs its per-sample
+  kernels ``G_i`` (``B`` times its weight, formed once per step) and one grouped convolution.
+  Pass 1 is the ghost-clipping pass at ``theta`` (:class:`dpfair.privacy.gradients.GhostClipping`:
+  the factors and ``|g_i|``); pass 2 runs it again with forward hooks adding the corrections
+  (later layers see the ascended activations, as they must), so its ghost norms and weighted sum
+  are those of the ascended gradients. Cost: about two DP-SGD steps, and for a convolution its
+  per-sample kernels.
 
 Both clamp ``|g_i|`` to the smallest normal number before dividing (a zero gradient moves
 nothing), and a sample with a non-finite norm gets a non-finite ascended norm (weight 0 in the
@@ -33,7 +36,7 @@ from dpfair.privacy.gradients import (
     global_norm,
     plan_layers,
 )
-from dpfair.privacy.layer_grads import _balance, _sq
+from dpfair.privacy.layer_grads import _balance, _pad, _sq
 
 
 def ascent_scale(lam: float, norm: Tensor) -> Tensor:
@@ -58,20 +61,24 @@ class AscentMaterialized(Materialized):
         return ascended
 
 
+#: Layers :class:`AscentGhost` shifts per sample in its second pass.
+ASCENT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
+
+
 def ghost_ascent_obstacle(model: nn.Module) -> str | None:
     """Why :class:`AscentGhost` cannot serve ``model``, or ``None`` when every module owning
-    trainable parameters is an ``nn.Linear`` with parameters of its own."""
+    trainable parameters is one of :data:`ASCENT_LAYERS` with parameters of its own."""
     shared = fast_path_obstacle(model)
     if shared is not None:
         return shared
     plan = plan_layers(model)
     names = {id(m): n or "model" for n, m in model.named_modules()}
-    others = [names[id(m)] for m in plan.fast if not isinstance(m, nn.Linear)]
+    others = [names[id(m)] for m in plan.fast if not isinstance(m, ASCENT_LAYERS)]
     others += [name for name, _, _ in plan.slow]
     if others:
         return (
-            f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not nn.Linear (the fast "
-            "ascent rule covers Linear layers only)"
+            f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not nn.Linear or "
+            "nn.Conv2d (the layers the fast ascent shifts per sample)"
         )
     return None
 
@@ -83,24 +90,39 @@ def _positions(calls: list[Tensor], b: int) -> Tensor:
     return flat[0] if len(flat) == 1 else torch.cat(flat, 1)
 
 
-class _Correction:
-    """Forward hook adding sample ``i``'s ascent to a Linear's output,
-    ``s_i sum_s d_s (a_s . x_t + 1)`` over the positions ``s`` of the layer's pass-1 calls.
+class _Shift:
+    """Forward hook adding sample ``i``'s ascent ``s_i`` (its share of ``lam u_i``) to a layer's
+    output. ``still`` (``s_i = 0``: an infinite norm; ``None`` when there is none) gets no shift
+    at all, as ``theta + 0 g_i`` is ``theta`` there (never ``0 * inf``)."""
 
-    The weight's factors are balanced first (:func:`dpfair.privacy.layer_grads._balance`) and
-    ``s_i`` scales the output-gradient factor: a huge input with a zero output gradient, or a
-    zero gradient (``s_i = lam / tiny``), then gives ``0 * finite``, never ``0 * inf``, and moves
-    nothing, as on the materialised path. ``still`` (``s_i = 0``: an infinite norm; ``None``
-    when there is none) gets no shift at all, as ``theta + 0 g_i`` is ``theta`` there.
-    """
+    def __init__(self, scale: Tensor, still: Tensor | None) -> None:
+        self.dtype, self.still = scale.dtype, still
+
+    def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
+        """The change of the layer's output (of ``shape``, or broadcast to it) on its input
+        ``x`` (in the parameters' dtype)."""
+        raise NotImplementedError
+
+    def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        shift = self.shift(args[0].to(self.dtype), output.shape)
+        if self.still is not None:
+            shift = torch.where(self.still.view(-1, *([1] * (shift.dim() - 1))), 0, shift)
+        return output + shift.to(output.dtype)
+
+
+class _LinearShift(_Shift):
+    """A Linear's ascent on ``x_t``: ``s_i sum_s d_s (a_s . x_t + 1)`` over the positions ``s``
+    of its pass-1 calls. The weight's factors are balanced first
+    (:func:`dpfair.privacy.layer_grads._balance`) and ``s_i`` scales the output-gradient factor:
+    a huge input with a zero output gradient, or a zero gradient (``s_i = lam / tiny``), then
+    gives ``0 * finite`` and moves nothing, as on the materialised path."""
 
     def __init__(
         self, module: nn.Linear, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
         still: Tensor | None,
     ) -> None:
-        b, self.dtype = len(scale), scale.dtype
-        scale = scale.view(-1, 1, 1)
-        self.still = still
+        super().__init__(scale, still)
+        b, scale = len(scale), scale.view(-1, 1, 1)
         d = _positions([d for _, d in calls], b)  # (B, T, d_out)
         self.a = self.sd = None
         if module.weight.requires_grad:
@@ -111,30 +133,67 @@ class _Correction:
         if module.bias is not None and module.bias.requires_grad:
             self.sb = (scale * d).sum(1)
 
-    def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        x = args[0].to(self.dtype)
+    def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
         b = x.shape[0]
-        x = x.reshape(b, -1, x.shape[-1])  # (B, T', d_in)
         if self.a is None or self.sd is None:  # bias only
-            shift = self.sb.unsqueeze(1).expand(b, x.shape[1], -1)  # type: ignore[union-attr]
-        elif self.a.shape[1] == 1 and x.shape[1] == 1:  # one position: elementwise
+            return self.sb.view(b, *([1] * (len(shape) - 2)), -1)  # type: ignore[union-attr]
+        x = x.reshape(b, -1, x.shape[-1])  # (B, T', d_in)
+        if self.a.shape[1] == 1 and x.shape[1] == 1:  # one position: elementwise
             coeff = torch.linalg.vecdot(x, self.a)  # (B, 1)
-            shift = coeff * self.sd[:, 0] if self.sb is None else torch.addcmul(
-                self.sb, coeff, self.sd[:, 0]
+            if self.sb is None:
+                return (coeff * self.sd[:, 0]).view(shape)
+            return torch.addcmul(self.sb, coeff, self.sd[:, 0]).view(shape)
+        shift = torch.bmm(torch.bmm(x, self.a.transpose(1, 2)), self.sd)  # T' x T per sample
+        return (shift if self.sb is None else shift + self.sb.unsqueeze(1)).view(shape)
+
+
+class _ConvShift(_Shift):
+    """A convolution's ascent: ``s_i (G_i * x + sum_p d_p)``, ``G_i`` sample ``i``'s weight
+    gradient, materialised once (``B`` kernels, one grouped ``conv2d_weight`` per call) and
+    applied by one grouped convolution with ``B x groups`` groups."""
+
+    def __init__(
+        self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
+        still: Tensor | None,
+    ) -> None:
+        super().__init__(scale, still)
+        self.module, b = module, len(scale)
+        c_out, c_in_g, kh, kw = module.weight.shape
+        self.kernels = None  # (B c_out, c_in / groups, kh, kw): s_i G_i
+        if module.weight.requires_grad:
+            grads = [
+                torch.nn.grad.conv2d_weight(
+                    _pad(module, a).flatten(0, 1).unsqueeze(0), (b * c_out, c_in_g, kh, kw),
+                    d.flatten(0, 1).unsqueeze(0), stride=module.stride, padding=0,
+                    dilation=module.dilation, groups=b * module.groups,
+                )
+                for a, d in calls
+            ]
+            self.kernels = scale.repeat_interleave(c_out).view(-1, 1, 1, 1) * sum(grads)
+        self.sb = None  # s_i sum_p d_p: the bias's shift
+        if module.bias is not None and module.bias.requires_grad:
+            self.sb = scale.view(-1, 1) * sum(d.sum((2, 3)) for _, d in calls)
+
+    def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
+        m, b = self.module, x.shape[0]
+        shift: Tensor | None = None
+        if self.kernels is not None:
+            out = torch.nn.functional.conv2d(
+                _pad(m, x).flatten(0, 1).unsqueeze(0), self.kernels, stride=m.stride,
+                dilation=m.dilation, groups=b * m.groups,
             )
-        else:  # a T' x T product per sample
-            shift = torch.bmm(torch.bmm(x, self.a.transpose(1, 2)), self.sd)
-            if self.sb is not None:
-                shift = shift + self.sb.unsqueeze(1)
-        if self.still is not None:
-            shift = torch.where(self.still.view(-1, *([1] * (shift.dim() - 1))), 0, shift)
-        return output + shift.reshape(output.shape).to(output.dtype)
+            shift = out.view(b, m.out_channels, *out.shape[-2:])
+        if self.sb is None:
+            assert shift is not None
+            return shift
+        bias = self.sb.view(b, -1, 1, 1)
+        return bias if shift is None else shift + bias
 
 
 class AscentGhost(GhostClipping):
     """BAM's ascended per-sample gradients on the fast path (module docstring); the model's
-    trainable layers must all be ``nn.Linear`` (:func:`ghost_ascent_obstacle`). A model with a
-    layer run without the batch axis is served whole by :class:`AscentMaterialized`."""
+    trainable layers must all be :data:`ASCENT_LAYERS` (:func:`ghost_ascent_obstacle`). A model
+    with a layer run without the batch axis is served whole by :class:`AscentMaterialized`."""
 
     keeps_calls = True
 
@@ -155,7 +214,11 @@ class AscentGhost(GhostClipping):
         still = scale == 0
         still = still if bool(still.any()) else None
         hooks = [
-            m.register_forward_hook(_Correction(m, calls, scale, still))  # type: ignore[arg-type]
+            m.register_forward_hook(
+                (_ConvShift if isinstance(m, nn.Conv2d) else _LinearShift)(
+                    m, calls, scale, still  # type: ignore[arg-type]
+                )
+            )
             for m, calls in self._calls.items()
         ]
         try:

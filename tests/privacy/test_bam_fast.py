@@ -2,7 +2,7 @@
 (:class:`dpfair.privacy.ascent.AscentGhost`) give the ascended per-sample gradients of the
 materialised reference (:class:`AscentMaterialized`): the same norms and weighted sums, the same
 samples dropped on huge, NaN and infinite inputs; ``lam = 0`` is DP-SGD; a model with a layer
-other than ``nn.Linear`` is materialised (``"fast"`` refuses it)."""
+other than ``nn.Linear`` or ``nn.Conv2d`` is materialised (``"fast"`` refuses it)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,30 @@ class Twice(nn.Module):
         return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
 
 
+class Convs(nn.Module):
+    """Convolutions with stride, reflect padding, dilation, groups, 'same' padding, no bias,
+    one called twice; input ``(2, 8, 8)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 4, 3, stride=2, padding=1, padding_mode="reflect")
+        self.c2 = nn.Conv2d(4, 4, 3, dilation=2, groups=2, padding="same", bias=False)
+        self.head = nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.c1(x))
+        return self.head(torch.tanh(self.c2(h) + self.c2(0.5 * h)).flatten(1))
+
+
+def esipova_cnn(act: type[nn.Module] = nn.Tanh) -> nn.Module:
+    """Esipova's MNIST CNN at a small width (Conv2d, MaxPool, a Linear head), input 1x28x28."""
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), act(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 4, 3, padding=1), act(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(4 * 7 * 7, 3),
+    )
+
+
 class BatchFree(nn.Module):
     """A Linear run on an input without the batch axis (a learned offset of a constant)."""
 
@@ -73,6 +97,9 @@ MODELS = {
     "sequence_no_bias": (lambda: SeqClassifier(bias=False), (4, 6)),
     "linear_called_twice": (Twice, (5,)),
     "batch_free_call": (BatchFree, (5,)),  # served whole by the materialised ascent
+    "esipova_cnn": (esipova_cnn, (1, 28, 28)),
+    "cnn_relu_inplace": (lambda: esipova_cnn(lambda: nn.ReLU(inplace=True)), (1, 28, 28)),
+    "convolutions": (Convs, (2, 8, 8)),
 }
 
 
@@ -107,10 +134,11 @@ def test_fast_ascent_equals_the_materialised_one(key, b):
     assert (fast_norms - plain_norms).abs().max() > 1e-3  # the ascent did move every batch
 
 
-def test_only_trainable_parameters_ascend():
+@pytest.mark.parametrize(("key", "layer"), [("sequence", "seq"), ("convolutions", "c1")])
+def test_only_trainable_parameters_ascend(key, layer):
     """A frozen weight neither moves nor counts in ``|g_i|``: the bias alone ascends."""
-    model, x, y = model_and_batch("sequence", 7)
-    model.seq.weight.requires_grad_(False)
+    model, x, y = model_and_batch(key, 7)
+    getattr(model, layer).weight.requires_grad_(False)
     (fast, fast_norms), (ref, ref_norms) = both(model, x, y)
     torch.testing.assert_close(fast_norms, ref_norms, atol=TOL, rtol=TOL)
     weights = torch.linspace(0.1, 1.0, 7, dtype=DTYPE)
@@ -122,7 +150,7 @@ SCALES = {torch.float32: (1e30, 1e20), torch.float64: (1e300, 1e160)}
 
 
 @pytest.mark.parametrize("dtype", list(SCALES), ids=["float32", "float64"])
-@pytest.mark.parametrize("key", ["mlp_tanh", "mlp_relu", "sequence"])
+@pytest.mark.parametrize("key", ["mlp_tanh", "mlp_relu", "sequence", "esipova_cnn"])
 def test_huge_nan_and_inf_samples_are_handled_as_materialised(key, dtype):
     """Rows 1, 2 scaled past the dtype's range, 3 NaN, 4 inf, 5 zero: the same samples have a
     finite, infinite or NaN ascended norm on both paths, equal where finite, and the clipped
@@ -177,9 +205,10 @@ def test_the_step_takes_the_fast_ascent_on_linear_models_and_agrees_with_materia
         torch.testing.assert_close(a, r, atol=TOL, rtol=TOL)
 
 
-def test_a_model_with_a_convolution_is_materialised():
-    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2)).to(DTYPE)
+@pytest.mark.parametrize("layer", [nn.LayerNorm(4), nn.Embedding(10, 4)], ids=["norm", "embed"])
+def test_a_model_with_another_layer_is_materialised(layer):
+    model = nn.Sequential(layer, nn.Flatten(), nn.Linear(4, 2)).to(DTYPE)
     step = PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0)
     assert type(step.engine) is AscentMaterialized
-    with pytest.raises(ValueError, match=r"0 is not nn.Linear"):
+    with pytest.raises(ValueError, match=r"0 is not nn.Linear or nn.Conv2d"):
         PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0, engine="fast")
