@@ -122,7 +122,8 @@ SETTINGS = [
             also=(BAM_MATERIALIZED[0],)),
     Setting("Adult MLP, B=2048", "adult", {}, {"name": "mlp", "hidden": [256, 256],
                                                "activation": "tanh"}, 2048, True),
-    Setting("MNIST CNN (esipova_cnn), B=256", "mnist", None, {"name": "esipova_cnn"}, 256, False),
+    Setting("MNIST CNN (esipova_cnn), B=256", "mnist", None, {"name": "esipova_cnn"}, 256, False,
+            also=(BAM_MATERIALIZED[0],)),
     # issue #18's architectures on random inputs (benchmarks/arch_models.py), scaled for a CPU
     Setting(
         "Transformer (Embedding 8000x128, 4 blocks, T=64), B=32", "random_tokens", None,
