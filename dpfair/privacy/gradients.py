@@ -18,8 +18,9 @@ Two implementations of one interface (DESIGN.md section 4):
   layer with trainable parameters is materialised alone, by vmap of that layer
   (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer.
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
-  every per-sample gradient; it serves methods that need them (BAM), models whose parameters
-  are shared between modules, and models with a layer run without the batch axis.
+  every per-sample gradient; it serves BAM where its fast ascent does not
+  (:mod:`dpfair.privacy.ascent`), models whose parameters are shared between modules, and
+  models with a layer run without the batch axis.
 
 ``loss_fn(outputs, y)`` must return per-sample losses (``reduction="none"``). Samples must not
 interact in the forward pass (no BatchNorm in training mode).

@@ -71,7 +71,7 @@ class PrivateStep:
         sigma: noise multiplier of the gradient.
         expected_batch_size: ``q n``, the divisor of the summed update.
         engine: ``"auto"``, ``"fast"`` or ``"materialized"`` per-sample gradient path; the
-            method may override it (BAM is materialised).
+            method may override it (BAM is materialised on layers its fast ascent lacks).
         loss_fn: per-sample loss ``(outputs, y) -> (B,)``; default cross-entropy.
         max_physical_batch: process larger batches in chunks of at most this many samples
             (module docstring); ``None``: one chunk.
