@@ -25,6 +25,7 @@ rule); samples never mix, so such a sample leaves every other one unchanged.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpfair.privacy.gradients import (
@@ -36,7 +37,13 @@ from dpfair.privacy.gradients import (
     global_norm,
     plan_layers,
 )
-from dpfair.privacy.layer_grads import _balance, _pad, _sq
+from dpfair.privacy.layer_grads import (
+    _balance,
+    _EmbeddingGrads,
+    _norm_layer_grads,
+    _pad,
+    _sq,
+)
 
 
 def ascent_scale(lam: float, norm: Tensor) -> Tensor:
@@ -62,7 +69,9 @@ class AscentMaterialized(Materialized):
 
 
 #: Layers :class:`AscentGhost` shifts per sample in its second pass.
-ASCENT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
+ASCENT_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.Linear, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.GroupNorm
+)
 
 
 def ghost_ascent_obstacle(model: nn.Module) -> str | None:
@@ -77,8 +86,8 @@ def ghost_ascent_obstacle(model: nn.Module) -> str | None:
     others += [name for name, _, _ in plan.slow]
     if others:
         return (
-            f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not nn.Linear or "
-            "nn.Conv2d (the layers the fast ascent shifts per sample)"
+            f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not among the layers "
+            "the fast ascent shifts per sample (Linear, Conv2d, Embedding, LayerNorm, GroupNorm)"
         )
     return None
 
@@ -100,11 +109,12 @@ class _Shift:
 
     def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
         """The change of the layer's output (of ``shape``, or broadcast to it) on its input
-        ``x`` (in the parameters' dtype)."""
+        ``x`` (floating inputs in the parameters' dtype)."""
         raise NotImplementedError
 
     def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        shift = self.shift(args[0].to(self.dtype), output.shape)
+        x = args[0]
+        shift = self.shift(x.to(self.dtype) if x.is_floating_point() else x, output.shape)
         if self.still is not None:
             shift = torch.where(self.still.view(-1, *([1] * (shift.dim() - 1))), 0, shift)
         return output + shift.to(output.dtype)
@@ -190,6 +200,82 @@ class _ConvShift(_Shift):
         return bias if shift is None else shift + bias
 
 
+class _NormShift(_Shift):
+    """A LayerNorm's or GroupNorm's ascent: ``s_i (x_hat gw_i + gb_i)``, ``x_hat`` the input
+    normalised without the affine part and ``gw_i``, ``gb_i`` sample ``i``'s gradients of the
+    affine weight and bias (small: the size of those parameters)."""
+
+    def __init__(
+        self, module: nn.LayerNorm | nn.GroupNorm, calls: list[tuple[Tensor, Tensor]],
+        scale: Tensor, still: Tensor | None,
+    ) -> None:
+        super().__init__(scale, still)
+        self.module = module
+        per_call = [_norm_layer_grads(module, a, d) for a, d in calls]
+        self.grads = {  # s_i times the per-sample gradient, per affine parameter
+            name: scale.view(-1, *([1] * p.dim())) * sum(c[p] for c in per_call)
+            for name, p in (("weight", module.weight), ("bias", module.bias))
+            if p is not None and p.requires_grad
+        }
+
+    def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
+        m, b = self.module, x.shape[0]
+        if isinstance(m, nn.LayerNorm):
+            inner = len(m.normalized_shape)
+            view = (b, *([1] * (x.dim() - 1 - inner)), *m.normalized_shape)
+            normalised = F.layer_norm(x, m.normalized_shape, eps=m.eps)
+        else:
+            view = (b, m.num_channels, *([1] * (x.dim() - 2)))
+            normalised = F.group_norm(x, m.num_groups, eps=m.eps)
+        shift = self.grads["bias"].view(view) if "bias" in self.grads else x.new_zeros(())
+        if "weight" in self.grads:
+            shift = shift + normalised * self.grads["weight"].view(view)
+        return shift.expand(shape)
+
+
+class _EmbeddingShift(_Shift):
+    """An embedding's ascent: row ``k`` of sample ``i``'s weight moves by
+    ``s_i sum_{t: id_t = k} d_t`` (pass 1's positions), so a position holding token ``k`` is
+    shifted by that row sum: one sorted lookup of (sample, token) keys, never a ``V x d``
+    matrix per sample. Positions holding ``padding_idx`` have no gradient, so no shift."""
+
+    def __init__(
+        self, module: nn.Embedding, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
+        still: Tensor | None,
+    ) -> None:
+        super().__init__(scale, still)
+        grads = _EmbeddingGrads(module, calls)  # ids (B, T), d (B, T, dim), padding zeroed
+        b, t = grads.ids.shape
+        self.v = module.num_embeddings
+        keys = (torch.arange(b, device=grads.ids.device).unsqueeze(1) * self.v + grads.ids)
+        self.keys, inverse = torch.unique(keys.flatten(), return_inverse=True)
+        rows = grads.d.new_zeros(len(self.keys), grads.d.shape[-1])
+        rows.index_add_(0, inverse, grads.d.reshape(b * t, -1))
+        self.rows = scale[self.keys // self.v].unsqueeze(1) * rows
+
+    def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
+        b = x.shape[0]
+        keys = (torch.arange(b, device=x.device).view(-1, *([1] * (x.dim() - 1))) * self.v + x)
+        keys = keys.flatten()
+        at = torch.searchsorted(self.keys, keys).clamp(max=len(self.keys) - 1)
+        found = (self.keys[at] == keys).unsqueeze(1)
+        return torch.where(found, self.rows[at], 0).view(shape)
+
+
+def _shift(
+    module: nn.Module, calls: list[tuple[Tensor, Tensor]], scale: Tensor, still: Tensor | None
+) -> _Shift:
+    """The forward hook shifting ``module``'s output by each sample's ascent."""
+    if isinstance(module, nn.Linear):
+        return _LinearShift(module, calls, scale, still)
+    if isinstance(module, nn.Conv2d):
+        return _ConvShift(module, calls, scale, still)
+    if isinstance(module, nn.Embedding):
+        return _EmbeddingShift(module, calls, scale, still)
+    assert isinstance(module, nn.LayerNorm | nn.GroupNorm)
+    return _NormShift(module, calls, scale, still)
+
+
 class AscentGhost(GhostClipping):
     """BAM's ascended per-sample gradients on the fast path (module docstring); the model's
     trainable layers must all be :data:`ASCENT_LAYERS` (:func:`ghost_ascent_obstacle`). A model
@@ -214,11 +300,7 @@ class AscentGhost(GhostClipping):
         still = scale == 0
         still = still if bool(still.any()) else None
         hooks = [
-            m.register_forward_hook(
-                (_ConvShift if isinstance(m, nn.Conv2d) else _LinearShift)(
-                    m, calls, scale, still  # type: ignore[arg-type]
-                )
-            )
+            m.register_forward_hook(_shift(m, calls, scale, still))
             for m, calls in self._calls.items()
         ]
         try:

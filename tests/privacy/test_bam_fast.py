@@ -2,7 +2,7 @@
 (:class:`dpfair.privacy.ascent.AscentGhost`) give the ascended per-sample gradients of the
 materialised reference (:class:`AscentMaterialized`): the same norms and weighted sums, the same
 samples dropped on huge, NaN and infinite inputs; ``lam = 0`` is DP-SGD; a model with a layer
-other than ``nn.Linear`` or ``nn.Conv2d`` is materialised (``"fast"`` refuses it)."""
+the fast ascent has no shift for is materialised (``"fast"`` refuses it)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from dpfair.privacy.methods import MethodConfig, build_method
 from dpfair.privacy.step import PrivateStep, per_sample_cross_entropy
 
 DTYPE = torch.float64
+VOCAB = 7
 TOL = 1e-5
 LAM = 0.5  # large enough that the ascended gradients differ clearly from the plain ones
 
@@ -72,6 +73,36 @@ def esipova_cnn(act: type[nn.Module] = nn.Tanh) -> nn.Module:
     )
 
 
+class Tokens(nn.Module):
+    """A small transformer-like stack: token (with padding_idx) and position embeddings,
+    LayerNorm (one without bias), a residual Linear, a head on the mean; input ids ``(5,)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(VOCAB, 6, padding_idx=0), nn.Embedding(5, 6)
+        self.ln, self.fc = nn.LayerNorm(6), nn.Linear(6, 6)
+        self.ln2, self.head = nn.LayerNorm(6, bias=False), nn.Linear(6, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+        h = self.ln(self.emb(ids) + self.pos(positions))
+        return self.head(self.ln2(h + torch.tanh(self.fc(h))).mean(1))
+
+
+class GroupNormRes(nn.Module):
+    """Convolutions with GroupNorm and a residual connection (a WideResNet block in small)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.gn1 = nn.Conv2d(2, 4, 3, padding=1), nn.GroupNorm(2, 4)
+        self.c2, self.gn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.GroupNorm(2, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.gn1(self.c1(x)))
+        return self.head((h + torch.relu(self.gn2(self.c2(h)))).mean((2, 3)))
+
+
 class BatchFree(nn.Module):
     """A Linear run on an input without the batch axis (a learned offset of a constant)."""
 
@@ -100,6 +131,8 @@ MODELS = {
     "esipova_cnn": (esipova_cnn, (1, 28, 28)),
     "cnn_relu_inplace": (lambda: esipova_cnn(lambda: nn.ReLU(inplace=True)), (1, 28, 28)),
     "convolutions": (Convs, (2, 8, 8)),
+    "tokens": (Tokens, (5,)),  # integer ids below VOCAB
+    "groupnorm_resnet": (GroupNormRes, (2, 6, 6)),
 }
 
 
@@ -108,7 +141,10 @@ def model_and_batch(key: str, b: int, seed: int = 0, dtype: torch.dtype = DTYPE)
     torch.manual_seed(seed)
     model = make().to(dtype)
     gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(b, *shape, generator=gen, dtype=dtype)
+    if key == "tokens":
+        x = torch.randint(0, VOCAB, (b, *shape), generator=gen)
+    else:
+        x = torch.randn(b, *shape, generator=gen, dtype=dtype)
     return model, x, torch.randint(0, 3, (b,), generator=gen)
 
 
@@ -134,7 +170,9 @@ def test_fast_ascent_equals_the_materialised_one(key, b):
     assert (fast_norms - plain_norms).abs().max() > 1e-3  # the ascent did move every batch
 
 
-@pytest.mark.parametrize(("key", "layer"), [("sequence", "seq"), ("convolutions", "c1")])
+@pytest.mark.parametrize(
+    ("key", "layer"), [("sequence", "seq"), ("convolutions", "c1"), ("tokens", "ln")]
+)
 def test_only_trainable_parameters_ascend(key, layer):
     """A frozen weight neither moves nor counts in ``|g_i|``: the bias alone ascends."""
     model, x, y = model_and_batch(key, 7)
@@ -150,7 +188,9 @@ SCALES = {torch.float32: (1e30, 1e20), torch.float64: (1e300, 1e160)}
 
 
 @pytest.mark.parametrize("dtype", list(SCALES), ids=["float32", "float64"])
-@pytest.mark.parametrize("key", ["mlp_tanh", "mlp_relu", "sequence", "esipova_cnn"])
+@pytest.mark.parametrize(
+    "key", ["mlp_tanh", "mlp_relu", "sequence", "esipova_cnn", "groupnorm_resnet"]
+)
 def test_huge_nan_and_inf_samples_are_handled_as_materialised(key, dtype):
     """Rows 1, 2 scaled past the dtype's range, 3 NaN, 4 inf, 5 zero: the same samples have a
     finite, infinite or NaN ascended norm on both paths, equal where finite, and the clipped
@@ -205,10 +245,23 @@ def test_the_step_takes_the_fast_ascent_on_linear_models_and_agrees_with_materia
         torch.testing.assert_close(a, r, atol=TOL, rtol=TOL)
 
 
-@pytest.mark.parametrize("layer", [nn.LayerNorm(4), nn.Embedding(10, 4)], ids=["norm", "embed"])
+class Scale(nn.Module):
+    """A layer type with no fast rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+@pytest.mark.parametrize(
+    "layer", [Scale(), nn.Embedding(10, 4, max_norm=1.0)], ids=["custom", "embedding_max_norm"]
+)
 def test_a_model_with_another_layer_is_materialised(layer):
     model = nn.Sequential(layer, nn.Flatten(), nn.Linear(4, 2)).to(DTYPE)
     step = PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0)
     assert type(step.engine) is AscentMaterialized
-    with pytest.raises(ValueError, match=r"0 is not nn.Linear or nn.Conv2d"):
+    with pytest.raises(ValueError, match=r"0 is not among the layers the fast ascent shifts"):
         PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0, engine="fast")
