@@ -128,12 +128,13 @@ SETTINGS = [
     Setting(
         "Transformer (Embedding 8000x128, 4 blocks, T=64), B=32", "random_tokens", None,
         {"name": "transformer", "vocab": 8000, "dim": 128, "blocks": 4, "seq": 64}, 32, False,
-        ("nonprivate", "dpsgd", "dpsgd_global", "dp_sat", MATERIALIZED[0]),
+        ("nonprivate", "dpsgd", "dpsgd_global", "dp_sat", "bam", MATERIALIZED[0]),
+        also=(BAM_MATERIALIZED[0],),
     ),
     Setting(
         "WideResNet-16-4 (GroupNorm), 3x16x16, B=32", "random_images", None,
         {"name": "wide_resnet", "size": 16}, 32, False,
-        ("nonprivate", "dpsgd", "dpsgd_global", "dp_sat"),
+        ("nonprivate", "dpsgd", "dpsgd_global", "dp_sat", "bam"),
     ),
 ]
 

@@ -3,19 +3,21 @@
 norm over every trainable parameter).
 
 * :class:`AscentMaterialized` -- the reference: ``vmap`` of two ``grad`` calls per sample.
-* :class:`AscentGhost` -- the fast path for models whose trainable layers are all ``nn.Linear``
-  (inputs ``(B, d)`` or ``(B, ..., d)``) or ``nn.Conv2d``. A Linear's per-sample gradient is
-  low rank in factored form, ``grad_W l_i = sum_t d_t a_t^T`` and ``grad_b l_i = sum_t d_t``
-  (``a`` its input, ``d`` its output gradient, ``t`` over positions), so sample ``i``'s ascended
-  layer applied to an input ``x_t`` is ``W x_t + b + s_i sum_s d_s (a_s . x_t + 1)``,
-  ``s_i = lam / |g_i|``: the shared layer plus a per-sample correction (a ``T x T`` product on
-  sequences). A convolution's correction ``s_i (G_i * x + sum_p d_p)`` needs its per-sample
-  kernels ``G_i`` (``B`` times its weight, formed once per step) and one grouped convolution.
-  Pass 1 is the ghost-clipping pass at ``theta`` (:class:`dpfair.privacy.gradients.GhostClipping`:
-  the factors and ``|g_i|``); pass 2 runs it again with forward hooks adding the corrections
-  (later layers see the ascended activations, as they must), so its ghost norms and weighted sum
-  are those of the ascended gradients. Cost: about two DP-SGD steps, and for a convolution its
-  per-sample kernels.
+* :class:`AscentGhost` -- the fast path for models whose trainable layers all have a shift
+  rule (:data:`ASCENT_LAYERS`: Linear, Conv2d, Embedding, LayerNorm, GroupNorm). A Linear's
+  per-sample gradient is low rank in factored form, ``grad_W l_i = sum_t d_t a_t^T`` and
+  ``grad_b l_i = sum_t d_t`` (``a`` its input, ``d`` its output gradient, ``t`` over
+  positions), so sample ``i``'s ascended layer applied to an input ``x_t`` is
+  ``W x_t + b + s_i sum_s d_s (a_s . x_t + 1)``, ``s_i = lam / |g_i|``: the shared layer plus a
+  per-sample correction (a ``T x T`` product on sequences). A convolution's correction
+  ``s_i (G_i * x + sum_p d_p)`` needs its per-sample kernels ``G_i`` (``B`` times its weight,
+  formed once per step) and one grouped convolution; an embedding's is a per-(sample, token)
+  row sum of ``s_i d``; a norm layer's ``s_i (x_hat gw_i + gb_i)`` uses its small per-sample
+  affine gradients. Pass 1 is the ghost-clipping pass at ``theta``
+  (:class:`dpfair.privacy.gradients.GhostClipping`: the factors and ``|g_i|``); pass 2 runs it
+  again with forward hooks adding the corrections (later layers see the ascended activations,
+  as they must), so its ghost norms and weighted sum are those of the ascended gradients.
+  Cost: about two DP-SGD steps, and for a convolution its per-sample kernels.
 
 Both clamp ``|g_i|`` to the smallest normal number before dividing (a zero gradient moves
 nothing), and a sample with a non-finite norm gets a non-finite ascended norm (weight 0 in the
