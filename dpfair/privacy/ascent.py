@@ -89,7 +89,7 @@ def ghost_ascent_obstacle(model: nn.Module) -> str | None:
     if others:
         return (
             f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not among the layers "
-            "the fast ascent shifts per sample (Linear, Conv2d, Embedding, LayerNorm, GroupNorm)"
+            f"the fast ascent shifts per sample ({', '.join(t.__name__ for t in ASCENT_LAYERS)})"
         )
     return None
 
