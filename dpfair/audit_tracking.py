@@ -4,10 +4,11 @@ package itself never imports mlflow).
 The audit run is a diagnostic, not a release: tag ``dpfair.stage=audit`` (never ``final``,
 so nothing selects or registers it), no model is logged, and its canary scores concern
 canaries, mislabelled ones made from real training records: like the test metrics, it is
-not covered by any run's ε. Logged: per group the ε and μ-GDP lower bounds, the canaries
-(and how many were included), the guesses behind the bound and the claimed ε (a heuristic
-method logs none: its ``dpfair.epsilon`` tag says why); the confidence, β and δ; the table
-as ``audit/audit.json``; the score histograms as ``audit/scores.png``.
+not covered by any run's ε; the privacy ledger records it by that label. Logged: per group
+the ε and μ-GDP lower bounds, the canaries (and how many were included), the guesses behind
+the bound and the claimed ε (a heuristic method logs none: its ``dpfair.epsilon`` tag says
+why); the confidence, β and δ; the table as ``audit/audit.json``; the score histograms as
+``audit/scores.png``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dp_accounting import dp_event
+
 from dpfair.audit import AuditResult, AuditSection, audit
 from dpfair.audit.plot import score_figure
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.errors import ConfigError, did_you_mean
+from dpfair.experiment import ledger_spending
 from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, SECRET_NOISE
 from dpfair.tracking import (
     TrackingConfig,
@@ -51,13 +55,18 @@ def audit_config(params: Params, section: AuditSection) -> TrainConfig:
                                           **section.train_overrides())
 
 
-def audit_from_params(params: Params, section: AuditSection
+def audit_from_params(params: Params, section: AuditSection, root: str | Path = "."
                       ) -> tuple[TrainConfig, GroupedDataset, AuditResult]:
-    """Load ``experiment.dataset`` and audit :func:`audit_config`'s configuration."""
+    """Load ``experiment.dataset`` and audit :func:`audit_config`'s configuration. The audit
+    is recorded in the data source's privacy ledger (``budget.ledger`` under ``root``) as a
+    release without guarantee (:data:`AUDIT_NOTE`): its canary scores use training records."""
     config = audit_config(params, section)
     name = params.experiment.dataset
     dataset = load_dataset(name, params.dataset(name))
-    return config, dataset, audit(config, dataset, section)
+    with ledger_spending(params, root, dp_event.NoOpDpEvent(), config.delta,
+                         f"audit of {section.method}: {AUDIT_NOTE}", command="dpfair audit",
+                         method=section.method):
+        return config, dataset, audit(config, dataset, section)
 
 
 def rows(result: AuditResult) -> list[dict[str, Any]]:

@@ -534,7 +534,7 @@ def _standalone(params: Params, dataset: GroupedDataset) -> tuple[str, dict[str,
 
 
 @contextmanager
-def _ledger_spending(params: Params, root: str | Path, event: dp_event.DpEvent, delta: float,
+def ledger_spending(params: Params, root: str | Path, event: dp_event.DpEvent, delta: float,
                      no_guarantee: str | None, *, skip: str | None = None,
                      **context: str) -> Iterator[Spending | None]:
     """A CLI command's release in the data source's privacy ledger (:mod:`dpfair.source_ledger`,
@@ -568,7 +568,7 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
                              config.reproducible, delta, [plan.test])
     event = release.event if release.has_epsilon else dp_event.NoOpDpEvent()
     no_guarantee = None if release.has_epsilon else f"{label}: {release.no_epsilon_label}"
-    with _ledger_spending(params, root, event, delta, no_guarantee, command="dpfair train",
+    with ledger_spending(params, root, event, delta, no_guarantee, command="dpfair train",
                           method=label, seed=str(seed)) as spend:
         exp_id, data_tags = _standalone(params, dataset)
         result, record = train_logged(config, label, dataset, params.tracking, exp_id, None,
@@ -594,7 +594,7 @@ def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: Grou
                              mode)
     no_guarantee = (None if planned.event is not None and base.method.privacy_guarantee
                     == "proven" else f"{label}: search without a DP guarantee")
-    with _ledger_spending(params, root, planned.event or dp_event.NoOpDpEvent(), job.delta,
+    with ledger_spending(params, root, planned.event or dp_event.NoOpDpEvent(), job.delta,
                           no_guarantee, skip=cfg.study_name, command="dpfair tune",
                           method=label, study=cfg.study_name) as spend:
         exp_id, data_tags = _standalone(params, dataset)

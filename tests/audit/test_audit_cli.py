@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from dpfair.cli import app
 from dpfair.config import parse_params
+from dpfair.source_ledger import SourceLedger
 
 runner = CliRunner()
 
@@ -54,6 +55,10 @@ def test_audit_logs_a_tagged_run_with_bounds_plot_and_no_model(tmp_path, monkeyp
     assert {f.path for f in client.list_artifacts(found.info.run_id)} == {"audit"}  # no model
     png = client.download_artifacts(found.info.run_id, "audit/scores.png", str(tmp_path))
     assert Image.open(png).width <= 1600
+    # the privacy ledger records the audit, by its label (its canary scores have no ε)
+    [recorded] = SourceLedger(tmp_path / ".dpfair" / "privacy_ledger.json").releases("synthetic")
+    assert recorded.context["command"] == "dpfair audit" and recorded.status == "released"
+    assert recorded.epsilon == 0 and "not a release" in recorded.without_guarantee[0]
 
 
 def test_fairlens_audit_shows_no_epsilon(tmp_path, monkeypatch):
