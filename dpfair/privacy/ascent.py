@@ -42,6 +42,8 @@ from dpfair.privacy.gradients import (
 from dpfair.privacy.layer_grads import (
     _balance,
     _EmbeddingGrads,
+    _factor,
+    _gram_is_cheaper,
     _norm_layer_grads,
     _pad,
     _sq,
@@ -161,8 +163,12 @@ class _LinearShift(_Shift):
 
 class _ConvShift(_Shift):
     """A convolution's ascent: ``s_i (G_i * x + sum_p d_p)``, ``G_i`` sample ``i``'s weight
-    gradient, materialised once (``B`` kernels, one grouped ``conv2d_weight`` per call) and
-    applied by one grouped convolution with ``B x groups`` groups."""
+    gradient ``sum_p d_p patch_p^T`` over pass 1's output positions ``p``. Like the engine's
+    norms (the mixed rule), per layer whichever is cheaper: the ``B`` kernels ``G_i``
+    materialised once (one grouped ``conv2d_weight`` per call) and applied by one grouped
+    convolution with ``B x groups`` groups, or, where there are few positions, the Gram form
+    ``s_i sum_p d_p (patch_p . patch'_q)`` of im2col patches (factors balanced as for a Linear).
+    """
 
     def __init__(
         self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
@@ -171,8 +177,16 @@ class _ConvShift(_Shift):
         super().__init__(scale, still)
         self.module, b = module, len(scale)
         c_out, c_in_g, kh, kw = module.weight.shape
+        positions = sum(d.shape[-1] * d.shape[-2] for _, d in calls)
+        self.gram = _gram_is_cheaper(positions, c_in_g * kh * kw, c_out // module.groups)
         self.kernels = None  # (B c_out, c_in / groups, kh, kw): s_i G_i
-        if module.weight.requires_grad:
+        self.factors = None  # Gram form: patches (B, T, G, c_in_g kh kw), s_i d (B, T, G, c_out_g)
+        if module.weight.requires_grad and self.gram:
+            factors = [_factor(module, a, d) for a, d in calls]
+            a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
+            a, d, _, _ = _balance(a, d, _sq(a), _sq(d))
+            self.factors = (a, scale.view(-1, 1, 1, 1) * d)
+        elif module.weight.requires_grad:
             grads = [
                 torch.nn.grad.conv2d_weight(
                     _pad(module, a).flatten(0, 1).unsqueeze(0), (b * c_out, c_in_g, kh, kw),
@@ -189,7 +203,12 @@ class _ConvShift(_Shift):
     def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
         m, b = self.module, x.shape[0]
         shift: Tensor | None = None
-        if self.kernels is not None:
+        if self.factors is not None:
+            a, sd = self.factors
+            patches, _ = _factor(m, x, x.new_empty(shape))  # (B, T', G, c_in_g kh kw)
+            coeff = torch.einsum("bqgi,bpgi->bgqp", patches, a)
+            shift = torch.einsum("bgqp,bpgo->bgoq", coeff, sd).reshape(shape)
+        elif self.kernels is not None:
             out = torch.nn.functional.conv2d(
                 _pad(m, x).flatten(0, 1).unsqueeze(0), self.kernels, stride=m.stride,
                 dilation=m.dilation, groups=b * m.groups,

@@ -64,6 +64,21 @@ class Convs(nn.Module):
         return self.head(torch.tanh(self.c2(h) + self.c2(0.5 * h)).flatten(1))
 
 
+class FewPositions(nn.Module):
+    """Wide convolutions on few positions (the shift's Gram form), one grouped, without bias,
+    called twice; input ``(8, 4, 4)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(8, 16, 3, padding_mode="circular", padding=1, stride=2)
+        self.c2 = nn.Conv2d(16, 16, 2, groups=2, bias=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.c1(x))
+        return self.head(torch.tanh(self.c2(h) + self.c2(h.flip(-1))).flatten(1))
+
+
 def esipova_cnn(act: type[nn.Module] = nn.Tanh) -> nn.Module:
     """Esipova's MNIST CNN at a small width (Conv2d, MaxPool, a Linear head), input 1x28x28."""
     return nn.Sequential(
@@ -131,6 +146,7 @@ MODELS = {
     "esipova_cnn": (esipova_cnn, (1, 28, 28)),
     "cnn_relu_inplace": (lambda: esipova_cnn(lambda: nn.ReLU(inplace=True)), (1, 28, 28)),
     "convolutions": (Convs, (2, 8, 8)),
+    "few_positions": (FewPositions, (8, 4, 4)),
     "tokens": (Tokens, (5,)),  # integer ids below VOCAB
     "groupnorm_resnet": (GroupNormRes, (2, 6, 6)),
 }
@@ -189,7 +205,8 @@ SCALES = {torch.float32: (1e30, 1e20), torch.float64: (1e300, 1e160)}
 
 @pytest.mark.parametrize("dtype", list(SCALES), ids=["float32", "float64"])
 @pytest.mark.parametrize(
-    "key", ["mlp_tanh", "mlp_relu", "sequence", "esipova_cnn", "groupnorm_resnet"]
+    "key",
+    ["mlp_tanh", "mlp_relu", "sequence", "esipova_cnn", "few_positions", "groupnorm_resnet"],
 )
 def test_huge_nan_and_inf_samples_are_handled_as_materialised(key, dtype):
     """Rows 1, 2 scaled past the dtype's range, 3 NaN, 4 inf, 5 zero: the same samples have a
