@@ -134,7 +134,7 @@ SETTINGS = [
     Setting(
         "WideResNet-16-4 (GroupNorm), 3x16x16, B=32", "random_images", None,
         {"name": "wide_resnet", "size": 16}, 32, False,
-        ("nonprivate", "dpsgd", "dpsgd_global", "dp_sat", "bam"),
+        ("nonprivate", "dpsgd", "dpsgd_global", "dp_sat", "bam"), also=(BAM_MATERIALIZED[0],),
     ),
 ]
 
