@@ -118,7 +118,8 @@ class _Shift:
 
     def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
         x = args[0]
-        shift = self.shift(x.to(self.dtype) if x.is_floating_point() else x, output.shape)
+        with torch.autocast(x.device.type, enabled=False):  # the shift in full precision
+            shift = self.shift(x.to(self.dtype) if x.is_floating_point() else x, output.shape)
         if self.still is not None:
             shift = torch.where(self.still.view(-1, *([1] * (shift.dim() - 1))), 0, shift)
         return output + shift.to(output.dtype)
@@ -320,10 +321,9 @@ class AscentGhost(GhostClipping):
         losses, scale = self.losses, ascent_scale(self.lam, norms)
         still = scale == 0
         still = still if bool(still.any()) else None
-        hooks = [
-            m.register_forward_hook(_shift(m, calls, scale, still))
-            for m, calls in self._calls.items()
-        ]
+        with torch.autocast(x.device.type, enabled=False):  # as the engine forms its norms
+            shifts = [(m, _shift(m, calls, scale, still)) for m, calls in self._calls.items()]
+        hooks = [m.register_forward_hook(shift) for m, shift in shifts]
         try:
             norms = super().compute(model, loss_fn, x, y, groups)  # pass 2, ascended
         finally:

@@ -282,3 +282,21 @@ def test_a_model_with_another_layer_is_materialised(layer):
     assert type(step.engine) is AscentMaterialized
     with pytest.raises(ValueError, match=r"0 is not among the layers the fast ascent shifts"):
         PrivateStep(model, bam(LAM), sigma=1.0, expected_batch_size=5.0, engine="fast")
+
+
+@pytest.mark.parametrize("key", ["tokens", "groupnorm_resnet"])
+def test_clipping_bounds_every_ascended_contribution_under_bf16_autocast(key):
+    """Both passes under bf16 autocast: the ascended norms are float32 and each sample's
+    weighted contribution has exactly the norm it was clipped for."""
+    model, x, y = model_and_batch(key, 6, dtype=torch.float32)
+    c = 0.05
+    step = PrivateStep(model, bam(LAM), sigma=0.0, expected_batch_size=1.0, autocast="bf16")
+    assert isinstance(step.engine, AscentGhost)
+    with step._precision(x.device):
+        norms = step.engine.compute(model, per_sample_cross_entropy, x, y)
+    assert norms.dtype == torch.float32 and (norms > c).all()
+    for i in range(len(x)):
+        weights = torch.zeros(len(x))
+        weights[i] = c / float(norms[i])
+        size = torch.cat([g.flatten() for g in step.engine.weighted_grad(weights)]).norm()
+        assert size == pytest.approx(c, rel=1e-4)
