@@ -317,17 +317,20 @@ class AscentGhost(GhostClipping):
     ) -> Tensor:
         norms = super().compute(model, loss_fn, x, y, groups)  # pass 1, at theta
         if self._whole_model() is not None or self.lam == 0:
+            self._calls = {}
             return norms
         losses, scale = self.losses, ascent_scale(self.lam, norms)
         still = scale == 0
         still = still if bool(still.any()) else None
         with torch.autocast(x.device.type, enabled=False):  # as the engine forms its norms
             shifts = [(m, _shift(m, calls, scale, still)) for m, calls in self._calls.items()]
+        self._layers, self._calls = [], {}  # pass 1's state: the shifts hold what they need
         hooks = [m.register_forward_hook(shift) for m, shift in shifts]
         try:
             norms = super().compute(model, loss_fn, x, y, groups)  # pass 2, ascended
         finally:
             for h in hooks:
                 h.remove()
+        self._calls = {}
         self.losses = losses  # the loss at theta, as the materialised path reports
         return norms
