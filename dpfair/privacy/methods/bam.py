@@ -1,7 +1,8 @@
 """BAM, bias-aware minimisation (Knolle et al., Alg. 2 line 4; Eq. 14): DPSGD clipping of
 per-sample gradients taken after a per-sample ascent step,
 ``g_i = grad l_i(theta + lam grad l_i(theta) / |grad l_i(theta)|)``: two ghost-clipping passes
-on models made of Linear layers, else materialised (:mod:`dpfair.privacy.ascent`).
+with per-sample output shifts on models of Linear, Conv2d, Embedding, LayerNorm and GroupNorm
+layers, else materialised (:mod:`dpfair.privacy.ascent`).
 
 Defaults: Knolle Table 2 (CIFAR-10: ``lam = 0.02``).
 """
@@ -33,7 +34,8 @@ class Bam(Dpsgd):
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
         """The fast ascent (:class:`dpfair.privacy.ascent.AscentGhost`) where every trainable
-        layer is an ``nn.Linear``, else the materialised one (``"fast"`` raises instead)."""
+        layer has a shift rule (``ascent.ASCENT_LAYERS``), else the materialised one (``"fast"``
+        raises instead)."""
         if kind == "materialized":
             return AscentMaterialized(self.lam)
         reason = ghost_ascent_obstacle(model)
