@@ -719,9 +719,9 @@ Table: median over rounds, interquartile range, ratio to the *plain SGD* step
 (`loss.mean().backward(); opt.step()`, no per-sample machinery), and how many times faster
 the arm is than the Opacus hooks step. Reference arms are in italics. `nonprivate` is
 dpfair's `NonPrivate` method through `PrivateStep` (one ordinary backward, no per-sample
-work). `bam` forms per-sample *ascended* gradients: two ghost-clipping passes on models of
-Linear layers (`dpfair.privacy.ascent`), else materialised; `bam (materialized engine)` is
-BAM on the vmap path; `dpsgd (materialized engine)` is dpsgd on the torch.func vmap reference
+work). `bam` forms per-sample *ascended* gradients: two ghost-clipping passes with per-sample
+output shifts (`dpfair.privacy.ascent`; materialised on other layers);
+`bam (materialized engine)` is BAM on the vmap path; `dpsgd (materialized engine)` is dpsgd on the torch.func vmap reference
 engine;
 `fairlens` adds two double-backward passes (Hessian-vector products) for its batch
 regularisers. `Opacus ghost clipping` is Opacus's own fast
