@@ -721,8 +721,8 @@ the arm is than the Opacus hooks step. Reference arms are in italics. `nonprivat
 dpfair's `NonPrivate` method through `PrivateStep` (one ordinary backward, no per-sample
 work). `bam` forms per-sample *ascended* gradients: two ghost-clipping passes with per-sample
 output shifts (`dpfair.privacy.ascent`; materialised on other layers);
-`bam (materialized engine)` is BAM on the vmap path; `dpsgd (materialized engine)` is dpsgd on the torch.func vmap reference
-engine;
+`bam (materialized engine)` is BAM on the vmap path; `dpsgd (materialized engine)` is dpsgd
+on the torch.func vmap reference engine;
 `fairlens` adds two double-backward passes (Hessian-vector products) for its batch
 regularisers. `Opacus ghost clipping` is Opacus's own fast
 path (`GradSampleModuleFastGradientClipping`), for information. `noise draw alone` is the
