@@ -40,13 +40,13 @@ from dpfair.privacy.gradients import (
     plan_layers,
 )
 from dpfair.privacy.layer_grads import (
-    _balance,
-    _EmbeddingGrads,
-    _factor,
-    _gram_is_cheaper,
-    _norm_layer_grads,
-    _pad,
-    _sq,
+    EmbeddingGrads,
+    balance_factors,
+    gram_is_cheaper,
+    layer_factors,
+    norm_layer_grads,
+    padded_input,
+    row_sq_norms,
 )
 
 
@@ -128,9 +128,10 @@ class _Shift:
 class _LinearShift(_Shift):
     """A Linear's ascent on ``x_t``: ``s_i sum_s d_s (a_s . x_t + 1)`` over the positions ``s``
     of its pass-1 calls. The weight's factors are balanced first
-    (:func:`dpfair.privacy.layer_grads._balance`) and ``s_i`` scales the output-gradient factor:
-    a huge input with a zero output gradient, or a zero gradient (``s_i = lam / tiny``), then
-    gives ``0 * finite`` and moves nothing, as on the materialised path."""
+    (:func:`dpfair.privacy.layer_grads.balance_factors`) and ``s_i`` scales the output-gradient
+    factor: a huge input with a zero output gradient, or a zero gradient
+    (``s_i = lam / tiny``), then gives ``0 * finite`` and moves nothing, as on the materialised
+    path."""
 
     def __init__(
         self, module: nn.Linear, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
@@ -142,7 +143,7 @@ class _LinearShift(_Shift):
         self.a = self.sd = None
         if module.weight.requires_grad:
             a = _positions([a for a, _ in calls], b)  # (B, T, d_in)
-            self.a, d_w, _, _ = _balance(a, d, _sq(a), _sq(d))
+            self.a, d_w, _, _ = balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
             self.sd = scale * d_w
         self.sb = None  # s_i sum_s d_s: the bias's shift, the same at every position
         if module.bias is not None and module.bias.requires_grad:
@@ -179,18 +180,18 @@ class _ConvShift(_Shift):
         self.module, b = module, len(scale)
         c_out, c_in_g, kh, kw = module.weight.shape
         positions = sum(d.shape[-1] * d.shape[-2] for _, d in calls)
-        self.gram = _gram_is_cheaper(positions, c_in_g * kh * kw, c_out // module.groups)
+        self.gram = gram_is_cheaper(positions, c_in_g * kh * kw, c_out // module.groups)
         self.kernels = None  # (B c_out, c_in / groups, kh, kw): s_i G_i
         self.factors = None  # Gram form: patches (B, T, G, c_in_g kh kw), s_i d (B, T, G, c_out_g)
         if module.weight.requires_grad and self.gram:
-            factors = [_factor(module, a, d) for a, d in calls]
+            factors = [layer_factors(module, a, d) for a, d in calls]
             a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-            a, d, _, _ = _balance(a, d, _sq(a), _sq(d))
+            a, d, _, _ = balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
             self.factors = (a, scale.view(-1, 1, 1, 1) * d)
         elif module.weight.requires_grad:
             grads = [
                 torch.nn.grad.conv2d_weight(
-                    _pad(module, a).flatten(0, 1).unsqueeze(0), (b * c_out, c_in_g, kh, kw),
+                    padded_input(module, a).flatten(0, 1).unsqueeze(0), (b * c_out, c_in_g, kh, kw),
                     d.flatten(0, 1).unsqueeze(0), stride=module.stride, padding=0,
                     dilation=module.dilation, groups=b * module.groups,
                 )
@@ -206,12 +207,12 @@ class _ConvShift(_Shift):
         shift: Tensor | None = None
         if self.factors is not None:
             a, sd = self.factors
-            patches, _ = _factor(m, x, x.new_empty(shape))  # (B, T', G, c_in_g kh kw)
+            patches, _ = layer_factors(m, x, x.new_empty(shape))  # (B, T', G, c_in_g kh kw)
             coeff = torch.einsum("bqgi,bpgi->bgqp", patches, a)
             shift = torch.einsum("bgqp,bpgo->bgoq", coeff, sd).reshape(shape)
         elif self.kernels is not None:
             out = torch.nn.functional.conv2d(
-                _pad(m, x).flatten(0, 1).unsqueeze(0), self.kernels, stride=m.stride,
+                padded_input(m, x).flatten(0, 1).unsqueeze(0), self.kernels, stride=m.stride,
                 dilation=m.dilation, groups=b * m.groups,
             )
             shift = out.view(b, m.out_channels, *out.shape[-2:])
@@ -233,7 +234,7 @@ class _NormShift(_Shift):
     ) -> None:
         super().__init__(scale, still)
         self.module = module
-        per_call = [_norm_layer_grads(module, a, d) for a, d in calls]
+        per_call = [norm_layer_grads(module, a, d) for a, d in calls]
         self.grads = {  # s_i times the per-sample gradient, per affine parameter
             name: scale.view(-1, *([1] * p.dim())) * sum(c[p] for c in per_call)
             for name, p in (("weight", module.weight), ("bias", module.bias))
@@ -266,7 +267,7 @@ class _EmbeddingShift(_Shift):
         still: Tensor | None,
     ) -> None:
         super().__init__(scale, still)
-        grads = _EmbeddingGrads(module, calls)  # ids (B, T), d (B, T, dim), padding zeroed
+        grads = EmbeddingGrads(module, calls)  # ids (B, T), d (B, T, dim), padding zeroed
         b, t = grads.ids.shape
         self.v = module.num_embeddings
         keys = (torch.arange(b, device=grads.ids.device).unsqueeze(1) * self.v + grads.ids)

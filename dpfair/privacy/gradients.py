@@ -214,7 +214,7 @@ class GhostClipping(PerSampleGradients):
             plan = plan_layers(model)
             shared = batch_free_calls(model, plan, x)
             if shared:
-                _log_once(
+                log_once(
                     "per-sample gradients: materialised path, because "
                     f"{', '.join(shared)} run on an input without the batch axis (their output "
                     "gradient sums over samples); give them a batched input, e.g. "
@@ -395,7 +395,7 @@ def fast_path_obstacle(model: nn.Module) -> str | None:
 
 
 @functools.cache
-def _log_once(message: str) -> None:
+def log_once(message: str) -> None:
     log.info(message)
 
 
@@ -417,10 +417,10 @@ def make_engine(model: nn.Module, kind: EngineKind = "auto") -> PerSampleGradien
         why = reason or "; ".join(f"{name} ({why})" for name, _, why in slow)
         raise ValueError(f"the fast per-sample gradient path cannot serve this model: {why}")
     if reason is not None:
-        _log_once(f"per-sample gradients: materialised path, because {reason}")
+        log_once(f"per-sample gradients: materialised path, because {reason}")
         return Materialized()
     if slow:
-        _log_once(
+        log_once(
             "per-sample gradients: fast path; materialised layer by layer for "
             + "; ".join(f"{name} ({why})" for name, _, why in slow)
         )

@@ -8,10 +8,10 @@ small cost", Sec. 3: per layer, ghost norm or materialised, whichever has fewer 
 ghost norm ``|a|^2 |d|^2`` of a Linear applied once per sample (:class:`_DenseGrads`), the
 ``T x T`` Gram trick or the materialised per-sample gradient (:class:`_LayerGrads`), a
 convolution's per-sample weight by kernel taps (:class:`_ConvGrads`), an embedding's sparse
-row scatter (:class:`_EmbeddingGrads`), or the small LayerNorm/GroupNorm parameters
+row scatter (:class:`EmbeddingGrads`), or the small LayerNorm/GroupNorm parameters
 materialised (:class:`PerSampleLayer`). Materialised per-sample gradients only live while a
 layer's norms are formed (in chunks of samples, :data:`CHUNK_ELEMENTS`): the weighted sum is
-one contraction of the kept factors. :func:`_balance` keeps factors whose squares over- or
+one contraction of the kept factors. :func:`balance_factors` keeps factors whose squares over- or
 underflow in range by exact powers of two (see the engine's module docstring, "Overflow").
 Layers not listed here get their per-sample gradients one layer at a time by
 :mod:`dpfair.privacy.layer_fallback`; :func:`materialise_reason` says which and why.
@@ -71,16 +71,16 @@ class _DenseGrads:
     """A layer applied once to each sample (a Linear on ``(B, d_in)`` inputs): its per-sample
     gradient is ``g_i = d_i a_i^T`` (and ``d_i`` for the bias), so
     ``|g_i|^2 = |d_i|^2 |a_i|^2 + |d_i|^2`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``,
-    from the weight's factors after :func:`_balance`."""
+    from the weight's factors after :func:`balance_factors`."""
 
     def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
         self.weight = module.weight if module.weight.requires_grad else None
         self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
-        self.d, sq_d = d, _sq(d)  # the bias gradient
+        self.d, sq_d = d, row_sq_norms(d)  # the bias gradient
         self.a_w, self.d_w = a, d  # the weight's factors
         self.sq = sq_d if self.bias is not None else d.new_zeros(len(d))
         if self.weight is not None:
-            self.a_w, self.d_w, sq_a_w, sq_d_w = _balance(a, d, _sq(a), sq_d)
+            self.a_w, self.d_w, sq_a_w, sq_d_w = balance_factors(a, d, row_sq_norms(a), sq_d)
             self.sq = self.sq + sq_d_w * sq_a_w
 
     def sq_norms(self) -> Tensor:
@@ -107,8 +107,8 @@ class _LayerGrads:
     """A Linear layer on inputs with extra dimensions ``(B, T, d)``, or called several times:
     its per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``.
 
-    ``a``: ``(B, T, 1, d_in)``, ``d``: ``(B, T, 1, d_out)`` (:func:`_factor`'s layout). The
-    weight's factors are kept (balanced, :func:`_balance`); its squared
+    ``a``: ``(B, T, 1, d_in)``, ``d``: ``(B, T, 1, d_out)`` (:func:`layer_factors`'s layout). The
+    weight's factors are kept (balanced, :func:`balance_factors`); its squared
     norms come from the Gram trick or from per-sample gradients materialised a chunk of samples
     at a time, whichever is cheaper, and the weighted sum is one contraction of the factors.
     """
@@ -119,14 +119,14 @@ class _LayerGrads:
         self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
         self.a: Tensor | None = None
         self.d: Tensor | None = None
-        self.gram = _gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1])
+        self.gram = gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1])
         if module.weight.requires_grad:
-            self.a, self.d, _, _ = _balance(a, d, _sq(a), _sq(d))
+            self.a, self.d, _, _ = balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
 
     def sq_norms(self) -> Tensor:
         sq = self.module.weight.new_zeros(self.batch_size)
         if self.bias_grad is not None:
-            sq = sq + _sq(self.bias_grad)
+            sq = sq + row_sq_norms(self.bias_grad)
         if self.a is None or self.d is None:
             return sq
         if self.gram:  # B T^2 (d_in + d_out) flops
@@ -135,7 +135,7 @@ class _LayerGrads:
             return sq + (aa * dd).sum((1, 2, 3))
         _, _, g, d_in = self.a.shape  # materialise, a chunk at a time: B T d_in d_out flops
         parts = [
-            _sq(torch.einsum("btgo,btgi->bgoi", self.d[c], self.a[c]))
+            row_sq_norms(torch.einsum("btgo,btgi->bgoi", self.d[c], self.a[c]))
             for c in _chunks(self.batch_size, g * d_in * self.d.shape[-1])
         ]
         return sq + torch.cat(parts)
@@ -161,7 +161,7 @@ class _ConvGrads:
     """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
     come, a chunk of samples at a time, from the per-sample weight gradients (one batched
     matmul per kernel tap, :func:`_conv_tap_grads`) or, where there are few positions, from
-    the Gram trick over im2col patches (:func:`_factor`), whichever is cheaper; neither the
+    the Gram trick over im2col patches (:func:`layer_factors`), whichever is cheaper; neither the
     per-sample gradients nor the patches outlive their chunk. The weighted sum is one
     convolution weight-gradient of the ``w``-scaled output gradients
     (``torch.nn.grad.conv2d_weight``)."""
@@ -175,25 +175,25 @@ class _ConvGrads:
             self.bias_grad = sum(grad.sum((2, 3)) for _, grad in calls)
         if module.weight.requires_grad:
             for inp, grad in calls:
-                a, d, _, _ = _balance(inp, grad, _sq(inp), _sq(grad))
+                a, d, _, _ = balance_factors(inp, grad, row_sq_norms(inp), row_sq_norms(grad))
                 self.calls.append((a, d))
 
     def _chunk_sq(self, c: slice) -> Tensor:
         m = self.module
         if self.gram:
-            factors = [_factor(m, a[c], d[c]) for a, d in self.calls]
+            factors = [layer_factors(m, a[c], d[c]) for a, d in self.calls]
             a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
             aa = torch.einsum("btgi,bsgi->bgts", a, a)
             dd = torch.einsum("btgo,bsgo->bgts", d, d)
             return (aa * dd).sum((1, 2, 3))
-        taps = sum(_conv_tap_grads(m, _pad(m, a[c]), d[c]) for a, d in self.calls)
+        taps = sum(_conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls)
         return torch.linalg.vector_norm(taps, dim=(0, 2)).square()  # type: ignore[arg-type]
 
     def sq_norms(self) -> Tensor:
         w = self.module.weight
         sq = w.new_zeros(self.batch_size)
         if self.bias_grad is not None:
-            sq = sq + _sq(self.bias_grad)  # type: ignore[arg-type]
+            sq = sq + row_sq_norms(self.bias_grad)  # type: ignore[arg-type]
         if not self.calls:
             return sq
         a, d = self.calls[0]
@@ -212,7 +212,7 @@ class _ConvGrads:
         for a, d in self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
-                _pad(m, mask_rows(a, keep)), m.weight.shape, dw,
+                padded_input(m, mask_rows(a, keep)), m.weight.shape, dw,
                 stride=m.stride, padding=0, dilation=m.dilation, groups=m.groups,
             ))
         if self.bias_grad is not None:
@@ -220,7 +220,7 @@ class _ConvGrads:
             bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
 
 
-class _EmbeddingGrads:
+class EmbeddingGrads:
     """An embedding's per-sample gradient is a sparse row scatter,
     ``g_i = sum_t e_{id_t} d_t^T``, so ``|g_i|^2 = sum_{t, s: id_t = id_s} <d_t, d_s>``: the
     output gradients are summed per (sample, token id) and the row sums squared -- ``B T d``
@@ -243,7 +243,7 @@ class _EmbeddingGrads:
         unique, inverse = torch.unique(keys, return_inverse=True)
         rows = self.d.new_zeros(len(unique), self.d.shape[-1])
         rows.index_add_(0, inverse, self.d.reshape(b * t, -1))
-        return self.d.new_zeros(b).index_add_(0, unique // v, _sq(rows))
+        return self.d.new_zeros(b).index_add_(0, unique // v, row_sq_norms(rows))
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -253,12 +253,12 @@ class _EmbeddingGrads:
         into[self.module.weight].index_add_(0, self.ids.flatten(), dw.reshape(-1, dw.shape[-1]))
 
 
-def _gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
+def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
     """Gram trick (``B T^2 (d_in + d_out)`` flops) vs materialising (``B T d_in d_out``)."""
     return t * (d_in + d_out) < d_in * d_out
 
 
-def _sq(t: Tensor) -> Tensor:
+def row_sq_norms(t: Tensor) -> Tensor:
     """Per-sample squared norm over all but the batch axis."""
     flat = t.reshape(t.shape[0], -1)
     return torch.linalg.vecdot(flat, flat)
@@ -279,7 +279,7 @@ def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
     return exponent, mantissa == 0
 
 
-def _balance(
+def balance_factors(
     a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(a, d, |a_i|^2, |d_i|^2)`` for the factors of per-sample gradients
@@ -306,10 +306,10 @@ def _balance(
     k = torch.div(e_a - e_d, 2, rounding_mode="floor").clamp_(-lim, lim)
     shape = (-1,) + (1,) * (a.dim() - 1)
     a, d = a * powers[lim - k].view(shape), d * powers[lim + k].view(shape)
-    return a, d, _sq(a), _sq(d)
+    return a, d, row_sq_norms(a), row_sq_norms(d)
 
 
-def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
+def layer_factors(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
     """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``.
 
     For a convolution ``a`` holds the im2col patches, so only use this where the Gram trick
@@ -323,7 +323,7 @@ def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, T
     (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
     # im2col from strided views and one copy (aten's CPU im2col is far slower at these sizes):
     # (B, C, H_out, W_out, dh (kh - 1) + 1, dw (kw - 1) + 1), then every dilation-th tap.
-    padded = _pad(module, inp)
+    padded = padded_input(module, inp)
     patches = padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
     patches = patches[..., ::dh, ::dw]
     t = patches.shape[2] * patches.shape[3]
@@ -332,7 +332,7 @@ def _factor(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, T
     return a, d
 
 
-def _pad(module: nn.Conv2d, inp: Tensor) -> Tensor:
+def padded_input(module: nn.Conv2d, inp: Tensor) -> Tensor:
     """The input padded exactly as the module pads it ('same', non-zero padding modes)."""
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
     return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
@@ -383,7 +383,7 @@ class PerSampleLayer:
         self.grads = grads
 
     def sq_norms(self) -> Tensor:
-        return sum(_sq(g) for g in self.grads.values())  # type: ignore[return-value]
+        return sum(row_sq_norms(g) for g in self.grads.values())  # type: ignore[return-value]
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -393,7 +393,7 @@ class PerSampleLayer:
             into[p].view(-1).addmv_(per_sample.T, weights.to(g.dtype))
 
 
-def _norm_layer_grads(
+def norm_layer_grads(
     module: nn.LayerNorm | nn.GroupNorm, inp: Tensor, grad_out: Tensor
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of a LayerNorm's or GroupNorm's affine parameters."""
@@ -417,26 +417,26 @@ def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
     """Whether materialising beats the Gram trick for this convolution's weight."""
     t = grad_out.shape[-2] * grad_out.shape[-1]
     d_in = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-    return not _gram_is_cheaper(t, d_in, module.out_channels // module.groups)
+    return not gram_is_cheaper(t, d_in, module.out_channels // module.groups)
 
 
 def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerGrads:
     """One layer's per-sample gradients from its (input, output gradient) per call."""
     if isinstance(module, nn.Embedding):
-        return _EmbeddingGrads(module, calls)
+        return EmbeddingGrads(module, calls)
     if isinstance(module, nn.Conv2d):
         return _ConvGrads(module, calls)
     if isinstance(module, GHOST_LAYERS):
         if len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2:
             return _DenseGrads(module, *calls[0])
-        factors = [_factor(module, inp, grad) for inp, grad in calls]
+        factors = [layer_factors(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:
             return _LayerGrads(module, *factors[0])
         a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
         return _LayerGrads(module, a, d)
-    per_call = [_norm_layer_grads(module, inp, grad) for inp, grad in calls]
+    per_call = [norm_layer_grads(module, inp, grad) for inp, grad in calls]
     return PerSampleLayer({p: sum(c[p] for c in per_call) for p in per_call[0]})
 
 
 #: What :func:`layer_grads` returns for one layer.
-LayerGrads = _DenseGrads | _LayerGrads | _ConvGrads | _EmbeddingGrads | PerSampleLayer
+LayerGrads = _DenseGrads | _LayerGrads | _ConvGrads | EmbeddingGrads | PerSampleLayer

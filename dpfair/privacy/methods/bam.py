@@ -18,7 +18,7 @@ from dpfair.privacy.ascent import AscentGhost, AscentMaterialized, ghost_ascent_
 from dpfair.privacy.gradients import (
     EngineKind,
     PerSampleGradients,
-    _log_once,
+    log_once,
     modifies_in_place,
 )
 from dpfair.privacy.methods.dpsgd import Dpsgd
@@ -44,7 +44,7 @@ class Bam(Dpsgd):
         if kind == "fast":
             raise ValueError(f"bam's fast path cannot serve this model: {reason}; use engine "
                              "'auto' (materialised ascended gradients)")
-        _log_once(f"bam: per-sample ascended gradients on the materialised path, because {reason}")
+        log_once(f"bam: per-sample ascended gradients on the materialised path, because {reason}")
         return AscentMaterialized(self.lam)
 
 
