@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -56,3 +57,17 @@ SMALL_EXPERIMENT = {
     "methods": {"dpsgd": {"C": 1.0}, "dpsgd_global": {"C0": 1.0, "Z": 5.0}},
     "seeds": [0, 1],
 }
+
+
+def final_runs(db: Path) -> set[tuple[str, str]]:
+    """(method, status) of the final training runs in the MLflow store ``db``."""
+    if not db.exists():
+        return set()
+    try:
+        with sqlite3.connect(db) as con:
+            return set(con.execute(
+                "select m.value, r.status from runs r join tags s on r.run_uuid = s.run_uuid "
+                "join tags m on r.run_uuid = m.run_uuid where s.key = 'dpfair.stage' and "
+                "s.value = 'final' and m.key = 'dpfair.method'").fetchall())
+    except sqlite3.Error:  # tables not created yet
+        return set()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from dpfair.config import load_params
 from dpfair.processes import alive
 from dpfair.tracking import read_results
 from flows.server import marked_owner
-from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
+from tests.flows.conftest import SMALL_EXPERIMENT, final_runs, make_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +31,7 @@ _RUN = "import sys; from flows.experiment import run_experiment; run_experiment(
 
 def _training_started(db: Path) -> bool:
     """Whether a final training run is RUNNING in the MLflow store ``db``."""
-    if not db.exists():
-        return False
-    try:
-        with sqlite3.connect(db) as con:
-            return bool(con.execute(
-                "select 1 from runs join tags on runs.run_uuid = tags.run_uuid where "
-                "runs.status = 'RUNNING' and tags.key = 'dpfair.stage' and "
-                "tags.value = 'final'").fetchone())
-    except sqlite3.Error:  # tables not created yet
-        return False
+    return any(status == "RUNNING" for _, status in final_runs(db))
 
 
 def _servers_of(owner: int) -> list[int]:

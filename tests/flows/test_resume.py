@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from dpfair.resume import find_resumable
 from dpfair.source_ledger import SourceLedger
 from dpfair.tracking import read_results
 from dpfair.training import make_plan
-from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
+from tests.flows.conftest import SMALL_EXPERIMENT, final_runs, make_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -168,20 +167,6 @@ run_experiment(*sys.argv[1:])
 """
 
 
-def _stages(db: Path) -> set[tuple[str, str]]:
-    """(method, status) of the final training runs in the MLflow store ``db``."""
-    if not db.exists():
-        return set()
-    try:
-        with sqlite3.connect(db) as con:
-            return set(con.execute(
-                "select m.value, r.status from runs r join tags s on r.run_uuid = s.run_uuid "
-                "join tags m on r.run_uuid = m.run_uuid where s.key = 'dpfair.stage' and "
-                "s.value = 'final' and m.key = 'dpfair.method'").fetchall())
-    except sqlite3.Error:  # tables not created yet
-        return set()
-
-
 def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path, repo_root,
                                                       monkeypatch):
     from dpfair import experiment
@@ -197,7 +182,7 @@ def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path,
                              str(tmp_path)], cwd=tmp_path, env=env)
     deadline = time.monotonic() + 300
     wanted = {("nonprivate", "FINISHED"), ("dpsgd", "RUNNING")}
-    while not wanted <= _stages(tmp_path / "mlflow.db"):
+    while not wanted <= final_runs(tmp_path / "mlflow.db"):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"the trainings did not reach the kill point (exit {proc.wait()})")
