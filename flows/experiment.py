@@ -49,7 +49,7 @@ from dpfair.resume import (  # noqa: E402
 )
 from dpfair.run_log import pipeline_run_name  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
-from dpfair.source_ledger import Release, SourceLedger, reserve_plan  # noqa: E402
+from dpfair.source_ledger import Release, SourceLedger, reserve, reserve_plan  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
 from dpfair.tracking import (  # noqa: E402
     existing_experiment,
@@ -157,10 +157,9 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
         reserved = reserve_plan(book, prepared.name, source, plan, params.budget,
                                 **artifacts.prefect_tags())  # over the lifetime: refused
     else:  # the crashed run's reservation counts in full; the retrains come on top
-        reserved = book.reserve(prepared.name, source, retry_event(plan, attempts), plan.delta,
-                                lifetime_epsilon=params.budget.lifetime_epsilon,
-                                context={"resumes": earlier.parent_run_id,
-                                         **artifacts.prefect_tags()})
+        reserved = reserve(book, prepared.name, source, retry_event(plan, attempts),
+                           plan.delta, params.budget, resumes=earlier.parent_run_id,
+                           **artifacts.prefect_tags())
     with book.spending(reserved) as spend:
         exp_id = experiment_id(tracking, prepared.name)
         data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
