@@ -566,7 +566,7 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
     release = method_release(label, config.method.privacy_guarantee, [seed], [plan.event], None,
                              config.reproducible, delta, [plan.test])
-    event = release.event if release.has_epsilon else dp_event.NoOpDpEvent()
+    event = release.ledger_event
     no_guarantee = None if release.has_epsilon else f"{label}: {release.no_epsilon_label}"
     with ledger_spending(params, root, event, delta, no_guarantee, command="dpfair train",
                           method=label, seed=str(seed)) as spend:
