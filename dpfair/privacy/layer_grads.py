@@ -73,14 +73,24 @@ class _DenseGrads:
     ``|g_i|^2 = |d_i|^2 |a_i|^2 + |d_i|^2`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``,
     from the weight's factors after :func:`balance_factors`."""
 
-    def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
+    __slots__ = ("weight", "bias", "d", "a_w", "d_w", "sq")
+
+    def __init__(
+        self, module: nn.Linear, a: Tensor, d: Tensor,
+        squares: tuple[Tensor | None, Tensor] | None = None, normal: bool | None = None,
+    ) -> None:
+        """``squares``: ``(|a_i|^2, |d_i|^2)`` if already formed (``|a_i|^2`` only for a
+        trainable weight); ``normal``: whether they are known to be all normal numbers
+        (:func:`dense_layer_grads`), ``None``: check here."""
         self.weight = module.weight if module.weight.requires_grad else None
         self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
-        self.d, sq_d = d, row_sq_norms(d)  # the bias gradient
+        sq_a, sq_d = squares if squares is not None else (None, row_sq_norms(d))
+        self.d = d  # the bias gradient
         self.a_w, self.d_w = a, d  # the weight's factors
         self.sq = sq_d if self.bias is not None else d.new_zeros(len(d))
         if self.weight is not None:
-            self.a_w, self.d_w, sq_a_w, sq_d_w = balance_factors(a, d, row_sq_norms(a), sq_d)
+            sq_a = row_sq_norms(a) if sq_a is None else sq_a
+            self.a_w, self.d_w, sq_a_w, sq_d_w = balance_factors(a, d, sq_a, sq_d, normal)
             self.sq = self.sq + sq_d_w * sq_a_w
 
     def sq_norms(self) -> Tensor:
@@ -94,7 +104,7 @@ class _DenseGrads:
         w = weights.to(self.d.dtype)
         if self.weight is not None:
             a, d = mask_rows(self.a_w, keep), mask_rows(self.d_w, keep)
-            out = into[self.weight].view(d.shape[1], a.shape[1])
+            out = into[self.weight]  # (d_out, d_in), shaped like the weight
             if d.shape[1] <= a.shape[1]:
                 out.addmm_((d * w.unsqueeze(1)).T, a)
             else:
@@ -279,8 +289,20 @@ def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
     return exponent, mantissa == 0
 
 
+def all_normal(squares: list[Tensor]) -> bool:
+    """Whether every entry of ``squares`` (one floating dtype) is a normal number: neither
+    zero, subnormal, infinite nor NaN. One reduction (NaN propagates through it) and one
+    read, for any number of tensors."""
+    flat = torch.cat(squares) if len(squares) > 1 else squares[0]
+    if flat.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(flat)
+    info = torch.finfo(flat.dtype)
+    return info.tiny <= float(lo) and float(hi) <= info.max
+
+
 def balance_factors(
-    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor
+    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor, normal: bool | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(a, d, |a_i|^2, |d_i|^2)`` for the factors of per-sample gradients
     ``g_i = sum_t d_t a_t^T``, given their squared norms, rescaled where products could overflow.
@@ -293,10 +315,12 @@ def balance_factors(
     exact) and both factors now have about the magnitude ``sqrt(max_jk |d_j a_k|)``: squared
     norms, Gram products and their products overflow or underflow only where ``|g_i|^2`` does,
     and the weighted sum's ``w_i a`` or ``w_i d`` stays near ``s / sqrt(|g_i|)`` for a weight
-    ``w_i = s / |g_i|``.
+    ``w_i = s / |g_i|``. ``normal``: the outcome of that check if the caller made it
+    already (:func:`all_normal` of ``sq_a`` and ``sq_d``, e.g. for several layers at once).
     """
-    squares, info = torch.stack([sq_a, sq_d]), torch.finfo(a.dtype)
-    if bool((squares.clamp(info.tiny, info.max) == squares).all()):  # NaN and inf fail too
+    if normal is None:
+        normal = all_normal([sq_a, sq_d])
+    if normal:
         return a, d, sq_a, sq_d
     e_a, zero_a = _exponents(a)
     e_d, zero_d = _exponents(d)
@@ -420,6 +444,30 @@ def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
     return not gram_is_cheaper(t, d_in, module.out_channels // module.groups)
 
 
+def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
+    """A Linear called once on ``(B, d_in)`` inputs (:class:`_DenseGrads`)."""
+    return len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2
+
+
+def model_layer_grads(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]) -> list[LayerGrads]:
+    """:func:`layer_grads` of every layer, in order, with one overflow check
+    (:func:`all_normal`) for the factors of all dense layers together: when it passes, none of
+    them needs :func:`balance_factors`'s rescaling; otherwise each layer makes its own check."""
+    dense: dict[nn.Module, tuple[Tensor | None, Tensor]] = {}
+    for module, calls in per_layer.items():
+        if _is_dense(module, calls):
+            a, d = calls[0]
+            dense[module] = (row_sq_norms(a) if module.weight.requires_grad else None,
+                             row_sq_norms(d))
+    checked = [sq for module, pair in dense.items() if module.weight.requires_grad for sq in pair]
+    normal = all_normal(checked) if checked else None  # type: ignore[arg-type]
+    return [
+        _DenseGrads(module, *calls[0], dense[module], normal or None)  # type: ignore[arg-type]
+        if module in dense else layer_grads(module, calls)
+        for module, calls in per_layer.items()
+    ]
+
+
 def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerGrads:
     """One layer's per-sample gradients from its (input, output gradient) per call."""
     if isinstance(module, nn.Embedding):
@@ -427,7 +475,7 @@ def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerG
     if isinstance(module, nn.Conv2d):
         return _ConvGrads(module, calls)
     if isinstance(module, GHOST_LAYERS):
-        if len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2:
+        if _is_dense(module, calls):
             return _DenseGrads(module, *calls[0])
         factors = [layer_factors(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:
