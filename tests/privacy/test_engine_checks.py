@@ -38,7 +38,10 @@ def test_all_normal_is_the_clamp_check(dtype):
     assert all_normal([torch.empty(0, dtype=dtype)])
 
 
-def _calls(kind: str, dtype: torch.dtype) -> dict[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+Calls = dict[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def _calls(kind: str, dtype: torch.dtype) -> Calls:
     """Captured (input, output gradient) of three dense layers (one without bias, one with a
     frozen weight) and one Linear on a sequence, with one sample's factors made ``kind``."""
     torch.manual_seed(0)
