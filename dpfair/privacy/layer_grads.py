@@ -101,7 +101,7 @@ class _DenseGrads:
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
         all finite). The weights scale the narrower factor, ``a`` or ``d``."""
-        w = weights.to(self.d.dtype)
+        w = in_dtype(weights, self.d.dtype)
         if self.weight is not None:
             a, d = mask_rows(self.a_w, keep), mask_rows(self.d_w, keep)
             out = into[self.weight]  # (d_out, d_in), shaped like the weight
@@ -155,7 +155,7 @@ class _LayerGrads:
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
         all finite)."""
-        m, w = self.module, weights.to(self.module.weight.dtype)
+        m, w = self.module, in_dtype(weights, self.module.weight.dtype)
         b = len(weights)
         if self.a is not None and self.d is not None:
             a, d = mask_rows(self.a, keep), mask_rows(self.d, keep)
@@ -218,7 +218,7 @@ class _ConvGrads:
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
-        m, w = self.module, weights.to(self.module.weight.dtype)
+        m, w = self.module, in_dtype(weights, self.module.weight.dtype)
         for a, d in self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
@@ -259,7 +259,7 @@ class EmbeddingGrads:
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
-        dw = mask_rows(self.d, keep) * weights.to(self.d.dtype).view(-1, 1, 1)
+        dw = mask_rows(self.d, keep) * in_dtype(weights, self.d.dtype).view(-1, 1, 1)
         into[self.module.weight].index_add_(0, self.ids.flatten(), dw.reshape(-1, dw.shape[-1]))
 
 
@@ -270,8 +270,13 @@ def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
 
 def row_sq_norms(t: Tensor) -> Tensor:
     """Per-sample squared norm over all but the batch axis."""
-    flat = t.reshape(t.shape[0], -1)
+    flat = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
     return torch.linalg.vecdot(flat, flat)
+
+
+def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype`` (no call at all where it is already)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 @functools.cache
@@ -414,7 +419,7 @@ class PerSampleLayer:
     ) -> None:
         for p, g in self.grads.items():
             per_sample = mask_rows(g, keep).reshape(len(g), -1)
-            into[p].view(-1).addmv_(per_sample.T, weights.to(g.dtype))
+            into[p].view(-1).addmv_(per_sample.T, in_dtype(weights, g.dtype))
 
 
 def norm_layer_grads(

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from dpfair.errors import ConfigError
 from dpfair.privacy.gradients import EngineKind, LossFn, trainable_parameters
+from dpfair.privacy.layer_grads import in_dtype
 from dpfair.privacy.methods.base import Method, State
 
 
@@ -176,8 +177,8 @@ class PrivateStep:
         else:
             flat.zero_()
         return [
-            part.view_as(p) if p.dtype == flat.dtype else part.view_as(p).to(p.dtype)
-            for part, p in zip(flat.split(self.sizes), self.params, strict=True)
+            in_dtype(part.view_as(p), p.dtype)
+            for part, p in zip(flat.split_with_sizes(self.sizes), self.params, strict=True)
         ]
 
     def _plain_step(self, x: Tensor, y: Tensor) -> StepInfo:
