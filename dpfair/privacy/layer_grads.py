@@ -301,9 +301,9 @@ def all_normal(squares: list[Tensor]) -> bool:
     flat = torch.cat(squares) if len(squares) > 1 else squares[0]
     if flat.numel() == 0:
         return True
-    lo, hi = torch.aminmax(flat)
+    lo, hi = torch.stack(torch.aminmax(flat)).tolist()  # one device sync
     info = torch.finfo(flat.dtype)
-    return info.tiny <= float(lo) and float(hi) <= info.max
+    return info.tiny <= lo and hi <= info.max
 
 
 def balance_factors(
