@@ -12,7 +12,9 @@ row scatter (:class:`EmbeddingGrads`), or the small LayerNorm/GroupNorm paramete
 materialised (:class:`PerSampleLayer`). Materialised per-sample gradients only live while a
 layer's norms are formed (in chunks of samples, :data:`CHUNK_ELEMENTS`): the weighted sum is
 one contraction of the kept factors. :func:`balance_factors` keeps factors whose squares over- or
-underflow in range by exact powers of two (see the engine's module docstring, "Overflow").
+underflow in range by exact powers of two (see the engine's module docstring, "Overflow");
+:func:`model_layer_grads` makes that check once for all dense layers of a model (a small MLP's
+step is dominated by such per-layer bookkeeping) and per layer only when it fails.
 Layers not listed here get their per-sample gradients one layer at a time by
 :mod:`dpfair.privacy.layer_fallback`; :func:`materialise_reason` says which and why.
 """
