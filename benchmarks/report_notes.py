@@ -21,9 +21,10 @@ CARRIED = ("*Carried over unchanged from the previous report: this table was not
 
 def markdown_flags(lines: Sequence[str]) -> list[str]:
     """``method.column`` of every ⚠ cell in the markdown tables of a rendered section (Zhao's
-    rows are ``method@ε``, its columns lose their `` published`` suffix)."""
+    rows are ``method@ε``, its columns lose their `` published`` suffix), each once (a
+    released-code table repeats the cells of the table above it)."""
     cells, header = [], None
-    for line in lines:
+    for line in (ln for chunk in lines for ln in chunk.splitlines()):  # a table may be one str
         if not line.startswith("|"):
             header = None
             continue
@@ -34,7 +35,7 @@ def markdown_flags(lines: Sequence[str]) -> list[str]:
             label = f"{row[1]}@{row[0]}" if header[0] == "ε" else row[0]
             cells += [f"{label}.{col.removesuffix(' published')}"
                       for col, cell in zip(header, row, strict=True) if "⚠" in cell]
-    return cells
+    return list(dict.fromkeys(cells))
 
 
 def previous_sections(path: Path) -> dict[str, list[str]]:

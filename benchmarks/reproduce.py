@@ -751,6 +751,7 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
             body, facts[name] = render_table(cfg, result)
         else:
             body, facts[name] = render_zhao(cfg, result)
+            body += flag_reasons(markdown_flags(body), cfg["flag_notes"])
         lines += body
         variant = next((v for v, c in configs.items()
                         if c.get("variant_of") == name and v in results), None)

@@ -22,10 +22,10 @@ from dp_accounting import dp_event
 
 from dpfair.audit import AuditResult, AuditSection, audit
 from dpfair.audit.plot import score_figure
+from dpfair.commands import ledger_spending
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.errors import ConfigError, did_you_mean
-from dpfair.experiment import ledger_spending
 from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, SECRET_NOISE
 from dpfair.tracking import (
     TrackingConfig,

@@ -9,12 +9,9 @@
     dpfair predict --model NAME[/VERSION] --input rows.csv --output preds.csv
     dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
-``@cli_errors`` (on every command; a test checks) is the one error boundary. An expected failure
-is printed as one message that names the problem and the fix, without a traceback, exit code 2:
-every ``dpfair.errors.DpfairError``; a ``ValueError`` or ``LookupError`` raised by dpfair's own
-code; pydantic's ``ValidationError``; ``OSError`` (names the path); MLflow's, Optuna's and
-SQLAlchemy's errors (tracking and storage). Anything else is a bug: its traceback, and a line
-asking to report it with the dpfair version, exit code 1.
+``@cli_errors`` (on every command; a test checks) is the one error boundary
+(:mod:`dpfair.error_boundary`): an expected failure is one message naming the problem and the
+fix, exit code 2; anything else is a bug, with its traceback and a request to report it.
 
 ``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors`` and
 ``dpfair.settings`` at import time; each command imports what it needs when it runs.
@@ -26,39 +23,28 @@ stays one line to copy); no third-party progress bars (MLflow's artifact downloa
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import shutil
-import sys
-import traceback
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
+from dpfair.error_boundary import cli_errors
 from dpfair.errors import (
     ConfigError,
-    DataError,
     DpfairError,
-    PrivacyError,
-    TuningError,
-    UnreachableError,
     format_validation_error,
 )
 from dpfair.settings import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
     from dpfair.config import Params
-
-EXIT_USAGE = 2  # an expected failure (bad input, unreachable service, unwritable path)
-EXIT_BUG = 1
 
 app = typer.Typer(
     name="dpfair",
@@ -70,7 +56,6 @@ data_app = typer.Typer(help="Datasets: list, prepare.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
 console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
@@ -82,90 +67,6 @@ def percent(fraction: float) -> str:
 def score(value: float) -> str:
     """A score or loss: four significant digits."""
     return f"{value:.4g}"
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# The label of a DpfairError's message (the first class that matches).
-_ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
-    (ConfigError, "configuration error"),
-    (DataError, "data error"),
-    (PrivacyError, "privacy error"),
-    (TuningError, "tuning error"),
-    (UnreachableError, "unreachable"),
-)
-_STORAGE_FIX = ("give --storage (or tuning.storage) as sqlite:///FILE, journal:PATH or "
-                "postgresql://USER@HOST/DB, and check that it can be reached and written")
-# The adapters' errors: (module, class, label, fix). Looked up only among modules already
-# imported (no error of another can occur): the boundary itself imports nothing heavy.
-_ADAPTER_ERRORS = (
-    ("mlflow.exceptions", "MlflowException", "tracking error", "check tracking.uri (is the "
-     "server running?) and tracking.artifact_root (may you write there?) in the parameters file"),
-    ("optuna.exceptions", "OptunaError", "storage error", _STORAGE_FIX),
-    ("sqlalchemy.exc", "SQLAlchemyError", "storage error", _STORAGE_FIX),
-)
-
-
-def _raised_by_dpfair(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised in dpfair's own code (a check of ours), not deep in a library."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    module = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
-    return module.split(".")[0] in ("dpfair", "flows", "tasks")
-
-
-def describe_failure(exc: Exception) -> tuple[str, str] | None:
-    """``(label, message with its fix)`` of an expected failure, or None for a bug."""
-    if isinstance(exc, DpfairError):
-        return next((lbl for cls, lbl in _ERROR_KINDS if isinstance(exc, cls)), "error"), str(exc)
-    if isinstance(exc, ValidationError):
-        lines = format_validation_error(exc, BaseModel, prefix=(exc.title,))
-        return "configuration error", (f"{lines}\nfix: correct these values in the parameters "
-                                       "file or the command-line options")
-    if isinstance(exc, OSError):
-        if exc.filename is None:
-            return "system error", str(exc)
-        paths = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
-        return "file error", (f"cannot use {paths}: {exc.strerror}\nfix: check that the path "
-                              "exists (or can be created) and that you may write there, or "
-                              "choose another (--out, --storage, --params, tracking.*)")
-    for module, name, label, fix in _ADAPTER_ERRORS:
-        cls = getattr(sys.modules.get(module), name, None)
-        if isinstance(cls, type) and isinstance(exc, cls):
-            return label, f"{exc}\nfix: {fix}"
-    if isinstance(exc, ValueError | LookupError) and _raised_by_dpfair(exc):
-        return "error", str(exc)
-    return None
-
-
-def cli_errors(func: F) -> F:
-    """The CLI's error boundary: an expected failure is one message, exit code 2; a bug is its
-    traceback and a request to report it, exit code 1 (see the module docstring)."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, typer.BadParameter):
-            raise  # typer's own exits and usage errors
-        except Exception as exc:
-            known = describe_failure(exc)
-            if known is None:
-                from importlib.metadata import version
-
-                traceback.print_exception(exc, file=sys.stderr)
-                err_console.print(f"This is a bug in dpfair {version('dpfair')} (Python "
-                                  f"{sys.version.split()[0]}), not in your input: please report "
-                                  "it with the command you ran and the traceback above.",
-                                  soft_wrap=True, highlight=False, markup=False)
-                raise typer.Exit(EXIT_BUG) from None
-            label, message = known
-            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", message),
-                              soft_wrap=True, highlight=False)
-            raise typer.Exit(EXIT_USAGE) from None
-
-    return wrapper  # type: ignore[return-value]
-
 
 ParamsOption = Annotated[Path | None, typer.Option(
     "--params", "-p",
@@ -343,8 +244,8 @@ def train_cmd(
     params: ParamsOption = None,
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results."""
+    from dpfair.commands import train_standalone
     from dpfair.data import load_dataset
-    from dpfair.experiment import train_standalone
     from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
     from dpfair.tracking import ui_command
     from dpfair.training import REPLAYABLE_NOISE
@@ -391,8 +292,8 @@ def tune_cmd(
     the selected configuration and the epsilons. K and the trials' scores go to a private
     ledger file beside the Optuna storage; with tuning.release: all_trials they are printed
     too, and the search's epsilon is the composition of all K runs."""
+    from dpfair.commands import tune_standalone
     from dpfair.data import load_dataset
-    from dpfair.experiment import tune_standalone
     from dpfair.release import HEURISTIC
     from dpfair.training import REPLAYABLE_NOISE
     from dpfair.tuning.config import check_storage

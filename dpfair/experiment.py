@@ -1,32 +1,29 @@
 """The steps of the experiment pipeline as plain functions (DESIGN.md section 7).
 
-``flows/experiment.py`` only orchestrates these: prepare the data (DVC stage) -> plan what
+``flows/experiment.py`` only orchestrates these: prepare the data (DVC stage,
+:mod:`dpfair.pipeline_data`) -> plan what
 the run releases and check it against the budget, before anything trains
 (:func:`plan_release`, :mod:`dpfair.release`) -> tune each method that has a search space ->
 train every method on every seed plus the non-private reference -> fairness tables,
 significance tests and figures (:mod:`dpfair.summary`) -> MLflow. Every step logs into its
 own MLflow run through explicit run ids, so steps may run in threads or processes.
+``dpfair train`` and ``dpfair tune`` run the same steps alone (:mod:`dpfair.commands`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from dp_accounting import dp_event
 
-from dpfair.checks import check_against_data, check_preprocessing
+from dpfair.checks import check_against_data
 from dpfair.config import Params
-from dpfair.data import GroupedDataset, data_version, load_prepared, prepare, source_version
-from dpfair.errors import ConfigError, DataError, PrivacyError, did_you_mean
+from dpfair.data import GroupedDataset
+from dpfair.errors import ConfigError, PrivacyError, did_you_mean
 from dpfair.fairness import metric_records
 from dpfair.privacy import accounting
 from dpfair.release import (
@@ -49,10 +46,8 @@ from dpfair.run_log import (
     run_name,
 )
 from dpfair.sections import ReleaseMode
-from dpfair.source_ledger import SourceLedger, Spending, reserve
 from dpfair.tracking import (
     TrackingConfig,
-    log_file,
     log_json,
     log_metrics,
     log_params,
@@ -61,7 +56,6 @@ from dpfair.tracking import (
     run,
     set_tags,
 )
-from dpfair.tracking import experiment_id as open_experiment
 from dpfair.training import (
     REPLAYABLE_NOISE,
     TrainConfig,
@@ -81,13 +75,6 @@ RUN_RECORD = "pipeline/run_record.json"
 #: The artifact of a finished search: the selected configuration that the final runs train
 #: (what the search releases, as the params ``selected.*`` also show; no trial seed).
 SELECTED_CONFIG = "selected_config.json"
-@dataclass(frozen=True)
-class PreparedData:
-    name: str
-    path: str
-    version: str
-
-
 @dataclass
 class RunRecord:
     """What a final training leaves for the summary (plain data: crosses process borders).
@@ -123,84 +110,6 @@ class TuneRecord:
     run_id: str
     best_config: dict[str, Any] | None
     tuning_privacy: str
-
-
-# ------------------------------------------------------------------------------------ data
-
-
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def dvc_prepare_stages(root: str | Path) -> tuple[str, ...]:
-    """The datasets that have a ``prepare@<name>`` stage: the ``foreach`` list of ``dvc.yaml``
-    (the one place that list lives). No ``dvc.yaml`` under ``root``: none."""
-    path = Path(root) / "dvc.yaml"
-    if not path.is_file():
-        return ()
-    stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages", {})
-    return tuple(str(name) for name in stages.get("prepare", {}).get("foreach", []))
-
-
-def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> PreparedData:
-    """Run the dataset's DVC ``prepare`` stage and return where it wrote and its version.
-
-    The version is the out hash DVC records in ``dvc.lock``. Without DVC (``pipeline.use_dvc``
-    false, a dataset with no stage, or a params file other than the stage's) the dataset is
-    prepared directly and the version is the md5 of its arrays, the same hash DVC would record.
-    """
-    root = Path(root).resolve()
-    name = params.experiment.dataset
-    out_dir = root / params.pipeline.data_dir
-    uses_stage_params = Path(params_path).resolve() == root / "params.yaml"
-    if params.pipeline.use_dvc and name in dvc_prepare_stages(root) and uses_stage_params:
-        if os.environ.get("DVC_STAGE"):
-            # inside `dvc repro`'s `run` stage: DVC ran prepare@name first (a dependency of
-            # `run`) and holds a lock on it, so a nested reproduce would fail; read its lock
-            version = data_version(name, root / "dvc.lock")
-            if version is None:
-                raise DataError(f"dvc.lock has no prepare@{name} output: run `dvc repro` (it "
-                                f"prepares {name} before the run stage)")
-        else:
-            from dvc.repo import Repo
-
-            os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-            # the stage's command is `python -m dpfair.cli ...`: run it with this interpreter
-            os.environ["PATH"] = (f"{Path(sys.executable).parent}{os.pathsep}"
-                                  f"{os.environ['PATH']}")
-            with Repo(str(root)) as repo:
-                repo.reproduce(f"prepare@{name}")
-            version = data_version(name, root / "dvc.lock")
-        path = root / "data" / "prepared" / name
-    else:
-        prepare(name, params.dataset(name), out_dir)
-        path = out_dir / name
-        version = None
-    version = version or _md5(path / "arrays.npz")
-    return PreparedData(name=name, path=str(path), version=version)
-
-
-def load_data(prepared: PreparedData) -> GroupedDataset:
-    return load_prepared(prepared.path)
-
-
-def log_pipeline_inputs(params: Params, params_path: str | Path, prepared: PreparedData,
-                        dataset: GroupedDataset, tracking: TrackingConfig, run_id: str) -> None:
-    """What a pipeline run was asked to do, on its run: the settings as params (compare page,
-    parallel coordinates), ``params.yaml`` as given and the resolved configuration (defaults
-    filled in) as artifacts under ``config/``, and the dataset as its logged input."""
-    settings = {"experiment": params.experiment.model_dump(mode="json"),
-                "budget": params.budget.model_dump(mode="json"),
-                "tuning": {"release": params.tuning.release, **params.tuning.settings}}
-    log_params(tracking, run_id, settings)
-    log_file(tracking, run_id, params_path, "config")
-    log_text(tracking, run_id, yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False),
-             "config/resolved_params.yaml")
-    log_data_input(tracking, run_id, dataset, prepared.version, prepared.path)
 
 
 # ------------------------------------------------------------------------- release, tuning
@@ -512,105 +421,3 @@ def _run_record(result: TrainResult, label: str, seed: int, run_id: str,
         privacy_guarantee=result.privacy_guarantee, tuning_privacy=tuning_privacy,
         model_uri=model_uri, headline=found,
     )
-
-
-# ------------------------------------------------------------- `dpfair train` / `dpfair tune`
-
-
-def _arrays_md5(dataset: GroupedDataset) -> str:
-    """The md5 of a loaded dataset's arrays (its version when the loader records none)."""
-    digest = hashlib.md5()
-    for split in dataset.splits().values():
-        for tensor in (split.x, split.y, split.g):
-            digest.update(tensor.contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _standalone(params: Params, dataset: GroupedDataset) -> tuple[str, dict[str, str]]:
-    """A CLI command's experiment and data tags (as a pipeline run would have them)."""
-    version = dataset.meta.get("data_version") or _arrays_md5(dataset)
-    exp_id = open_experiment(params.tracking, dataset.name)
-    return exp_id, {"dpfair.dataset": dataset.name, "dpfair.data_version": version}
-
-
-@contextmanager
-def ledger_spending(params: Params, root: str | Path, event: dp_event.DpEvent, delta: float,
-                     no_guarantee: str | None, *, skip: str | None = None,
-                     **context: str) -> Iterator[Spending | None]:
-    """A CLI command's release in the data source's privacy ledger (:mod:`dpfair.source_ledger`,
-    ``budget.ledger`` under ``root``), reserved against ``budget.lifetime_epsilon`` before
-    anything trains and settled when the block ends. ``skip``: a study already recorded (a
-    resumed ``dpfair tune`` continues the same search: nothing new to reserve)."""
-    book = SourceLedger(Path(root) / params.budget.ledger)
-    name = params.experiment.dataset
-    if skip is not None and any(r.counts and r.context.get("study") == skip
-                                for r in book.releases(name)):
-        yield None
-        return
-    reserved = reserve(book, name, source_version(name, params.dataset(name)), event, delta,
-                       params.budget, without_guarantee=[no_guarantee] if no_guarantee else (),
-                       **context)
-    with book.spending(reserved) as spend:
-        spend.may_release()  # the command's MLflow run opens next
-        yield spend
-
-
-def train_standalone(params: Params, label: str, seed: int, dataset: GroupedDataset,
-                     root: str | Path = ".", **overrides: Any) -> tuple[TrainResult, RunRecord]:
-    """``dpfair train``: one method on one seed in a run of its own (no parent), logged like
-    a pipeline's final run; its release is this one training run, recorded in the data
-    source's privacy ledger first (refused over ``budget.lifetime_epsilon``)."""
-    config = params.experiment.train_config(label, seed, **overrides)
-    check_preprocessing(params, dataset)
-    delta = params.budget.delta or config.delta
-    plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
-    release = method_release(label, config.method.privacy_guarantee, [seed], [plan.event], None,
-                             config.reproducible, delta, [plan.test])
-    event = release.event if release.has_epsilon else dp_event.NoOpDpEvent()
-    no_guarantee = None if release.has_epsilon else f"{label}: {release.no_epsilon_label}"
-    with ledger_spending(params, root, event, delta, no_guarantee, command="dpfair train",
-                          method=label, seed=str(seed)) as spend:
-        exp_id, data_tags = _standalone(params, dataset)
-        result, record = train_logged(config, label, dataset, params.tracking, exp_id, None,
-                                      data_tags, release)
-        if spend is not None:
-            spend.context["mlflow_run_id"] = record.run_id
-    return result, record
-
-
-def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: GroupedDataset,
-                    root: str | Path = ".",
-                    ) -> tuple[TuningResult, SearchRelease, MethodRelease, Path]:
-    """``dpfair tune``: a search in a run of its own, logged like a pipeline's search (only
-    what ``tuning.release`` releases, :func:`log_search`); returns the ledger's path too.
-    The search is prepared first (as :func:`plan_release` does): settings it refuses, e.g. a
-    budget it would exceed, leave no MLflow record. Its release (the search's event) is
-    recorded in the data source's privacy ledger once per study: resuming a study continues
-    the same search."""
-    base = params.experiment.train_config(label, params.experiment.seeds[0])
-    job = prepare_search(base.method, base, dataset, cfg)  # refuses bad settings first
-    mode = params.tuning.release
-    planned = search_release(job.cfg, accounting.event_from_json(job.run_event_json), job.k,
-                             mode)
-    no_guarantee = (None if planned.event is not None and base.method.privacy_guarantee
-                    == "proven" else f"{label}: search without a DP guarantee")
-    with ledger_spending(params, root, planned.event or dp_event.NoOpDpEvent(), job.delta,
-                          no_guarantee, skip=cfg.study_name, command="dpfair tune",
-                          method=label, study=cfg.study_name) as spend:
-        exp_id, data_tags = _standalone(params, dataset)
-        with run(params.tracking, exp_id, run_name(dataset.name, f"tune {label}"),
-                 tags={**data_tags, "dpfair.stage": "tuning", "dpfair.method": label,
-                       "dpfair.release": mode}) as run_id:
-            if spend is not None:
-                spend.context["mlflow_run_id"] = run_id
-            log_data_input(params.tracking, run_id, dataset, data_tags["dpfair.data_version"],
-                           dataset.name)
-            result = tune(base.method, base, dataset, cfg)
-            search = search_release(cfg, accounting.event_from_json(
-                result.run_event_json or "null"), result.K, mode)
-            release = method_release(label, base.method.privacy_guarantee, (),
-                                     [search.run_event], search, search.reproducible,
-                                     result.delta)
-            ledger = log_search(params.tracking, exp_id, run_id, label, cfg, result, search,
-                                release, mode)
-    return result, search, release, ledger

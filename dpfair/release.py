@@ -134,6 +134,11 @@ class MethodRelease:
         return dp_event.ComposedDpEvent([t.event for t in self.test_releases])
 
     @property
+    def ledger_event(self) -> dp_event.DpEvent:
+        """What the data source's privacy ledger records (:func:`ledger_event`)."""
+        return ledger_event(self.event if self.has_epsilon else None, self.test_event)
+
+    @property
     def has_epsilon(self) -> bool:
         """Whether an ε describes this release (a proven method; else it has a label)."""
         return self.guarantee == "proven"
@@ -192,6 +197,11 @@ class ReleasePlan:
     @property
     def test_noisy(self) -> bool:
         return self.epsilon_test_total is not None
+
+    @property
+    def ledger_event(self) -> dp_event.DpEvent:
+        """What the data source's privacy ledger records for the run (:func:`ledger_event`)."""
+        return ledger_event(self.event_total, self.test_event_total)
 
     @property
     def without_guarantee(self) -> list[MethodRelease]:
@@ -263,6 +273,21 @@ class ReleasePlan:
         if self.reproducible:
             lines.append(f"reproducible: {REPLAYABLE_NOISE}")
         return lines
+
+
+def ledger_event(training: dp_event.DpEvent | None, test: dp_event.DpEvent | None
+                 ) -> dp_event.DpEvent:
+    """The event a release adds to the data source's cumulative ledger
+    (:mod:`dpfair.source_ledger`): its private training releases and its noisy test-metric
+    releases, composed. Within one run the test rows are other people than the training rows,
+    so the run's own table keeps them on separate lines; across releases they are not: a later
+    version of the source, or another split seed, may put today's test rows into training, so
+    the ledger composes them sequentially (the bound that holds whatever the splits). Exact
+    test metrics are not covered by any ε and add nothing here."""
+    events = [e for e in (training, test) if e is not None]
+    if not events:
+        return dp_event.NoOpDpEvent()
+    return events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
 
 
 def _fmt(eps: float | None) -> str:

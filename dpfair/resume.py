@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from dp_accounting import dp_event
 
 from dpfair.experiment import RUN_RECORD, SELECTED_CONFIG, RunRecord, TuneRecord
+from dpfair.release import ledger_event
 from dpfair.tracking import TrackingConfig, client
 
 if TYPE_CHECKING:
@@ -140,11 +141,17 @@ def _artifact(tracking: TrackingConfig, run: Run, path: str) -> dict | None:
 
 
 def retry_event(plan: ReleasePlan, attempts: dict[tuple[str, int], int]) -> dp_event.DpEvent:
-    """What retraining the unfinished attempted trainings adds (one run event each), to be
-    reserved in the privacy ledger; a no-op when nothing is retrained."""
+    """What retraining the unfinished attempted trainings adds (one run event each, and its
+    noisy test metrics: :func:`dpfair.release.ledger_event`), to be reserved in the privacy
+    ledger; a no-op when nothing is retrained."""
     events = []
     for (label, seed), _ in sorted(attempts.items()):
         release = plan.methods.get(label)
-        if release is not None and release.has_epsilon:
-            events.append(release.run_events[release.seeds.index(seed)])
+        if release is None:
+            continue
+        index = release.seeds.index(seed)
+        test = release.test_releases[index].event if release.test_releases else None
+        event = ledger_event(release.run_events[index] if release.has_epsilon else None, test)
+        if not isinstance(event, dp_event.NoOpDpEvent):
+            events.append(event)
     return dp_event.ComposedDpEvent(events) if events else dp_event.NoOpDpEvent()

@@ -287,10 +287,11 @@ def reserve_plan(ledger: SourceLedger, source: str, version: str, plan: ReleaseP
                  budget: BudgetSection, **context: str) -> Release:
     """Reserve a pipeline run's whole release (:class:`dpfair.release.ReleasePlan`) on
     ``source`` at ``version`` against ``budget.lifetime_epsilon``, with
-    ``budget.disjoint_from_previous``; releases without a guarantee are recorded by label."""
+    ``budget.disjoint_from_previous``: its private releases and its noisy test metrics
+    (:attr:`ReleasePlan.ledger_event`); releases without a guarantee are recorded by label."""
     return reserve(
-        ledger, source, version, plan.event_total, plan.delta, budget,
-        epsilon=plan.epsilon_total,
+        ledger, source, version, plan.ledger_event, plan.delta, budget,
+        epsilon=None if plan.test_noisy else plan.epsilon_total,
         without_guarantee=[f"{m.label}: {m.no_epsilon_label}" for m in plan.without_guarantee],
         **context,
     )

@@ -8,11 +8,11 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from dpfair import experiment, summary
+from dpfair import experiment, pipeline_data, summary
 
-prepare_data = task(experiment.prepare_data, name="prepare_data", retries=2,
+prepare_data = task(pipeline_data.prepare_data, name="prepare_data", retries=2,
                     retry_delay_seconds=2, cache_policy=NO_CACHE)
-load_data = task(experiment.load_data, name="load_data", cache_policy=NO_CACHE)
+load_data = task(pipeline_data.load_data, name="load_data", cache_policy=NO_CACHE)
 plan_release = task(experiment.plan_release, name="plan_release", retries=0,
                     cache_policy=NO_CACHE)
 tune_method = task(experiment.tune_method, name="tune_method", retries=0, cache_policy=NO_CACHE)
@@ -23,7 +23,7 @@ log_release = task(summary.log_release, name="log_release", retries=2, retry_del
                    cache_policy=NO_CACHE)
 log_results = task(summary.log_summary, name="log_results", retries=2,
                    retry_delay_seconds=2, cache_policy=NO_CACHE)
-log_inputs = task(experiment.log_pipeline_inputs, name="log_inputs", retries=2,
+log_inputs = task(pipeline_data.log_pipeline_inputs, name="log_inputs", retries=2,
                   retry_delay_seconds=2, cache_policy=NO_CACHE)
 register_model = task(summary.register_model, name="register_model", retries=2,
                       retry_delay_seconds=2, cache_policy=NO_CACHE)

@@ -17,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typer.testing import CliRunner
 
 from dpfair import __version__
-from dpfair.cli import app, cli_errors, describe_failure, files_status, percent, score
+from dpfair.cli import app, files_status, percent, score
 from dpfair.data import registry
 from dpfair.data.dataset import Split
+from dpfair.error_boundary import cli_errors, describe_failure
 from dpfair.errors import ConfigError
 from dpfair.release import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
 from dpfair.training import REPLAYABLE_NOISE

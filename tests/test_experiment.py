@@ -32,7 +32,7 @@ def test_clip_bound_figure_gets_bounds_only_not_steps_or_released_counts():
 
 def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
     from dpfair.data import available_datasets
-    from dpfair.experiment import dvc_prepare_stages
+    from dpfair.pipeline_data import dvc_prepare_stages
 
     stages = dvc_prepare_stages(repo_root)
     assert "digits" in stages and "adult" in stages
@@ -113,12 +113,8 @@ def pipeline(tmp_path_factory):
     """The flow's steps without Prefect on a tiny config: a proven method, a heuristic one
     and the non-private reference, one seed; the selected model is registered."""
     from dpfair.config import parse_params
-    from dpfair.experiment import (
-        PreparedData,
-        log_pipeline_inputs,
-        plan_release,
-        train_logged,
-    )
+    from dpfair.experiment import plan_release, train_logged
+    from dpfair.pipeline_data import PreparedData, log_pipeline_inputs
     from dpfair.run_log import pipeline_run_name
     from dpfair.summary import log_release, log_summary, register_model, summarise
     from dpfair.tracking import experiment_id, run
@@ -300,7 +296,7 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
 def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, monkeypatch):
     """`dpfair train` / `dpfair tune`: a run each, no parent, named and tagged as the
     pipeline's, holding only what the release covers (no K, no trial score)."""
-    from dpfair.experiment import train_standalone, tune_standalone
+    from dpfair.commands import train_standalone, tune_standalone
     from dpfair.release import SECRET_NOISE
     from dpfair.sections import TuningSection
 

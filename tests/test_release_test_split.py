@@ -100,6 +100,47 @@ def test_the_test_budget_refuses_an_over_spend_or_exact_metrics_before_training(
         check_budget(exact, BudgetSection(test_epsilon=1.0))
 
 
+def test_the_source_ledger_records_the_noisy_test_releases_too(tmp_path):
+    """The cumulative ledger composes a run's training and noisy test releases sequentially
+    (a later version may train on today's test rows); exact metrics add nothing."""
+    from dpfair.resume import retry_event
+    from dpfair.source_ledger import SourceLedger, reserve_plan
+
+    dpsgd = _release("dpsgd", {"name": "dpsgd", "C": 1.0}, NOISY)
+    lens = _release("fairlens", {"name": "fairlens", "C": 1.0}, NOISY)
+    plan = release_plan([dpsgd, lens], DELTA)
+    ledger = SourceLedger(tmp_path / "ledger.json")
+    release = reserve_plan(ledger, "loans", "v1", plan, BudgetSection())
+    tests = [dp_event.GaussianDpEvent(t.noise_multiplier) for m in (dpsgd, lens)
+             for t in m.test_releases for _ in range(t.releases)]
+    expected = _oracle([plan.event_total, *tests], DELTA)
+    assert release.epsilon == pytest.approx(expected, rel=1e-9)
+    assert release.epsilon > plan.epsilon_total  # more than the training alone
+    assert ledger.spent("loans", "v2", DELTA) == pytest.approx(expected, rel=1e-9)
+    # a heuristic method's training is a label; its noisy test release still counts
+    assert release.without_guarantee == ("fairlens: heuristic — no DP guarantee",)
+    assert accounting_epsilon(lens.ledger_event) == pytest.approx(
+        _oracle(tests[len(tests) // 2:], DELTA), rel=1e-9)
+    # exact test metrics: the ledger records the training releases alone
+    exact = release_plan([_release("dpsgd", {"name": "dpsgd", "C": 1.0}, None)], DELTA)
+    alone = reserve_plan(SourceLedger(tmp_path / "exact.json"), "loans", "v1", exact,
+                         BudgetSection())
+    assert alone.epsilon == pytest.approx(_oracle([exact.event_total], DELTA), rel=1e-9)
+    # a resumed run's retrain of dpsgd seed 1 adds that run and its test evaluations
+    retry = retry_event(plan, {("dpsgd", 1): 1, ("fairlens", 0): 1})
+    per_run = dpsgd.test_releases[1]
+    assert accounting_epsilon(retry) == pytest.approx(_oracle(
+        [dpsgd.run_events[1], *[dp_event.GaussianDpEvent(per_run.noise_multiplier)] *
+         per_run.releases, *[dp_event.GaussianDpEvent(lens.test_releases[0].noise_multiplier)] *
+         lens.test_releases[0].releases], DELTA), rel=1e-9)
+
+
+def accounting_epsilon(event: dp_event.DpEvent) -> float:
+    from dpfair.privacy import accounting
+
+    return accounting.epsilon(event, DELTA)
+
+
 # ------------------------------------------------------------------ a small pipeline
 
 
@@ -218,3 +259,15 @@ def test_train_command_prints_the_noisy_label_and_no_count(tmp_path, monkeypatch
     assert "test metrics: noisy (ε 1 at δ 1e-05 for the test split over 1 evaluation;" in text
     assert TEST_METRICS_NOTE not in text and "macro" not in text
     assert "│ minority │" in out.output and "— │" in out.output  # no count released
+    from dpfair.source_ledger import SourceLedger
+
+    (recorded,) = SourceLedger(tmp_path / ".dpfair/privacy_ledger.json").releases("synthetic")
+    config = TrainConfig(method={"name": "dpsgd", "C": 1.0}, model={"name": "logistic_regression"},
+                         epochs=1, batch_size=50, sigma=1.0, delta=1e-5,
+                         test_metrics={"release": "noisy", "epsilon": 1.0})
+    from dpfair.data import load_dataset
+
+    data = load_dataset("synthetic", {"n": 400})
+    plan = make_plan(config, len(data.train), data.n_groups, len(data.test))
+    assert recorded.epsilon == pytest.approx(_oracle([plan.event, plan.test.event], 1e-5),
+                                             rel=1e-9)

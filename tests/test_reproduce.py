@@ -166,6 +166,17 @@ def test_flag_reasons_name_every_flagged_cell(reproduce: ModuleType) -> None:
     assert reproduce.flag_reasons([], notes) == []
 
 
+def test_markdown_flags_list_each_cell_once(reproduce: ModuleType) -> None:
+    """A released-code table under the paper's table flags the same cells again."""
+    table = ["| method | acc_M | acc_F |", "|:--|:--|:--|", "| dpsgd | 1 / 2 ⚠ | 3 / 3 |",
+             "| fairlens | 1 / 1 | 2 / 5 ⚠ |"]
+    assert reproduce.markdown_flags([*table, "", *table]) == ["dpsgd.acc_M", "fairlens.acc_F"]
+    zhao = ["| ε | method | acc_F ours | acc_F published |", "|--:|:--|:--|:--|",
+            "| 0.5 | constant | 0.92 | 0.91 ⚠ |"]
+    assert reproduce.markdown_flags(zhao) == ["constant@0.5.acc_F"]
+    assert reproduce.markdown_flags(["\n".join(zhao), ""]) == ["constant@0.5.acc_F"]
+
+
 def test_previous_sections_are_carried_with_their_claims(
     reproduce: ModuleType, tmp_path: Path
 ) -> None:

@@ -1,0 +1,122 @@
+"""The CLI's one error boundary, ``@cli_errors`` (on every command of :mod:`dpfair.cli`).
+
+An expected failure is printed as one message that names the problem and the fix, without a
+traceback, exit code 2: every ``dpfair.errors.DpfairError``; a ``ValueError`` or
+``LookupError`` raised by dpfair's own code; pydantic's ``ValidationError``; ``OSError`` (names
+the path); MLflow's, Optuna's and SQLAlchemy's errors (tracking and storage). Anything else is
+a bug: its traceback, and a line asking to report it with the dpfair version, exit code 1.
+Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.text import Text
+
+from dpfair.errors import (
+    ConfigError,
+    DataError,
+    DpfairError,
+    PrivacyError,
+    TuningError,
+    UnreachableError,
+    format_validation_error,
+)
+
+__all__ = ["EXIT_BUG", "EXIT_USAGE", "cli_errors", "describe_failure"]
+
+EXIT_USAGE = 2  # an expected failure (bad input, unreachable service, unwritable path)
+EXIT_BUG = 1
+
+err_console = Console(stderr=True, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The label of a DpfairError's message (the first class that matches).
+_ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
+    (ConfigError, "configuration error"),
+    (DataError, "data error"),
+    (PrivacyError, "privacy error"),
+    (TuningError, "tuning error"),
+    (UnreachableError, "unreachable"),
+)
+_STORAGE_FIX = ("give --storage (or tuning.storage) as sqlite:///FILE, journal:PATH or "
+                "postgresql://USER@HOST/DB, and check that it can be reached and written")
+# The adapters' errors: (module, class, label, fix). Looked up only among modules already
+# imported (no error of another can occur): the boundary itself imports nothing heavy.
+_ADAPTER_ERRORS = (
+    ("mlflow.exceptions", "MlflowException", "tracking error", "check tracking.uri (is the "
+     "server running?) and tracking.artifact_root (may you write there?) in the parameters file"),
+    ("optuna.exceptions", "OptunaError", "storage error", _STORAGE_FIX),
+    ("sqlalchemy.exc", "SQLAlchemyError", "storage error", _STORAGE_FIX),
+)
+
+
+def _raised_by_dpfair(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in dpfair's own code (a check of ours), not deep in a library."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] in ("dpfair", "flows", "tasks")
+
+
+def describe_failure(exc: Exception) -> tuple[str, str] | None:
+    """``(label, message with its fix)`` of an expected failure, or None for a bug."""
+    if isinstance(exc, DpfairError):
+        return next((lbl for cls, lbl in _ERROR_KINDS if isinstance(exc, cls)), "error"), str(exc)
+    if isinstance(exc, ValidationError):
+        lines = format_validation_error(exc, BaseModel, prefix=(exc.title,))
+        return "configuration error", (f"{lines}\nfix: correct these values in the parameters "
+                                       "file or the command-line options")
+    if isinstance(exc, OSError):
+        if exc.filename is None:
+            return "system error", str(exc)
+        paths = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        return "file error", (f"cannot use {paths}: {exc.strerror}\nfix: check that the path "
+                              "exists (or can be created) and that you may write there, or "
+                              "choose another (--out, --storage, --params, tracking.*)")
+    for module, name, label, fix in _ADAPTER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return label, f"{exc}\nfix: {fix}"
+    if isinstance(exc, ValueError | LookupError) and _raised_by_dpfair(exc):
+        return "error", str(exc)
+    return None
+
+
+def cli_errors(func: F) -> F:
+    """The CLI's error boundary: an expected failure is one message, exit code 2; a bug is its
+    traceback and a request to report it, exit code 1 (see the module docstring)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.BadParameter):
+            raise  # typer's own exits and usage errors
+        except Exception as exc:
+            known = describe_failure(exc)
+            if known is None:
+                from importlib.metadata import version
+
+                traceback.print_exception(exc, file=sys.stderr)
+                err_console.print(f"This is a bug in dpfair {version('dpfair')} (Python "
+                                  f"{sys.version.split()[0]}), not in your input: please report "
+                                  "it with the command you ran and the traceback above.",
+                                  soft_wrap=True, highlight=False, markup=False)
+                raise typer.Exit(EXIT_BUG) from None
+            label, message = known
+            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", message),
+                              soft_wrap=True, highlight=False)
+            raise typer.Exit(EXIT_USAGE) from None
+
+    return wrapper  # type: ignore[return-value]
