@@ -297,9 +297,11 @@ def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def all_normal(squares: list[Tensor]) -> bool:
-    """Whether every entry of ``squares`` (one floating dtype) is a normal number: neither
-    zero, subnormal, infinite nor NaN. One reduction (NaN propagates through it) and one
-    read, for any number of tensors."""
+    """Whether every entry of ``squares`` is a normal number of its dtype: neither zero,
+    subnormal, infinite nor NaN. One reduction (NaN propagates through it) and one read, for
+    any number of tensors of one dtype."""
+    if any(sq.dtype != squares[0].dtype for sq in squares):
+        return all(all_normal([sq]) for sq in squares)  # each in its own range
     flat = torch.cat(squares) if len(squares) > 1 else squares[0]
     if flat.numel() == 0:
         return True

@@ -38,6 +38,12 @@ def test_all_normal_is_the_clamp_check(dtype):
     assert all_normal([torch.empty(0, dtype=dtype)])
 
 
+def test_all_normal_takes_each_dtype_in_its_own_range():
+    subnormal32 = torch.tensor([1e-40], dtype=torch.float32)  # a normal number in float64
+    assert not all_normal([torch.ones(2, dtype=torch.float64), subnormal32])
+    assert all_normal([torch.ones(2, dtype=torch.float64), torch.ones(2)])
+
+
 Calls = dict[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]
 
 
