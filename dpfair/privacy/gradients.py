@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,7 +51,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from dpfair.privacy.layer_fallback import output_tensors, vmap_layer_grads
-from dpfair.privacy.layer_grads import LayerGrads, layer_grads, mask_rows, materialise_reason
+from dpfair.privacy.layer_grads import (
+    LayerGrads,
+    mask_rows,
+    materialise_reason,
+    model_layer_grads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +128,11 @@ class LayerPlan:
 
     fast: list[nn.Module]
     slow: list[tuple[str, nn.Module, str]]
+
+    @functools.cached_property
+    def fast_ids(self) -> frozenset[int]:
+        """``id`` of every fast layer."""
+        return frozenset(id(m) for m in self.fast)
 
 
 def plan_layers(model: nn.Module) -> LayerPlan:
@@ -208,9 +220,19 @@ class GhostClipping(PerSampleGradients):
         self._params: list[nn.Parameter] = []
         self._all_finite = True
         self._plan: tuple[nn.Module, LayerPlan, Materialized | None] | None = None
+        # the model's parameters and which were trainable when the plan was made
+        self._plan_params: tuple[list[nn.Parameter], list[bool]] = ([], [])
 
     def _layer_plan(self, model: nn.Module, x: Tensor) -> LayerPlan:
-        if self._plan is None or self._plan[0] is not model:
+        """The model's layer plan and trainable parameters (``self._params``), made again only
+        for another model or when a parameter's ``requires_grad`` changed."""
+        every, trainable = self._plan_params
+        if (
+            self._plan is None or self._plan[0] is not model
+            or [p.requires_grad for p in every] != trainable
+        ):
+            every = list(model.parameters())
+            self._plan_params = (every, [p.requires_grad for p in every])
             plan = plan_layers(model)
             shared = batch_free_calls(model, plan, x)
             if shared:
@@ -231,8 +253,9 @@ class GhostClipping(PerSampleGradients):
     def compute(
         self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
     ) -> Tensor:
-        self._params = trainable_parameters(model)
         plan = self._layer_plan(model, x)
+        every, trainable = self._plan_params
+        self._params = [p for p, t in zip(every, trainable, strict=True) if t]
         whole = self._whole_model()
         if whole is not None:
             norms = whole.compute(model, loss_fn, x, y, groups)
@@ -264,11 +287,11 @@ class GhostClipping(PerSampleGradients):
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
         found = iter(torch.autograd.grad(losses.sum(), targets, allow_unused=True))
-        fast = {id(m) for m in plan.fast}
+        fast, batch = plan.fast_ids, x.shape[0]
         per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers = []
         dtype = self._params[0].dtype  # under autocast: norms and sums in the parameters' dtype
-        with torch.autocast(x.device.type, enabled=False):
+        with _autocast_off(x.device.type):
             for module, args, kwargs, outs, versions in calls:
                 if any(o._version != v for o, v in zip(outs, versions, strict=True)):
                     raise RuntimeError(
@@ -276,7 +299,7 @@ class GhostClipping(PerSampleGradients):
                         "use GhostClipping(clone_outputs=True) or an out-of-place activation"
                     )
                 grads = [_cast(next(found), dtype) if o.requires_grad else None for o in outs]
-                if outs[0].dim() == 0 or outs[0].shape[0] != len(x):
+                if outs[0].dim() == 0 or outs[0].shape[0] != batch:
                     raise RuntimeError(f"{module} ran on an input without the batch axis")
                 if id(module) in fast:
                     grad = torch.zeros_like(outs[0], dtype=dtype) if grads[0] is None else grads[0]
@@ -288,14 +311,17 @@ class GhostClipping(PerSampleGradients):
                         [_cast(o.detach(), dtype) for o in outs], grads,
                         tolerance=1e-4 if outs[0].dtype == dtype else 5e-2,
                     ))
-            self._layers += [layer_grads(m, c) for m, c in per_layer.items()]
+            self._layers += model_layer_grads(per_layer)
             self._calls = per_layer if self.keeps_calls else {}
-            norms = sum(
-                (layer.sq_norms() for layer in self._layers), self._params[0].new_zeros(len(x))
+            squares = [layer.sq_norms() for layer in self._layers]
+            norms = functools.reduce(torch.add, squares) if squares else (
+                self._params[0].new_zeros(batch)
             )
             norms = norms.sqrt()
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
-        self._all_finite = bool(torch.isfinite(norms).all())
+        # The norms are >= 0 or NaN, so their sum is finite only if every one is (one reduction;
+        # a sum overflowing on finite norms only takes the masking path, exact as well).
+        self._all_finite = math.isfinite(norms.sum())
         return norms
 
     def _whole_model(self) -> Materialized | None:
@@ -317,6 +343,14 @@ class GhostClipping(PerSampleGradients):
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
             layer.add_weighted(weights, keep, targets)
+
+
+def _autocast_off(device_type: str) -> AbstractContextManager:
+    """Leaves autocast for the norms and sums, where it is on (entering it costs a step of a
+    small model more than the check)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return nullcontext()
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:

@@ -12,7 +12,9 @@ row scatter (:class:`EmbeddingGrads`), or the small LayerNorm/GroupNorm paramete
 materialised (:class:`PerSampleLayer`). Materialised per-sample gradients only live while a
 layer's norms are formed (in chunks of samples, :data:`CHUNK_ELEMENTS`): the weighted sum is
 one contraction of the kept factors. :func:`balance_factors` keeps factors whose squares over- or
-underflow in range by exact powers of two (see the engine's module docstring, "Overflow").
+underflow in range by exact powers of two (see the engine's module docstring, "Overflow");
+:func:`model_layer_grads` makes that check once for all dense layers of a model (a small MLP's
+step is dominated by such per-layer bookkeeping) and per layer only when it fails.
 Layers not listed here get their per-sample gradients one layer at a time by
 :mod:`dpfair.privacy.layer_fallback`; :func:`materialise_reason` says which and why.
 """
@@ -73,14 +75,24 @@ class _DenseGrads:
     ``|g_i|^2 = |d_i|^2 |a_i|^2 + |d_i|^2`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``,
     from the weight's factors after :func:`balance_factors`."""
 
-    def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
+    __slots__ = ("weight", "bias", "d", "a_w", "d_w", "sq")
+
+    def __init__(
+        self, module: nn.Linear, a: Tensor, d: Tensor,
+        squares: tuple[Tensor | None, Tensor] | None = None, normal: bool | None = None,
+    ) -> None:
+        """``squares``: ``(|a_i|^2, |d_i|^2)`` if already formed (``|a_i|^2`` only for a
+        trainable weight); ``normal``: whether they are known to be all normal numbers
+        (:func:`dense_layer_grads`), ``None``: check here."""
         self.weight = module.weight if module.weight.requires_grad else None
         self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
-        self.d, sq_d = d, row_sq_norms(d)  # the bias gradient
+        sq_a, sq_d = squares if squares is not None else (None, row_sq_norms(d))
+        self.d = d  # the bias gradient
         self.a_w, self.d_w = a, d  # the weight's factors
         self.sq = sq_d if self.bias is not None else d.new_zeros(len(d))
         if self.weight is not None:
-            self.a_w, self.d_w, sq_a_w, sq_d_w = balance_factors(a, d, row_sq_norms(a), sq_d)
+            sq_a = row_sq_norms(a) if sq_a is None else sq_a
+            self.a_w, self.d_w, sq_a_w, sq_d_w = balance_factors(a, d, sq_a, sq_d, normal)
             self.sq = self.sq + sq_d_w * sq_a_w
 
     def sq_norms(self) -> Tensor:
@@ -91,10 +103,10 @@ class _DenseGrads:
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
         all finite). The weights scale the narrower factor, ``a`` or ``d``."""
-        w = weights.to(self.d.dtype)
+        w = in_dtype(weights, self.d.dtype)
         if self.weight is not None:
             a, d = mask_rows(self.a_w, keep), mask_rows(self.d_w, keep)
-            out = into[self.weight].view(d.shape[1], a.shape[1])
+            out = into[self.weight]  # (d_out, d_in), shaped like the weight
             if d.shape[1] <= a.shape[1]:
                 out.addmm_((d * w.unsqueeze(1)).T, a)
             else:
@@ -145,7 +157,7 @@ class _LayerGrads:
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
         all finite)."""
-        m, w = self.module, weights.to(self.module.weight.dtype)
+        m, w = self.module, in_dtype(weights, self.module.weight.dtype)
         b = len(weights)
         if self.a is not None and self.d is not None:
             a, d = mask_rows(self.a, keep), mask_rows(self.d, keep)
@@ -208,7 +220,7 @@ class _ConvGrads:
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
-        m, w = self.module, weights.to(self.module.weight.dtype)
+        m, w = self.module, in_dtype(weights, self.module.weight.dtype)
         for a, d in self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
@@ -249,7 +261,7 @@ class EmbeddingGrads:
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
-        dw = mask_rows(self.d, keep) * weights.to(self.d.dtype).view(-1, 1, 1)
+        dw = mask_rows(self.d, keep) * in_dtype(weights, self.d.dtype).view(-1, 1, 1)
         into[self.module.weight].index_add_(0, self.ids.flatten(), dw.reshape(-1, dw.shape[-1]))
 
 
@@ -260,8 +272,13 @@ def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
 
 def row_sq_norms(t: Tensor) -> Tensor:
     """Per-sample squared norm over all but the batch axis."""
-    flat = t.reshape(t.shape[0], -1)
+    flat = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
     return torch.linalg.vecdot(flat, flat)
+
+
+def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype`` (no call at all where it is already)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 @functools.cache
@@ -279,8 +296,22 @@ def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
     return exponent, mantissa == 0
 
 
+def all_normal(squares: list[Tensor]) -> bool:
+    """Whether every entry of ``squares`` is a normal number of its dtype: neither zero,
+    subnormal, infinite nor NaN. One reduction (NaN propagates through it) and one read, for
+    any number of tensors of one dtype."""
+    if any(sq.dtype != squares[0].dtype for sq in squares):
+        return all(all_normal([sq]) for sq in squares)  # each in its own range
+    flat = torch.cat(squares) if len(squares) > 1 else squares[0]
+    if flat.numel() == 0:
+        return True
+    lo, hi = torch.stack(torch.aminmax(flat)).tolist()  # one device sync
+    info = torch.finfo(flat.dtype)
+    return info.tiny <= lo and hi <= info.max
+
+
 def balance_factors(
-    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor
+    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor, normal: bool | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(a, d, |a_i|^2, |d_i|^2)`` for the factors of per-sample gradients
     ``g_i = sum_t d_t a_t^T``, given their squared norms, rescaled where products could overflow.
@@ -293,10 +324,12 @@ def balance_factors(
     exact) and both factors now have about the magnitude ``sqrt(max_jk |d_j a_k|)``: squared
     norms, Gram products and their products overflow or underflow only where ``|g_i|^2`` does,
     and the weighted sum's ``w_i a`` or ``w_i d`` stays near ``s / sqrt(|g_i|)`` for a weight
-    ``w_i = s / |g_i|``.
+    ``w_i = s / |g_i|``. ``normal``: the outcome of that check if the caller made it
+    already (:func:`all_normal` of ``sq_a`` and ``sq_d``, e.g. for several layers at once).
     """
-    squares, info = torch.stack([sq_a, sq_d]), torch.finfo(a.dtype)
-    if bool((squares.clamp(info.tiny, info.max) == squares).all()):  # NaN and inf fail too
+    if normal is None:
+        normal = all_normal([sq_a, sq_d])
+    if normal:
         return a, d, sq_a, sq_d
     e_a, zero_a = _exponents(a)
     e_d, zero_d = _exponents(d)
@@ -390,7 +423,7 @@ class PerSampleLayer:
     ) -> None:
         for p, g in self.grads.items():
             per_sample = mask_rows(g, keep).reshape(len(g), -1)
-            into[p].view(-1).addmv_(per_sample.T, weights.to(g.dtype))
+            into[p].view(-1).addmv_(per_sample.T, in_dtype(weights, g.dtype))
 
 
 def norm_layer_grads(
@@ -420,6 +453,30 @@ def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
     return not gram_is_cheaper(t, d_in, module.out_channels // module.groups)
 
 
+def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
+    """A Linear called once on ``(B, d_in)`` inputs (:class:`_DenseGrads`)."""
+    return len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2
+
+
+def model_layer_grads(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]) -> list[LayerGrads]:
+    """:func:`layer_grads` of every layer, in order, with one overflow check
+    (:func:`all_normal`) for the factors of all dense layers together: when it passes, none of
+    them needs :func:`balance_factors`'s rescaling; otherwise each layer makes its own check."""
+    dense: dict[nn.Module, tuple[Tensor | None, Tensor]] = {}
+    for module, calls in per_layer.items():
+        if _is_dense(module, calls):
+            a, d = calls[0]
+            dense[module] = (row_sq_norms(a) if module.weight.requires_grad else None,
+                             row_sq_norms(d))
+    checked = [sq for module, pair in dense.items() if module.weight.requires_grad for sq in pair]
+    normal = all_normal(checked) if checked else None  # type: ignore[arg-type]
+    return [
+        _DenseGrads(module, *calls[0], dense[module], normal or None)  # type: ignore[arg-type]
+        if module in dense else layer_grads(module, calls)
+        for module, calls in per_layer.items()
+    ]
+
+
 def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerGrads:
     """One layer's per-sample gradients from its (input, output gradient) per call."""
     if isinstance(module, nn.Embedding):
@@ -427,7 +484,7 @@ def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerG
     if isinstance(module, nn.Conv2d):
         return _ConvGrads(module, calls)
     if isinstance(module, GHOST_LAYERS):
-        if len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2:
+        if _is_dense(module, calls):
             return _DenseGrads(module, *calls[0])
         factors = [layer_factors(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from dpfair.errors import ConfigError
 from dpfair.privacy.gradients import EngineKind, LossFn, trainable_parameters
+from dpfair.privacy.layer_grads import in_dtype
 from dpfair.privacy.methods.base import Method, State
 
 
@@ -136,24 +137,25 @@ class PrivateStep:
             grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
             return self._finish(grads, rule.sensitivity, float("nan"))
         chunks = self._chunks(len(x))
+        whole = len(chunks) == 1  # one chunk: no slicing, no replay
+        parts = [(x, y, g)] if whole else [(x[c], y[c], g[c]) for c in chunks]
         rng_states, norms, loss_sum = [], [], 0.0
-        for c in chunks:
-            rng_states.append(_rng_state(x.device) if len(chunks) > 1 else None)
+        for part in parts:
+            rng_states.append(None if whole else _rng_state(x.device))
             with self._precision(x.device):
-                norms.append(self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c]))
+                norms.append(self.engine.compute(self.model, self.loss_fn, *part))
             loss_sum += float(self.engine.losses.sum())
-        rule = self.method.step_rule(torch.cat(norms), g, generator)
+        rule = self.method.step_rule(norms[0] if whole else torch.cat(norms), g, generator)
         grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
         # 1 / (q n) folded into the weights: sum_i (w_i / (q n)) g_i, added in place
         weights = rule.weights / self.expected_batch_size
         for k in reversed(range(len(chunks))):  # the last chunk's state is still held
-            c = chunks[k]
-            w = weights[c]
+            w = weights if whole else weights[chunks[k]]
             if k != len(chunks) - 1:
                 with torch.random.fork_rng(devices=_cuda(x.device)):
                     _set_rng_state(rng_states[k], x.device)  # type: ignore[arg-type]
                     with self._precision(x.device):
-                        again = self.engine.compute(self.model, self.loss_fn, x[c], y[c], g[c])
+                        again = self.engine.compute(self.model, self.loss_fn, *parts[k])
                 w = w * _shrink(norms[k], again)
             self.engine.add_weighted_grad(w, grads)
         return self._finish(grads, rule.sensitivity, loss_sum / len(x))
@@ -175,8 +177,8 @@ class PrivateStep:
         else:
             flat.zero_()
         return [
-            part.view_as(p).to(p.dtype)
-            for part, p in zip(flat.split(self.sizes), self.params, strict=True)
+            in_dtype(part.view_as(p), p.dtype)
+            for part, p in zip(flat.split_with_sizes(self.sizes), self.params, strict=True)
         ]
 
     def _plain_step(self, x: Tensor, y: Tensor) -> StepInfo:
