@@ -37,6 +37,13 @@ class StepRule:
     sensitivity: float
 
 
+def _all_finite(norms: Tensor) -> bool:
+    """Whether every norm is finite, by one reduction: norms are >= 0 or NaN, so their sum is
+    finite only if each is (a sum that overflows on finite norms takes the masking path, which
+    is exact too)."""
+    return math.isfinite(norms.sum())
+
+
 def group_counts(mask: Tensor, groups: Tensor, n_groups: int, dtype: torch.dtype) -> Tensor:
     """``#{i in group k : mask_i}`` for every group ``k``: one sample moves one entry by 1."""
     return torch.bincount(groups[mask], minlength=n_groups)[:n_groups].to(dtype)
@@ -93,8 +100,14 @@ class Method(ABC):
 
         A sample whose gradient norm is not finite gets weight 0, so the update stays finite.
         """
+        return self._rule(norms, groups, _all_finite(norms))
+
+    def _rule(self, norms: Tensor, groups: Tensor, finite: bool) -> StepRule:
+        """:meth:`rule`, told whether every norm is finite (then no sample needs weight 0)."""
         weights, sensitivity = self._weights(norms, groups)
-        return StepRule(torch.where(torch.isfinite(norms), weights, 0.0), float(sensitivity))
+        if not finite:
+            weights = torch.where(torch.isfinite(norms), weights, 0.0)
+        return StepRule(weights, float(sensitivity))
 
     # -- side releases ---------------------------------------------------------------------
 
@@ -124,10 +137,12 @@ class Method(ABC):
         Called once per step with the per-sample gradient norms ``(B,)`` and group ids ``(B,)``;
         count noise is drawn from ``generator``. A NaN norm counts as an infinite one.
         """
-        norms = torch.where(torch.isnan(norms), math.inf, norms)
+        finite = _all_finite(norms)
+        if not finite:
+            norms = torch.where(torch.isnan(norms), math.inf, norms)
         if self.releases_before_clipping:
             self.release(norms, groups, generator)
-        rule = self.rule(norms, groups)
+        rule = self._rule(norms, groups, finite)
         if not self.releases_before_clipping:
             self.release(norms, groups, generator)
         return rule
