@@ -46,7 +46,7 @@ def test_a_method_without_clipping_is_caught(broken, data):
     """White-box Dirac canaries (the strongest; black-box canaries of a model this small and
     this short-trained are not memorised even unclipped, and so prove nothing here)."""
     settings = AuditSettings(canaries=80, kind="gradient", guesses=[0.5, 1.0])
-    result = audit(broken, data, settings)
+    result = audit(broken.model_copy(update={"reproducible": True, "seed": 0}), data, settings)
     for g in result.groups:
         assert g.epsilon_claimed is not None and g.epsilon_claimed < 1.5
         assert g.epsilon_lower_bound > g.epsilon_claimed, g
@@ -59,7 +59,11 @@ def test_a_method_without_clipping_is_caught(broken, data):
     ({"name": "dpsgd_global_adapt", "C0": 1.0, "Z0": 5.0}, "gradient"),
 ])
 def test_real_methods_stay_below_their_claim(data, method, kind):
-    result = audit(_config(method), data, AuditSettings(canaries=80, kind=kind))
+    """A 95 %-confidence lower bound exceeds the true ε in at most 5 % of audits (here about
+    0.1 % of group audits of dpsgd: 1 in 1,200 measured), so the audit replays a fixed seed
+    (``reproducible``) rather than making the suite fail by chance."""
+    config = _config(method, reproducible=True, seed=0)
+    result = audit(config, data, AuditSettings(canaries=80, kind=kind))
     assert [g.group for g in result.groups] == data.group_names
     for g in result.groups:
         assert math.isfinite(g.epsilon_claimed) and g.epsilon_lower_bound < g.epsilon_claimed
