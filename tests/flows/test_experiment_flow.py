@@ -28,7 +28,7 @@ from dpfair.release import (
 )
 from dpfair.tracking import TrackingConfig, experiment_id, read_results
 from dpfair.training import make_plan
-from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
+from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, make_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -249,18 +249,10 @@ def test_results_without_runs_is_a_clear_error(tmp_path):
 
 
 def test_failing_method_keeps_the_others(prefect_harness, tmp_path, repo_root, monkeypatch):
-    from dpfair import experiment
     from flows.experiment import MethodsFailed, run_experiment
 
     monkeypatch.chdir(tmp_path)
-    real_train = experiment.train
-
-    def train_or_fail(config, dataset, callbacks=()):
-        if config.method.name == "dpsgd_global":
-            raise RuntimeError("boom in the middle of training")
-        return real_train(config, dataset, callbacks)
-
-    monkeypatch.setattr(experiment, "train", train_or_fail)
+    fail_training_of(monkeypatch, "dpsgd_global")
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT)
     with pytest.raises(MethodsFailed, match="dpsgd_global: RuntimeError: boom"):
         run_experiment(str(params_path), str(tmp_path))

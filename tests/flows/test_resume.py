@@ -23,7 +23,7 @@ from dpfair.resume import find_resumable
 from dpfair.source_ledger import SourceLedger
 from dpfair.tracking import read_results
 from dpfair.training import make_plan
-from tests.flows.conftest import SMALL_EXPERIMENT, final_runs, make_workspace
+from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, final_runs, make_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -62,13 +62,7 @@ def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_
     tuning = {"mode": "fixed", "n_runs": 2, "spaces": {"dpsgd": {"lr": [0.2, 0.5]}}}
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT, tuning)
     real_train = experiment.train
-
-    def global_fails(config, dataset, callbacks=()):
-        if config.method.name == "dpsgd_global":
-            raise RuntimeError("boom in the middle of training")
-        return real_train(config, dataset, callbacks)
-
-    monkeypatch.setattr(experiment, "train", global_fails)
+    fail_training_of(monkeypatch, "dpsgd_global")
     with pytest.raises(MethodsFailed, match="dpsgd_global"):
         run_experiment(str(params_path), str(tmp_path))
     params = load_params(params_path)
