@@ -395,7 +395,9 @@ def train_logged(
         if config.nonprivate_stats:
             log_json(tracking, run_id, result.nonprivate_stats, "nonprivate_stats.json")
         model_uri = log_model(tracking, experiment_id, run_id, result, dataset,
-                              {"method": label, "seed": str(config.seed), "dpfair.noise": noise})
+                              {"method": label, "seed": str(config.seed), "dpfair.noise": noise},
+                              name=label, params={**config.model_dump(mode="json"),
+                                                  "privacy": facts}, metrics=metrics)
         record = _run_record(result, label, config.seed, run_id, dataset, trajectory, release,
                              tuning_privacy, model_uri, found)
         log_json(tracking, run_id, asdict(record), RUN_RECORD)  # last: the run is complete

@@ -36,13 +36,14 @@ import numpy as np
 import pandas as pd
 import torch
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
 from dpfair.data import GroupedDataset
 from dpfair.errors import DataError
 from dpfair.models import build_model, parse_model_config
-from dpfair.tracking import TrackingConfig, client
+from dpfair.tracking import TrackingConfig, client, flatten, log_metrics
 from dpfair.training import TrainResult
 
 # No third-party progress bars in dpfair's output (saving a model downloads its artifacts).
@@ -170,20 +171,24 @@ def _requirements(has_preprocessor: bool) -> list[str]:
 
 
 def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result: TrainResult,
-              dataset: GroupedDataset, tags: dict[str, str]) -> str:
-    """Log ``result``'s model as an MLflow pyfunc Model of run ``run_id`` (its output in the
-    Models column) with ``tags`` and its :func:`preprocessing_note`, and return its URI
-    ``models:/<model_id>``."""
+              dataset: GroupedDataset, tags: dict[str, str], *, name: str = "model",
+              params: dict[str, Any] | None = None,
+              metrics: dict[str, float] | None = None) -> str:
+    """Log ``result``'s model as an MLflow pyfunc Model named ``name`` (the method) of run
+    ``run_id`` (its output in the Models column) with ``tags`` and its
+    :func:`preprocessing_note`, ``params`` (flattened) and ``metrics`` (the model page's
+    Parameters and Metrics), and return its URI ``models:/<model_id>``."""
     pre = dataset.preprocessor
     columns = list(pre.columns) if pre is not None else feature_columns(dataset.input_shape)
     python_model = DpfairModel(result.config.model.model_dump(mode="json"),
                                result.input_shape, dataset.class_names, columns)
     mlf = client(tracking)
-    logged = mlf.create_logged_model(experiment_id, name="model", source_run_id=run_id,
+    logged = mlf.create_logged_model(experiment_id, name=name, source_run_id=run_id,
                                      tags={**tags, "preprocessing": preprocessing_note(dataset)},
-                                     model_type="classifier")
+                                     params=flatten(params or {}), model_type="classifier")
     try:
         mlf.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        log_metrics(tracking, run_id, metrics or {}, model_id=logged.model_id)
         with tempfile.TemporaryDirectory() as tmp:
             artifacts = {_STATE: str(Path(tmp) / "model_state.pt")}
             torch.save(result.model_state, artifacts[_STATE])
@@ -209,8 +214,11 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
 def model_location(cfg: TrackingConfig, model: str) -> str:
     """Where the files of ``model`` are: a local folder or artifact URI as given; a logged
     model ``models:/<model_id>``; a registered version ``models:/NAME/VERSION`` or
-    ``NAME/VERSION``, ``NAME@ALIAS``, or ``NAME`` (its latest version). Looked up through
-    ``cfg``'s store, never MLflow's process-wide tracking URI (threads share it)."""
+    ``NAME/VERSION``, ``NAME@ALIAS``, or ``NAME`` (its ``@champion``, :mod:`dpfair.registry`).
+    Looked up through ``cfg``'s store, never MLflow's process-wide tracking URI (threads
+    share it)."""
+    from dpfair.registry import CHAMPION
+
     if Path(model).exists() or "://" in model or model.startswith("runs:/"):
         return model
     mlf = client(cfg)
@@ -218,16 +226,19 @@ def model_location(cfg: TrackingConfig, model: str) -> str:
     if ref.startswith("m-") and "/" not in ref:
         return mlf.get_logged_model(ref).artifact_location
     name, _, number = ref.partition("/")
-    if "@" in name:
-        name, _, alias = name.partition("@")
-        number = mlf.get_model_version_by_alias(name, alias).version
+    name, _, alias = name.partition("@")
     if not number:
-        versions = mlf.search_model_versions(f"name = '{name}'")
-        if not versions:
+        if not mlf.search_model_versions(f"name = '{name}'"):
             raise DataError(f"no registered model {name!r} in {cfg.resolved_uri()}: give "
-                            "--model NAME/VERSION of a registered model, models:/<model_id> "
-                            "or a model folder (`dpfair run` registers its selected model)")
-        number = max(int(v.version) for v in versions)
+                            "--model NAME[@ALIAS|/VERSION] of a registered model, "
+                            "models:/<model_id> or a model folder (`dpfair run` registers "
+                            "its selected model)")
+        try:
+            number = mlf.get_model_version_by_alias(name, alias or CHAMPION).version
+        except MlflowException:
+            raise DataError(f"registered model {name!r} has no @{alias or CHAMPION}: give "
+                            f"--model {name}/VERSION, or make a version the champion with "
+                            f"`dpfair promote {name} VERSION`") from None
     return mlf.get_model_version_download_uri(name, str(number))
 
 

@@ -254,6 +254,9 @@ class RegistrySection(BaseModel):
     method: str | None = Field(
         None, description="the method label whose model is registered (None: the method with a "
         "proven guarantee and the best mean worst-group test accuracy, noise not replayable)")
+    criterion: Literal["worst_group_accuracy", "accuracy", "largest_group_gap"] = Field(
+        "worst_group_accuracy", description="a new version becomes @champion when at least as "
+        "good on this test metric at no more ε (else `dpfair promote`)")
 
 
 class PipelineSection(BaseModel):

@@ -1,4 +1,4 @@
-"""What a pipeline run reports (DESIGN.md sections 5 and 7): the results table with each
+"""What a pipeline run reports: the results table with each
 method's two ε columns and the run's total, the notes on what ε covers, the figures, what the
 pipeline's parent MLflow run holds (:func:`log_release`, :func:`log_summary`) and which model
 it registers (:func:`register_model`).
@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpfair import fairness, report
+from dpfair import fairness, registry, report
 from dpfair.config import Params
 from dpfair.data import GroupedDataset
 from dpfair.experiment import REFERENCE, RunRecord
 from dpfair.model_export import preprocessing_note
 from dpfair.privacy import accounting
+from dpfair.registry import EPSILON_TAG
 from dpfair.release import (
     EPSILON_METHOD,
     EPSILON_RUN,
@@ -44,7 +45,6 @@ from dpfair.tracking import (
     log_metrics,
     log_table,
     log_text,
-    register_selected,
     set_tags,
 )
 from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE
@@ -241,53 +241,78 @@ def select_model(runs: list[RunRecord], plan: ReleasePlan, method: str | None = 
     return chosen, rule
 
 
+def _number(value: float) -> str:
+    """A tag's number: six significant digits, ``inf`` when unbounded (machine-readable)."""
+    return f"{value:.6g}"
+
+
 def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
-                  data_version: str, rule: str) -> dict[str, str]:
-    """The tags of a registered model version: method, both ε (or the label of a release
-    without guarantee), δ, guarantee, noise, data version and the fairness summary."""
+                  data_version: str) -> dict[str, str]:
+    """The tags of a registered model version, each a machine-readable value: method, seed,
+    dataset, guarantee, both ε (``inf`` without guarantee), δ, noise, data version and the
+    test headline as fractions (what :mod:`dpfair.registry`'s champion rule reads)."""
     release = plan.methods[record.label]
-    eps_run, eps_method = epsilon_cells(release)
-    worst, gap = (record.headline[k] for k in ("worst_group_accuracy", "largest_group_gap"))
+    unbounded = not release.has_epsilon
     return {
         "method": record.label, "seed": str(record.seed), "dataset": dataset.name,
         "privacy_guarantee": release.guarantee,
-        "epsilon_training_run": eps_run, "epsilon_released_for_method": eps_method,
-        "epsilon_pipeline_total": epsilon_text(plan.epsilon_total) if release.has_epsilon
-        else release.no_epsilon_label,
+        "epsilon_training_run": _number(math.inf if unbounded else release.epsilon_run),
+        EPSILON_TAG: _number(math.inf if unbounded else release.epsilon),
+        "epsilon_pipeline_total": _number(plan.epsilon_total),
         "delta": f"{release.delta:g}",
-        "noise": REPLAYABLE_NOISE if release.reproducible else SECRET_NOISE,
+        "noise": "replayable" if release.reproducible else "secret",
         "data_version": data_version,
-        "worst_group_accuracy": f"{worst:.4f}", "largest_group_gap": f"{gap:.4f}",
-        "fairness_summary": f"test: worst-group accuracy {100 * worst:.1f}%, largest gap "
-                            f"between groups {100 * gap:.1f} points",
-        "preprocessing": preprocessing_note(dataset),
-        "selected_by": rule,
+        **{k: _number(record.headline[k]) for k in COMPARED},
         "source_run_id": record.run_id,
     }
+
+
+def version_description(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
+                        rule: str) -> str:
+    """A registered version's own description: its fairness in percent, what its ε covers,
+    the test metrics' note, how it was selected and its preprocessing."""
+    worst, gap = (100 * record.headline[k] for k in ("worst_group_accuracy",
+                                                     "largest_group_gap"))
+    release = plan.methods[record.label]
+    noise = REPLAYABLE_NOISE if release.reproducible else SECRET_NOISE
+    return (f"{record.label}, seed {record.seed}: test worst-group accuracy {worst:.1f}%, "
+            f"largest gap between groups {gap:.1f} points. {release.epsilon_note}. "
+            f"{plan.test_note()}. Noise: {noise}. Selected as {rule}. Preprocessing: "
+            f"{preprocessing_note(dataset)}.")
 
 
 def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDataset,
                    runs: list[RunRecord], plan: ReleasePlan, data_tags: dict[str, str],
                    parent_run_id: str) -> dict[str, str] | None:
     """Register the selected final model (:func:`select_model`) in MLflow's Model Registry as
-    a new version of ``pipeline.registry.name`` with :func:`registry_tags`; the pipeline run's
-    tag ``dpfair.registered_model`` names it (or says why nothing was registered). Returns
-    ``{"name", "version"}``, or None (registry disabled, or no candidate)."""
+    a new version of ``pipeline.registry.name`` with :func:`registry_tags` and its own
+    description; it becomes ``@challenger``, and ``@champion`` by :mod:`dpfair.registry`'s
+    rule (``pipeline.registry.criterion``). The pipeline run's tag ``dpfair.registered_model``
+    holds ``NAME/VERSION`` or ``none`` (why: its description). Returns ``{"name", "version",
+    "champion"}``, or None (registry disabled, or no candidate)."""
     settings = params.pipeline.registry
     if not settings.enabled:
-        set_tags(tracking, parent_run_id, {"dpfair.registered_model": "none: registry disabled"})
+        set_tags(tracking, parent_run_id, {"dpfair.registered_model": "none"})
         return None
     record, rule = select_model(runs, plan, settings.method)
     if record is None:
-        set_tags(tracking, parent_run_id, {"dpfair.registered_model": f"none: {rule}"})
+        set_tags(tracking, parent_run_id, {"dpfair.registered_model": "none",
+                                           "dpfair.registered_model_reason": rule})
         return None
     name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
     version = dataset.meta.get("data_version") or data_tags.get("dpfair.data_version", "")
-    tags = {**registry_tags(record, plan, dataset, version, rule),
-            "pipeline_run_id": parent_run_id}
-    note = plan.methods[record.label].epsilon_note
-    registered = register_selected(tracking, name, record.model_uri, record.run_id, tags,
-                                   description=f"{note}. {plan.test_note()}")
+    tags = {**registry_tags(record, plan, dataset, version), "pipeline_run_id": parent_run_id}
+    registered = registry.register(
+        tracking, name, record.model_uri, record.run_id, tags,
+        version_description(record, plan, dataset, rule), criterion=settings.criterion,
+        model_description=model_description(dataset.name))
     set_tags(tracking, parent_run_id,
              {"dpfair.registered_model": f"{registered['name']}/{registered['version']}"})
     return registered
+
+
+def model_description(dataset: str) -> str:
+    """The registered model's description (each version has its own)."""
+    return (f"dpfair models trained on {dataset}. @champion is the version `dpfair predict "
+            f"--model NAME` serves; @challenger the newest. Each version's description says "
+            "its method, ε and fairness.")

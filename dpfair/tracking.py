@@ -1,4 +1,4 @@
-"""MLflow logging helpers (DESIGN.md section 7).
+"""MLflow logging helpers.
 
 Everything goes through an explicit :class:`mlflow.MlflowClient` and explicit run ids, never
 MLflow's thread-local "active run": training tasks fan out over threads and processes, and
@@ -14,7 +14,12 @@ What MLflow users expect (issue 17): experiments open on their runs (the experim
 :data:`EXPERIMENT_KIND`), runs carry MLflow's standard source tags (user, entry point, git
 commit when known), datasets are logged inputs (:func:`log_dataset`), tables are MLflow table
 artifacts (:func:`log_table`) and the selected model is a Model Registry version
-(:func:`register_selected`).
+(:mod:`dpfair.registry`).
+
+A tracking server (an ``http(s)://`` URI) decides where artifacts go: experiments are created
+without an artifact location, so a server started with ``--artifacts-destination`` stores
+models and figures itself (proxied artifacts), and clients need no access to that store.
+``tracking.artifact_root`` applies to a local store only.
 
 Crashes: every run records the host and pid that opened it (tags ``dpfair.host`` and
 ``dpfair.pid``). A killed process leaves its runs RUNNING; :func:`fail_stale_runs`, called
@@ -42,8 +47,6 @@ from typing import Any
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.utils.mlflow_tags import (
     MLFLOW_DATASET_CONTEXT,
     MLFLOW_GIT_COMMIT,
@@ -67,19 +70,26 @@ def client(cfg: TrackingConfig) -> MlflowClient:
     return MlflowClient(tracking_uri=cfg.resolved_uri())
 
 
+def remote(cfg: TrackingConfig) -> bool:
+    """Whether ``cfg`` points at a tracking server (it decides where artifacts go)."""
+    return cfg.resolved_uri().startswith(("http://", "https://"))
+
+
 def experiment_id(cfg: TrackingConfig, dataset: str) -> str:
-    """The experiment of ``dataset``, created with an explicit artifact location (MLflow 3)
-    and tagged as a model-training experiment (:data:`EXPERIMENT_KIND`; an older experiment
-    gets the tag too)."""
+    """The experiment of ``dataset``, tagged as a model-training experiment
+    (:data:`EXPERIMENT_KIND`; an older experiment gets the tag too). Created under
+    ``tracking.artifact_root`` for a local store; on a tracking server, where the server puts
+    artifacts (proxied: the client writes nothing to its own disk)."""
     mlf = client(cfg)
     name = f"{cfg.experiment_prefix}-{dataset}"
     found = mlf.get_experiment_by_name(name)
     if found is None:
-        location = cfg.artifact_root
-        if "://" not in location:
-            location = Path(location).resolve().as_uri()
+        location = None
+        if not remote(cfg):
+            root = cfg.artifact_root
+            location = f"{root if '://' in root else Path(root).resolve().as_uri()}/{name}"
         try:
-            return mlf.create_experiment(name, artifact_location=f"{location}/{name}",
+            return mlf.create_experiment(name, artifact_location=location,
                                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception:  # created concurrently by another worker
             found = mlf.get_experiment_by_name(name)
@@ -219,13 +229,13 @@ def metric_key(name: str) -> str:
     return re.sub(r" {2,}", " ", re.sub(r"[^A-Za-z0-9_\-. :/]", "", name)).strip()
 
 
-def log_metrics(
-    cfg: TrackingConfig, run_id: str, metrics: Mapping[str, float], step: int = 0
-) -> None:
-    """Log finite metrics; NaN/inf are skipped (an absent group is not a zero)."""
+def log_metrics(cfg: TrackingConfig, run_id: str, metrics: Mapping[str, float], step: int = 0,
+                model_id: str | None = None) -> None:
+    """Log finite metrics (of the logged model ``model_id`` too, when given); NaN/inf are
+    skipped (an absent group is not a zero)."""
     now = int(time.time() * 1000)
     items = [
-        Metric(metric_key(k), float(v), now, step)
+        Metric(metric_key(k), float(v), now, step, model_id=model_id)
         for k, v in metrics.items()
         if v is not None and math.isfinite(float(v))
     ]
@@ -271,60 +281,53 @@ def log_dataset(cfg: TrackingConfig, run_id: str, *, name: str, digest: str, sou
         DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
 
 
-def register_selected(cfg: TrackingConfig, name: str, model_uri: str, run_id: str,
-                      tags: Mapping[str, Any], description: str = "") -> dict[str, str]:
-    """Register the logged model ``model_uri`` (``models:/<model_id>``) of run ``run_id`` as a
-    new version of registered model ``name`` (created when absent) with ``tags``; returns
-    ``{"name", "version"}``. Idempotent per run: a version of ``name`` from the same run
-    and model is returned instead of a second one (a retried task registers once)."""
-    mlf = client(cfg)
-    try:
-        mlf.create_registered_model(name, description=description or None)
-    except MlflowException as exc:
-        if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
-            raise
-    model_id = model_uri.removeprefix("models:/")
-    # the source is the model's storage: a models:/ source is resolved through MLflow's
-    # process-wide tracking URI, not this client's
-    source = mlf.get_logged_model(model_id).artifact_location
-    for found in mlf.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
-        if found.source == source:
-            return {"name": name, "version": str(found.version)}
-    version = mlf.create_model_version(name, source, run_id=run_id,
-                                       tags={k: str(v) for k, v in tags.items()},
-                                       description=description or None, model_id=model_id)
-    return {"name": name, "version": str(version.version)}
-
-
 def run_url(cfg: TrackingConfig, experiment_id: str, run_id: str) -> str:
-    """The run's page: on the tracking server, or on the local UI of :func:`ui_command`."""
-    uri = cfg.resolved_uri()
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else (
-        f"http://127.0.0.1:{UI_PORT}")
+    """The run's page: on the tracking server, or on the local UI of :func:`ui_hint`."""
+    base = cfg.resolved_uri().rstrip("/") if remote(cfg) else f"http://127.0.0.1:{UI_PORT}"
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def ui_command(cfg: TrackingConfig) -> str:
-    """The exact command that opens the MLflow UI on these results."""
+    """The exact command that serves a local store in the MLflow UI (its path made absolute:
+    the command works from any folder)."""
+    uri = cfg.resolved_uri()
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    elif "://" not in uri:
+        uri = Path(uri).resolve().as_uri()
     mlflow = Path(sys.executable).parent / "mlflow"
     program = mlflow if mlflow.exists() else "mlflow"
-    return f"{program} ui --backend-store-uri {cfg.resolved_uri()} --port {UI_PORT}"
+    return f"{program} ui --backend-store-uri {uri} --port {UI_PORT}"
 
 
-def read_results(cfg: TrackingConfig, run_id: str | None = None) -> tuple[str, str]:
-    """``(run id, results table markdown)`` of a pipeline run (default: the latest that
-    finished; a failed or killed one only by its id)."""
+def ui_hint(cfg: TrackingConfig) -> str:
+    """How to open the MLflow UI on these results: the tracking server's address, or the
+    command that serves a local store (:func:`ui_command`)."""
+    if remote(cfg):
+        return f"open the MLflow UI at {cfg.resolved_uri().rstrip('/')}"
+    return f"open the MLflow UI with:\n  {ui_command(cfg)}"
+
+
+def read_results(cfg: TrackingConfig, run_id: str | None = None,
+                 dataset: str | None = None) -> tuple[str, str]:
+    """``(run id, results table markdown)`` of a pipeline run: ``run_id``, else the latest
+    that finished on ``dataset`` (None: on any dataset). A failed or killed run is read only
+    by its id."""
     mlf = client(cfg)
     if run_id is None:
+        prefix = f"{cfg.experiment_prefix}-"
         experiments = [e.experiment_id for e in mlf.search_experiments()
-                       if e.name.startswith(f"{cfg.experiment_prefix}-")]
+                       if (e.name == f"{prefix}{dataset}" if dataset else
+                           e.name.startswith(prefix))]
         found = mlf.search_runs(
             experiments,
             "tags.`dpfair.stage` = 'pipeline' and attributes.status = 'FINISHED'",
-            order_by=["attributes.start_time DESC"], max_results=1)
+            order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
         if not found:
-            raise LookupError(f"no finished pipeline run in {cfg.resolved_uri()}; run "
-                              "`dpfair run` first, or pass --run-id for a failed one")
+            on = f" of dataset {dataset!r}" if dataset else ""
+            raise LookupError(f"no finished pipeline run{on} in {cfg.resolved_uri()}; run "
+                              "`dpfair run` first, pass --dataset for another dataset, or "
+                              "--run-id for a failed run")
         run_id = found[0].info.run_id
     with tempfile.TemporaryDirectory() as tmp:
         path = mlf.download_artifacts(run_id, "results/results.md", tmp)

@@ -48,6 +48,7 @@ UPPER = (
     "dpfair.release",
     "dpfair.summary",
     "dpfair.model_export",
+    "dpfair.registry",
     "dpfair.run_log",
     "dpfair.checks",
     "dpfair.source_ledger",
