@@ -6,15 +6,21 @@
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
     dpfair evaluate   DVC metrics and plot tables from a results table (dvc.yaml)
-    dpfair predict --model NAME[/VERSION] --input rows.csv --output preds.csv
+    dpfair predict --model NAME[@ALIAS|/VERSION] --input rows.csv --output preds.csv
+    dpfair promote NAME [VERSION]   make a registered version the @champion
     dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
 ``@cli_errors`` (on every command; a test checks) is the one error boundary
 (:mod:`dpfair.error_boundary`): an expected failure is one message naming the problem and the
-fix, exit code 2; anything else is a bug, with its traceback and a request to report it.
+fix, with its exit code (2 bad input, 3 budget refused, 4 unreachable); anything else is a bug
+(exit code 1), with its traceback and a request to report it.
 
-``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors`` and
-``dpfair.settings`` at import time; each command imports what it needs when it runs.
+Global options: ``--version``; ``-q`` (no log lines: results and errors only); ``-v`` (MLflow's
+and Prefect's INFO lines too; by default they show from WARNING up).
+
+``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors``,
+``dpfair.settings`` and the CLI's own modules (:mod:`dpfair.cli_base`, :mod:`dpfair.cli_data`)
+at import time; each command imports what it needs when it runs.
 
 Output: accuracies in percent with one decimal (as the results tables), other scores to four
 significant digits; lines are never hard-wrapped (``soft_wrap``: a printed command or ε line
@@ -25,191 +31,57 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
-from dpfair.error_boundary import cli_errors
-from dpfair.errors import (
-    ConfigError,
-    DpfairError,
-    format_validation_error,
+from dpfair.cli_base import (
+    ParamsOption,
+    console,
+    percent,
+    resolve_params,
+    score,
+    set_verbosity,
+    show_version,
 )
+from dpfair.cli_data import data_app, files_status
+from dpfair.error_boundary import cli_errors
+from dpfair.errors import ConfigError, format_validation_error
 from dpfair.settings import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
     from dpfair.config import Params
 
+__all__ = ["app", "files_status", "percent", "score"]
+
 app = typer.Typer(
     name="dpfair",
-    help="Differentially private training that removes DP's disparate impact on groups.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-data_app = typer.Typer(help="Datasets: list, prepare.", no_args_is_help=True)
+
 app.add_typer(data_app, name="data")
 
-console = Console(soft_wrap=True)
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-
-def percent(fraction: float) -> str:
-    """An accuracy as every dpfair output shows it: percent with one decimal."""
-    return f"{100.0 * fraction:.1f}%"
-
-
-def score(value: float) -> str:
-    """A score or loss: four significant digits."""
-    return f"{value:.4g}"
-
-ParamsOption = Annotated[Path | None, typer.Option(
-    "--params", "-p",
-    help=f"parameters file (default: ./{DEFAULT_PARAMS} if present, else built-in defaults)",
-)]
-
-
-def resolve_params(path: Path | None) -> Params:
-    """Explicit path: must exist. No path: ./params.yaml when present, else the defaults."""
-    from dpfair.config import Params, load_params
-
-    if path is None:
-        default = Path(DEFAULT_PARAMS)
-        return load_params(default) if default.is_file() else Params()
-    return load_params(path)
-
-
-def summary_table(summary: dict[str, Any]) -> Table:
-    """Rows per split; per-class / per-group counts only when the summary holds them (opt-in)."""
-    exact = "per_class" in summary and "per_group" in summary
-    title = (f"{summary['dataset']}  (input shape {tuple(summary['input_shape'])}, "
-             f"{summary['n_features']:,} features)")
-    table = Table(title=title, min_width=len(title))  # the title on one line
-    table.add_column("split")
-    table.add_column("rows", justify="right")
-    if exact:
-        table.add_column("per class")
-        table.add_column("per group")
-    for split in ("train", "val", "test"):
-        counts = [
-            ", ".join(f"{k}: {v:,}" for k, v in summary[key][split].items())
-            for key in ("per_class", "per_group")
-        ] if exact else []
-        table.add_row(split, f"{summary['rows'][split]:,}", *counts)
-    table.add_row("total", f"{summary['rows']['total']:,}", *[""] * (2 if exact else 0),
-                  style="bold")
-    return table
-
-
-def prepare_and_show(
-    name: str, params: Params, out: Path, *, exact_counts: bool = False,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    from dpfair.data.prepared import prepare
-
-    options = options if options is not None else params.dataset(name)
-    summary = prepare(name, options, out, exact_counts=exact_counts)
-    console.print(summary_table(summary))
-    console.print(f"classes: {', '.join(summary['class_names'])}")
-    console.print(f"groups: {', '.join(summary['group_names'])}")
-    console.print(f"summary.json: {summary['privacy']}")
-    console.print(f"written to {out / name}")
-    return summary
-
-
-def files_status(name: str) -> str:
-    """Whether the raw files of dataset ``name`` were found (in the mirror or the download
-    cache, where ``dpfair.data.sources.fetch`` looks first), without reading or fetching them."""
-    from dpfair.data.sources import _downloads_enabled, cache_dir, mirror_dir, sources_of
-
-    if name == "celeba":
-        from dpfair.data.celeba import CelebAOptions, find_root
-
-        try:
-            return f"found: {find_root(CelebAOptions())[0]}"
-        except DpfairError:
-            return "not found: set datasets.celeba.root"
-    records = sources_of(name)
-    if not records:
-        return "-"
-    roots = [root for root in (mirror_dir(), cache_dir()) if root is not None]
-    if all(any((root / r.dirname / r.filename).is_file() for root in roots) for r in records):
-        return "found"
-    return ("not found: downloaded on first use" if _downloads_enabled()
-            else "not found (DPFAIR_OFFLINE is set)")
-
-
-@data_app.command("list")
-@cli_errors
-def data_list() -> None:
-    """List the available datasets (and whether their raw files were found) and the kinds of
-    file dataset that params.yaml can declare."""
-    from dpfair.data.registry import kinds, specs
-
-    table = Table(title="datasets")
-    table.add_column("name")
-    table.add_column("raw files")
-    table.add_column("description")
-    for name, spec in specs().items():
-        table.add_row(name, files_status(name) if spec.needs_files else "none needed",
-                      spec.summary)
-    for kind, kind_spec in kinds().items():
-        table.add_row(f"kind: {kind}", "yours", f"{kind_spec.summary} (declare it in params.yaml)")
-    console.print(table)
-
-
-@data_app.command("prepare")
-@cli_errors
-def data_prepare(
-    name: Annotated[str, typer.Argument(
-        help="dataset name (see `dpfair data list`, or declared in params.yaml), or a CSV or "
-        "Parquet file with --target and --protected")],
-    params: ParamsOption = None,
-    target: Annotated[str | None, typer.Option(help="file: the label column")] = None,
-    protected: Annotated[list[str] | None, typer.Option(
-        help="file: a protected column (repeat for intersectional groups)")] = None,
-    positive_label: Annotated[str | None, typer.Option(
-        help="file: the target value that is class 1 (binary)")] = None,
-    missing: Annotated[str, typer.Option(help="file: error | drop | impute")] = "error",
-    out: Annotated[Path, typer.Option("--out", "-o", help="output root")] = Path(
-        "data/prepared"
-    ),
-    exact_counts: Annotated[
-        bool,
-        typer.Option(
-            "--exact-counts",
-            help="also write and print exact per-class and per-group counts of every split "
-            "(NOT private: the summary is marked so)",
-        ),
-    ] = False,
+@app.callback()
+def main(
+    show_version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=show_version, help="print the version and exit"
+    )] = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="no log lines: only results and errors")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="also MLflow's and Prefect's INFO log lines")] = False,
 ) -> None:
-    """Preprocess dataset NAME with its options from params.yaml and write it under OUT/NAME.
+    """Differentially private training that removes DP's disparate impact on groups.
 
-    NAME may also be a CSV or Parquet file: `dpfair data prepare data/loans.csv --target
-    default --protected sex --protected race` writes OUT/loans (declare it in params.yaml's
-    datasets: section to train on it).
-    """
-    p = resolve_params(params)
-    path = Path(name)
-    if path.suffix.lower() in {".csv", ".tsv", ".parquet", ".pq"}:
-        if target is None or not protected:
-            raise ConfigError(f"preparing the file {name} needs --target COLUMN and "
-                              "--protected COLUMN (repeat --protected for several)")
-        options = {"kind": "table", "path": name, "target": target, "protected": protected,
-                   "positive_label": positive_label, "missing": missing}
-        prepare_and_show(path.stem, p, out, exact_counts=exact_counts, options=options)
-        return
-    if target is not None or protected or positive_label is not None or missing != "error":
-        raise ConfigError(f"--target, --protected, --positive-label and --missing apply to a "
-                          f"CSV or Parquet file; {name!r} is a dataset name: set its options in "
-                          "params.yaml's datasets: section")
-    prepare_and_show(name, p, out, exact_counts=exact_counts)
-
+    Exit codes: 0 done, 1 a bug in dpfair, 2 bad input (configuration, data, paths), 3 a
+    privacy budget refused the release (nothing ran), 4 a service or folder is unreachable."""
+    set_verbosity(quiet, verbose)
 
 MethodOption = Annotated[
     str, typer.Option("--method", "-m", help="method label of experiment.methods")
@@ -241,13 +113,17 @@ def train_cmd(
     method: MethodOption = "dpsgd",
     seed: Annotated[int, typer.Option(min=0, help="seed of the initialisation (and, only "
                                            "when reproducible, of sampling and noise)")] = 0,
+    register: Annotated[bool, typer.Option(
+        "--register", help="also register the model as a version of the dataset's registered "
+        "model (@challenger; @champion by pipeline.registry.criterion)")] = False,
     params: ParamsOption = None,
 ) -> None:
-    """Train one method of params.yaml's experiment on its dataset and print the results."""
+    """Train one method of params.yaml's experiment on its dataset and print the results.
+    Its run is named "standalone"; only pipeline runs register models, unless --register."""
     from dpfair.commands import train_standalone
     from dpfair.data import load_dataset
     from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
-    from dpfair.tracking import ui_command
+    from dpfair.tracking import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
 
     p = resolve_params(params)
@@ -271,8 +147,12 @@ def train_cmd(
         console.print(f"[bold red]reproducible:[/] {REPLAYABLE_NOISE}")
     console.print(f"test metrics: {result.test_release.label}" if result.test_release.noisy
                   else TEST_METRICS_NOTE)
-    console.print(f"MLflow run {record.run_id}, model {record.model_uri}; open the UI with:\n"
-                  f"  {ui_command(p.tracking)}", soft_wrap=True)
+    console.print(f"MLflow run {record.run_id}, model {record.model_uri}", soft_wrap=True)
+    if register:
+        from dpfair.summary import register_standalone
+
+        _print_registered(register_standalone(p, dataset, result, record))
+    console.print(ui_hint(p.tracking), soft_wrap=True)
 
 
 @app.command("tune")
@@ -352,7 +232,7 @@ def run(
     from dpfair.preflight import check_tracking
 
     check_tracking(p.tracking)
-    from dpfair.tracking import ui_command
+    from dpfair.tracking import ui_hint
     from flows.experiment import run_experiment
 
     # DVC (the flow's prepare step) prints through its own handlers: not again through the
@@ -365,27 +245,27 @@ def run(
     console.print(out["table"], markup=False, highlight=False)
     console.print(f"figures and tables: {out['results_dir']}")
     if registered := out.get("registered_model"):
-        console.print(f"registered model: {registered['name']} version {registered['version']} "
-                      f"(dpfair predict --model {registered['name']}/{registered['version']} "
-                      "--input rows.csv --output preds.csv)", soft_wrap=True)
-    console.print(f"MLflow parent run {out['parent_run_id']}; open the UI with:\n"
-                  f"  {ui_command(p.tracking)}")
+        _print_registered(registered)
+    console.print(f"MLflow parent run {out['parent_run_id']}; {ui_hint(p.tracking)}")
 
 
 @app.command("results")
 @cli_errors
 def results(
     run_id: Annotated[str | None, typer.Option(help="pipeline run id (default: latest)")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        help="the dataset whose latest run to show (default: experiment.dataset)")] = None,
     params: ParamsOption = None,
 ) -> None:
-    """Print the comparison table of the latest (or a given) pipeline run from MLflow."""
+    """Print the comparison table of the dataset's latest (or a given) pipeline run."""
     from dpfair.preflight import check_tracking
     from dpfair.tracking import read_results
 
     p = resolve_params(params)
     check_tracking(p.tracking)
-    found_id, table = read_results(p.tracking, run_id)
-    console.print(f"pipeline run {found_id}")
+    name = None if run_id else dataset or p.experiment.dataset
+    found_id, table = read_results(p.tracking, run_id, name)
+    console.print(f"pipeline run {found_id}" + (f" of dataset {name}" if name else ""))
     console.print(table, markup=False, highlight=False)
 
 
@@ -407,8 +287,8 @@ def evaluate(
 @cli_errors
 def predict_cmd(
     model: Annotated[str, typer.Option(
-        "--model", "-m", help="a registered model NAME (its latest version) or NAME/VERSION, "
-        "an MLflow URI (models:/..., runs:/...) or a model folder")],
+        "--model", "-m", help="a registered model NAME (its @champion), NAME@ALIAS or "
+        "NAME/VERSION, an MLflow URI (models:/..., runs:/...) or a model folder")],
     rows: Annotated[Path, typer.Option(
         "--input", "-i", help="CSV of raw rows holding the model's input columns")],
     out: Annotated[Path, typer.Option(
@@ -421,6 +301,32 @@ def predict_cmd(
     p = resolve_params(params)
     n = predict_csv(p.tracking, model, rows, out)
     console.print(f"{n} predictions written to {out}", soft_wrap=True)
+
+
+@app.command("promote")
+@cli_errors
+def promote_cmd(
+    name: Annotated[str, typer.Argument(help="registered model name, e.g. dpfair-digits")],
+    version: Annotated[str | None, typer.Argument(
+        help="the version to serve (default: the @challenger)")] = None,
+    params: ParamsOption = None,
+) -> None:
+    """Make a registered version the @champion (what `dpfair predict --model NAME` serves),
+    whatever the registry's criterion says."""
+    from dpfair.registry import promote
+
+    p = resolve_params(params)
+    number = promote(p.tracking, name, version)
+    console.print(f"{name} version {number} is now @champion")
+
+
+def _print_registered(registered: dict[str, str]) -> None:
+    name, number, champion = (registered[k] for k in ("name", "version", "champion"))
+    why = ("it is @champion" if champion == number else
+           f"@champion stays version {champion}; `dpfair promote {name} {number}` serves it")
+    console.print(f"registered model: {name} version {number} (@challenger; {why}); predict "
+                  f"with: dpfair predict --model {name} --input rows.csv --output preds.csv",
+                  soft_wrap=True)
 
 
 @app.command("audit")
@@ -445,7 +351,7 @@ def audit_cmd(
     (Steinke, Nasr & Jagielski 2023). A lower bound, not a proof of privacy."""
     from dpfair.audit import AuditSection
     from dpfair.audit_tracking import audit_from_params, claim_note, log_audit
-    from dpfair.tracking import ui_command
+    from dpfair.tracking import ui_hint
 
     p = resolve_params(params)
     given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta,
@@ -476,7 +382,7 @@ def audit_cmd(
                   "bound: above the claim shows a bug, below it proves nothing")
     if section.track:
         run_id = log_audit(p.tracking, section.method, config, dataset, result)
-        console.print(f"MLflow audit run {run_id}; open the UI with:\n  {ui_command(p.tracking)}")
+        console.print(f"MLflow audit run {run_id}; {ui_hint(p.tracking)}")
 
 
 @app.command("serve")

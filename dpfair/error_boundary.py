@@ -1,10 +1,15 @@
 """The CLI's one error boundary, ``@cli_errors`` (on every command of :mod:`dpfair.cli`).
 
 An expected failure is printed as one message that names the problem and the fix, without a
-traceback, exit code 2: every ``dpfair.errors.DpfairError``; a ``ValueError`` or
-``LookupError`` raised by dpfair's own code; pydantic's ``ValidationError``; ``OSError`` (names
-the path); MLflow's, Optuna's and SQLAlchemy's errors (tracking and storage). Anything else is
-a bug: its traceback, and a line asking to report it with the dpfair version, exit code 1.
+traceback: every ``dpfair.errors.DpfairError``; a ``ValueError`` or ``LookupError`` raised by
+dpfair's own code; pydantic's ``ValidationError``; ``OSError`` (names the path); MLflow's,
+Optuna's and SQLAlchemy's errors (tracking and storage). Anything else is a bug: its
+traceback, and a line asking to report it with the dpfair version.
+
+Exit codes (README, "Exit codes"): 0 done; 1 a bug; 2 bad input (configuration, data, a path,
+an unknown model; also typer's usage errors); 3 a privacy budget refused the release
+(``BudgetExceededError``: nothing ran); 4 a service or folder could not be reached
+(``UnreachableError``: the tracking server, a storage).
 Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stays fast).
 """
 
@@ -22,6 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dpfair.errors import (
+    BudgetExceededError,
     ConfigError,
     DataError,
     DpfairError,
@@ -31,10 +37,13 @@ from dpfair.errors import (
     format_validation_error,
 )
 
-__all__ = ["EXIT_BUG", "EXIT_USAGE", "cli_errors", "describe_failure"]
+__all__ = ["EXIT_BUDGET", "EXIT_BUG", "EXIT_UNREACHABLE", "EXIT_USAGE", "cli_errors",
+           "describe_failure", "exit_code"]
 
-EXIT_USAGE = 2  # an expected failure (bad input, unreachable service, unwritable path)
 EXIT_BUG = 1
+EXIT_USAGE = 2  # bad input: configuration, data, a path, an unknown model
+EXIT_BUDGET = 3  # a privacy budget refused the release before anything ran
+EXIT_UNREACHABLE = 4  # a service or folder could not be reached
 
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -93,9 +102,18 @@ def describe_failure(exc: Exception) -> tuple[str, str] | None:
     return None
 
 
+def exit_code(exc: Exception) -> int:
+    """The exit code of an expected failure (module docstring)."""
+    if isinstance(exc, BudgetExceededError):
+        return EXIT_BUDGET
+    if isinstance(exc, UnreachableError):
+        return EXIT_UNREACHABLE
+    return EXIT_USAGE
+
+
 def cli_errors(func: F) -> F:
-    """The CLI's error boundary: an expected failure is one message, exit code 2; a bug is its
-    traceback and a request to report it, exit code 1 (see the module docstring)."""
+    """The CLI's error boundary: an expected failure is one message and its exit code
+    (:func:`exit_code`); a bug is its traceback and a request to report it, exit code 1."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -117,6 +135,6 @@ def cli_errors(func: F) -> F:
             label, message = known
             err_console.print(Text.assemble((f"{label}:", "bold red"), " ", message),
                               soft_wrap=True, highlight=False)
-            raise typer.Exit(EXIT_USAGE) from None
+            raise typer.Exit(exit_code(exc)) from None
 
     return wrapper  # type: ignore[return-value]

@@ -10,8 +10,9 @@
 
 Each version links its logged model: tag :data:`MODEL_ID_TAG` (MLflow's SQL registry store
 drops the ``model_id`` given at creation: it reads back None) and, on the logged model,
-MLflow's ``mlflow.modelVersions`` tag. The rule reads only version tags that hold numbers (:data:`EPSILON_TAG` and the criterion:
-fractions, never percent); prose goes to each version's own description.
+MLflow's ``mlflow.modelVersions`` tag. The rule reads only version tags that hold numbers
+(:data:`EPSILON_TAG` and the criterion: fractions, never percent); prose goes to each
+version's own description.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from dpfair.release import (
 )
 from dpfair.tracking import (
     TrackingConfig,
+    client,
     log_file,
     log_json,
     log_metrics,
@@ -47,7 +48,7 @@ from dpfair.tracking import (
     log_text,
     set_tags,
 )
-from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE
+from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE, TrainResult
 
 #: The per-method comparison on the pipeline run: the test headline metrics it averages.
 COMPARED = ("worst_group_accuracy", "largest_group_gap", "accuracy")
@@ -252,19 +253,48 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
     dataset, guarantee, both ε (``inf`` without guarantee), δ, noise, data version and the
     test headline as fractions (what :mod:`dpfair.registry`'s champion rule reads)."""
     release = plan.methods[record.label]
-    unbounded = not release.has_epsilon
+    bounded = release.has_epsilon
+    return _tags(record, dataset, data_version, release.guarantee,
+                 release.epsilon_run if bounded else math.inf,
+                 release.epsilon if bounded else math.inf, plan.epsilon_total, release.delta,
+                 release.reproducible)
+
+
+def _tags(record: RunRecord, dataset: GroupedDataset, data_version: str, guarantee: str,
+          eps_run: float, eps_method: float, eps_total: float, delta: float,
+          reproducible: bool) -> dict[str, str]:
     return {
         "method": record.label, "seed": str(record.seed), "dataset": dataset.name,
-        "privacy_guarantee": release.guarantee,
-        "epsilon_training_run": _number(math.inf if unbounded else release.epsilon_run),
-        EPSILON_TAG: _number(math.inf if unbounded else release.epsilon),
-        "epsilon_pipeline_total": _number(plan.epsilon_total),
-        "delta": f"{release.delta:g}",
-        "noise": "replayable" if release.reproducible else "secret",
+        "privacy_guarantee": guarantee, "epsilon_training_run": _number(eps_run),
+        EPSILON_TAG: _number(eps_method), "epsilon_pipeline_total": _number(eps_total),
+        "delta": f"{delta:g}", "noise": "replayable" if reproducible else "secret",
         "data_version": data_version,
         **{k: _number(record.headline[k]) for k in COMPARED},
         "source_run_id": record.run_id,
     }
+
+
+def register_standalone(params: Params, dataset: GroupedDataset, result: TrainResult,
+                        record: RunRecord) -> dict[str, str]:
+    """``dpfair train --register``: the standalone run's model as a version (tag
+    ``standalone``), under the champion rule as a pipeline's. Its ε is its own run's (the
+    standalone release); ``epsilon_pipeline_total`` is that too (no pipeline)."""
+    tracking, settings = params.tracking, params.pipeline.registry
+    name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
+    version = client(tracking).get_run(record.run_id).data.tags.get("dpfair.data_version", "")
+    tags = {**_tags(record, dataset, version, result.privacy_guarantee, record.epsilon,
+                    record.epsilon, record.epsilon, result.delta, result.reproducible),
+            "standalone": "true"}
+    worst, gap = (100 * record.headline[k] for k in ("worst_group_accuracy",
+                                                     "largest_group_gap"))
+    description = (f"{record.label}, seed {record.seed}, trained by `dpfair train` (no "
+                   f"pipeline): test worst-group accuracy {worst:.1f}%, largest gap between "
+                   f"groups {gap:.1f} points; ε {epsilon_text(record.epsilon)} at δ "
+                   f"{result.delta:g} for this run. Preprocessing: "
+                   f"{preprocessing_note(dataset)}.")
+    return registry.register(tracking, name, record.model_uri, record.run_id, tags,
+                             description, criterion=settings.criterion,
+                             model_description=model_description(dataset.name))
 
 
 def version_description(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,

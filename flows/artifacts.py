@@ -13,7 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
-from dpfair.tracking import TrackingConfig, run_url, ui_command
+from dpfair.tracking import TrackingConfig, remote, run_url, ui_command
 
 RESULTS_KEY = "dpfair-results"
 PREFECT_RUN_TAG = "dpfair.prefect_flow_run_id"
@@ -45,7 +45,7 @@ def mlflow_link(tracking: TrackingConfig, experiment_id: str, run_id: str) -> st
     """Markdown linking MLflow's page of run ``run_id`` (:func:`dpfair.tracking.run_url`); for
     a local store, with the command that serves it."""
     url = run_url(tracking, experiment_id, run_id)
-    if tracking.resolved_uri().startswith(("http://", "https://")):
+    if remote(tracking):
         return f"[{url}]({url})"
     return f"[{url}]({url}) once `{ui_command(tracking)}` serves the local store"
 

@@ -405,7 +405,7 @@ def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch
     mlflow = MlflowClient(params.tracking.resolved_uri())
     before = len(mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()]))
     out = runner.invoke(app, ["train", "--method", "dpsgd"])
-    assert out.exit_code == 2 and "budget.lifetime_epsilon" in _printed(out.output)
+    assert out.exit_code == 3 and "budget.lifetime_epsilon" in _printed(out.output)
     assert len(mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()])
                ) == before
     assert len(book.releases("synthetic")) == 3

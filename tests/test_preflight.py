@@ -77,6 +77,6 @@ def test_results_with_an_unreachable_server_is_one_message(monkeypatch, tmp_path
     params = tmp_path / "p.yaml"
     params.write_text(f"tracking:\n  uri: http://127.0.0.1:{_closed_port()}\n")
     out = CliRunner().invoke(app, ["results", "--params", str(params)])
-    assert out.exit_code == 2, out.output
+    assert out.exit_code == 4, out.output
     assert "unreachable: tracking server http://127.0.0.1:" in out.output
     assert "Traceback" not in out.output

@@ -76,14 +76,14 @@ def test_run_without_params_file_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_tune_over_budget_is_a_clean_error_before_any_run(tmp_path, monkeypatch):
-    """A TuningError (any DpfairError) is one message, exit code 2, nothing trained."""
+    """A budget refusal (BudgetExceededError) is one message, exit code 3, nothing trained."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(
         "experiment:\n  dataset: synthetic\n"
         "tuning:\n  budget_epsilon: 0.01\n  spaces:\n    dpsgd: {lr: [0.1, 0.2]}\n"
     )
     result = runner.invoke(app, ["tune", "--method", "dpsgd"])
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 3, result.output
     assert "tuning error:" in result.output and "over the budget 0.01" in result.output
     assert "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

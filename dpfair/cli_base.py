@@ -1,0 +1,77 @@
+"""What every ``dpfair`` command shares: the console, number formats, ``--params`` and the
+log levels (``-q``/``-v``). Imports only typer, rich and ``dpfair.settings`` (``--help`` stays
+fast)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from dpfair.settings import DEFAULT_PARAMS
+
+if TYPE_CHECKING:
+    from dpfair.config import Params
+
+__all__ = ["ParamsOption", "console", "percent", "resolve_params", "score", "set_verbosity",
+           "show_version"]
+
+console = Console(soft_wrap=True)
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def show_version(value: bool) -> None:
+    """``--version``: print dpfair's version and exit."""
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"dpfair {version('dpfair')}")
+        raise typer.Exit()
+
+
+def set_verbosity(quiet: bool, verbose: bool) -> None:
+    """Log levels: dpfair's INFO lines (one per task); MLflow's and Prefect's from WARNING up
+    unless ``verbose`` (or their own variables say otherwise); with ``quiet`` only errors. Set
+    through the environment before MLflow and Prefect are imported (they read it then), so
+    worker processes inherit it."""
+    if quiet and verbose:
+        raise typer.BadParameter("-q and -v exclude each other")
+    level = "ERROR" if quiet else "INFO" if verbose else "WARNING"
+    for var in ("MLFLOW_LOGGING_LEVEL", "PREFECT_LOGGING_LEVEL"):
+        if quiet or verbose:
+            os.environ[var] = level
+        else:
+            os.environ.setdefault(var, level)
+    logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"])
+    for own in ("dpfair", "flows", "tasks"):
+        logging.getLogger(own).setLevel("ERROR" if quiet else "INFO")
+
+
+def percent(fraction: float) -> str:
+    """An accuracy as every dpfair output shows it: percent with one decimal."""
+    return f"{100.0 * fraction:.1f}%"
+
+
+def score(value: float) -> str:
+    """A score or loss: four significant digits."""
+    return f"{value:.4g}"
+
+
+ParamsOption = Annotated[Path | None, typer.Option(
+    "--params", "-p",
+    help=f"parameters file (default: ./{DEFAULT_PARAMS} if present, else built-in defaults)",
+)]
+
+
+def resolve_params(path: Path | None) -> Params:
+    """Explicit path: must exist. No path: ./params.yaml when present, else the defaults."""
+    from dpfair.config import Params, load_params
+
+    if path is None:
+        default = Path(DEFAULT_PARAMS)
+        return load_params(default) if default.is_file() else Params()
+    return load_params(path)
