@@ -176,7 +176,7 @@ def tune_cmd(
     from dpfair.data import load_dataset
     from dpfair.release import HEURISTIC
     from dpfair.training import REPLAYABLE_NOISE
-    from dpfair.tuning.config import check_storage
+    from dpfair.tuning.config import PARAMS_STORAGE, check_storage
 
     p = resolve_params(params)
     label = _method_label(p, method)
@@ -190,7 +190,7 @@ def tune_cmd(
         given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
         raise ConfigError(f"{given}: "
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
-    check_storage(cfg.storage or "sqlite:///optuna.db")  # before the data loads
+    check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
     result, search, release, ledger = tune_standalone(p, label, cfg, dataset)
     mode = p.tuning.release

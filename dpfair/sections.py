@@ -25,7 +25,7 @@ from dpfair.errors import TuningError, did_you_mean, format_validation_error
 from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
 from dpfair.training import TrainConfig
-from dpfair.tuning.config import TuningConfig
+from dpfair.tuning.config import PARAMS_STORAGE, TuningConfig
 from dpfair.tuning.job import allowed_names, check_space_names, check_space_values
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -146,9 +146,8 @@ class TuningSection(BaseModel):
         return self
 
     def config(self, label: str, study_name: str) -> TuningConfig:
-        return TuningConfig(
-            **{"study_name": study_name, **self.settings}, space=self.spaces[label]
-        )
+        return TuningConfig(**{"study_name": study_name, "storage": PARAMS_STORAGE,
+                                  **self.settings}, space=self.spaces[label])
 
 
 def check_spaces(experiment: ExperimentSection, tuning: TuningSection) -> None:

@@ -64,6 +64,8 @@ _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
 #: has no constant for it).
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 UI_PORT = 5000
+#: The stages of a run that, without a parent run, ran outside a pipeline.
+STANDALONE_STAGES = ("final", "tuning")
 
 
 def client(cfg: TrackingConfig) -> MlflowClient:
@@ -156,11 +158,15 @@ def run(
     tags: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """Open a (nested) run and yield its id; it ends FINISHED, or FAILED if the body raises.
-    The run is tagged with this host and pid (see :func:`fail_stale_runs`)."""
+    The run is tagged with this host and pid (see :func:`fail_stale_runs`). A training or
+    search outside a pipeline (``dpfair train``/``tune``: no parent) is named and tagged
+    ``standalone``, so that it never reads like a pipeline's child."""
     all_tags = {**source_tags(), "dpfair.host": host(), "dpfair.pid": str(os.getpid()),
                 **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
+    elif all_tags.get("dpfair.stage") in STANDALONE_STAGES:
+        name, all_tags["dpfair.standalone"] = f"{name} · standalone", "true"
     mlf = client(cfg)
     created = mlf.create_run(experiment, tags=all_tags, run_name=name)
     with _terminated(mlf, created.info.run_id) as run_id:

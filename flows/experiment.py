@@ -128,7 +128,7 @@ def ledger(params: Params, root: str | Path) -> SourceLedger:
     return SourceLedger(Path(root) / params.budget.ledger)
 
 
-@flow(name="dpfair-experiment")
+@flow(name="dpfair-experiment", flow_run_name=artifacts.flow_run_name)
 def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
                     resume: bool = True) -> dict[str, Any]:
     params: Params = load_params(params_path)
@@ -272,7 +272,8 @@ def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str,
         **({"failed methods": ", ".join(sorted(failures))} if failures else {}),
     }
     body = summary.markdown() if summary is not None else "No results table: the summary failed."
-    artifacts.publish(f"dpfair results: {source}", facts, body)
+    artifacts.publish(artifacts.artifact_key(artifacts.RESULTS_KEY, params.experiment.dataset),
+                      f"dpfair results: {source}", facts, body)
 
 
 def _what(reserved: Release) -> str:

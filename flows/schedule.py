@@ -13,18 +13,19 @@ folder ``dpfair serve`` was started in), never the absolute paths of one checkou
 for a run in Prefect's UI or with ``prefect deployment run -p root=/srv/project ...``.
 
 Schedules need a real Prefect server (the temporary one refuses to schedule): start one with
-``prefect server start`` and point ``PREFECT_API_URL`` at it, then ``dpfair serve``.
+``prefect server start`` and point ``PREFECT_API_URL`` at it (the environment or the active
+Prefect profile: ``prefect config set PREFECT_API_URL=...``), then ``dpfair serve``.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, serve, task
 from prefect.cache_policies import NO_CACHE
 from prefect.schedules import Cron
+from prefect.settings import get_current_settings
 
 from dpfair.config import DEFAULT_PARAMS, load_params
 from dpfair.data import source_version
@@ -36,7 +37,7 @@ data_version = task(source_version, name="data_version", retries=2, retry_delay_
                     cache_policy=NO_CACHE)
 
 
-@flow(name="dpfair-retrain")
+@flow(name="dpfair-retrain", flow_run_name=artifacts.flow_run_name)
 def retrain_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str, Any]:
     """Retrain when the data source changed since its latest completed release, else skip.
     ``params_path`` is relative to ``root`` (unless absolute)."""
@@ -47,7 +48,8 @@ def retrain_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str
     version = data_version(name, params.dataset(name))
     released = ledger(params, root_path).latest_version(name)
     if version == released:
-        artifacts.publish(f"dpfair retrain skipped: {name} unchanged", {
+        artifacts.publish(artifacts.artifact_key(artifacts.SKIPPED_KEY, name),
+                          f"dpfair retrain skipped: {name} unchanged", {
             "data": f"{name}, version `{version}`",
             "reason": "the latest completed release in the privacy ledger used this version; "
                       "nothing was trained and no privacy was spent",
@@ -71,11 +73,18 @@ def deployment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> object:
     )
 
 
+def api_url() -> str | None:
+    """The Prefect API this process talks to: ``PREFECT_API_URL`` from the environment or the
+    active Prefect profile (``prefect config set PREFECT_API_URL=...``), or None."""
+    return get_current_settings().api.url
+
+
 def serve_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> None:
     """Register the deployment and serve it until interrupted."""
-    if not os.environ.get("PREFECT_API_URL"):
+    if not api_url():
         raise ConfigError(
-            "dpfair serve needs a running Prefect server: start one with "
-            "`prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+            "dpfair serve needs a running Prefect server: start one with `prefect server "
+            "start`, then `prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api` (or "
+            "set PREFECT_API_URL in the environment)"
         )
     serve(deployment(params_path, root))

@@ -150,3 +150,22 @@ def test_fit_on_a_dataframe_uses_the_tabular_loader(arrays) -> None:
     assert logits.shape == (4, 2)
     with pytest.raises(ConfigError, match="needs target= and protected="):
         fit(_net(9), frame, sigma=1.0, **FAST)
+
+
+def test_tune_takes_the_mappings_its_types_allow_and_writes_no_file(tmp_path, monkeypatch):
+    """`tune()` with plain dicts (MethodSpec, RunConfig, TuningConfig are Mappings too) trains
+    with dpfair's training; without a storage named, the study stays in memory."""
+    from dpfair.tuning import tune
+    from dpfair.tuning.study import IN_MEMORY
+
+    monkeypatch.chdir(tmp_path)
+    dataset = load_dataset("synthetic", {"n": 300})
+    base = {"epochs": 1, "batch_size": 32, "lr": 0.5, "sigma": 1.0, "progress": False,
+            "model": {"name": "logistic_regression"}}
+    result = tune({"name": "dpsgd", "C": 1.0}, base, dataset,
+                  {"mode": "fixed", "n_runs": 1, "space": {"lr": [0.2, 0.5]}})
+    assert result.best_params is not None and result.best_params["lr"] in (0.2, 0.5)
+    assert result.storage == IN_MEMORY and list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="batch_size"):
+        tune({"name": "dpsgd"}, {**base, "batch_size": -1}, dataset,
+             {"mode": "fixed", "n_runs": 1, "space": {"lr": [0.2]}})

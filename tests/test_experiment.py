@@ -250,19 +250,22 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
 
     client, plan, dataset = pipeline["client"], pipeline["plan"], pipeline["dataset"]
     registered = pipeline["registered"]
-    assert registered == {"name": "dpfair-synthetic", "version": "1"}
+    assert registered == {"name": "dpfair-synthetic", "version": "1", "champion": "1"}
     version = client.get_model_version("dpfair-synthetic", "1")
     result, record = pipeline["trained"]["dpsgd"]  # the only proven-private method
     assert version.run_id == record.run_id
     tags = version.tags
     assert tags["method"] == "dpsgd" and tags["privacy_guarantee"] == "proven"
-    assert tags["epsilon_training_run"] == f"{plan.methods['dpsgd'].epsilon_run:.2f}"
-    assert tags["epsilon_released_for_method"] == f"{plan.methods['dpsgd'].epsilon:.2f}"
+    # machine-readable values: numbers (fractions, ε), the prose in the description
+    assert float(tags["epsilon_training_run"]) == pytest.approx(
+        plan.methods["dpsgd"].epsilon_run, rel=1e-5)
+    assert float(tags["epsilon_released_for_method"]) == pytest.approx(
+        plan.methods["dpsgd"].epsilon, rel=1e-5)
     assert float(tags["delta"]) == plan.delta
     assert tags["data_version"] == dataset.meta["data_version"]
     assert float(tags["worst_group_accuracy"]) == pytest.approx(
         record.headline["worst_group_accuracy"], abs=1e-4)
-    assert "largest gap" in tags["fairness_summary"]
+    assert "largest gap" in version.description and "fairness_summary" not in tags
     parent_tags = client.get_run(pipeline["parent"]).data.tags
     assert parent_tags["dpfair.registered_model"] == "dpfair-synthetic/1"
     # the registered model predicts raw rows as the training-time evaluation did
@@ -307,8 +310,9 @@ def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, 
     params = pipeline["params"].model_copy(update={"tuning": tuning})
     _, record = train_standalone(params, "dpsgd", 3, dataset)
     trained = client.get_run(record.run_id)
-    assert trained.info.run_name == "synthetic · dpsgd · seed 3"
+    assert trained.info.run_name == "synthetic · dpsgd · seed 3 · standalone"
     assert "mlflow.parentRunId" not in trained.data.tags
+    assert trained.data.tags["dpfair.standalone"] == "true"
     assert trained.data.tags["dpfair.stage"] == "final"
     assert trained.data.tags["dpfair.noise"] == SECRET_NOISE
     assert trained.data.tags["dpfair.epsilon"].startswith("epsilon: this training run alone")
@@ -318,7 +322,7 @@ def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, 
     cfg = params.tuning.config("dpsgd", "cli-search")
     result, _, release, ledger = tune_standalone(params, "dpsgd", cfg, dataset)
     [tuned] = client.search_runs([pipeline["exp"]], "tags.`dpfair.stage` = 'tuning'")
-    assert tuned.info.run_name == "synthetic · tune dpsgd"
+    assert tuned.info.run_name == "synthetic · tune dpsgd · standalone"
     assert tuned.data.params["selected.lr"] in ("0.2", "0.5")
     assert tuned.data.metrics["epsilon_search"] == pytest.approx(release.epsilon_search)
     assert not {"K", "runs"} & set(tuned.data.metrics) and ledger.name.endswith(

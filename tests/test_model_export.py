@@ -29,7 +29,8 @@ from dpfair.model_export import (
     model_location,
     predict_csv,
 )
-from dpfair.tracking import TrackingConfig, experiment_id, register_selected, run
+from dpfair.registry import register
+from dpfair.tracking import TrackingConfig, experiment_id, run
 from dpfair.training import TrainConfig, train
 
 COLUMNS = [f"feature {name}" for name in "abcdefghij"]
@@ -105,10 +106,9 @@ def test_input_example_is_no_training_row(logged):
 def test_predict_command_reads_a_csv_and_writes_predictions(logged, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tracking = logged["tracking"]
-    registered = register_selected(tracking, "toy", logged["uri"], logged["run_id"],
-                                   {"method": "dpsgd"})
-    again = register_selected(tracking, "toy", logged["uri"], logged["run_id"], {})
-    assert registered == again == {"name": "toy", "version": "1"}  # once per run and model
+    registered = register(tracking, "toy", logged["uri"], logged["run_id"], {"method": "dpsgd"})
+    again = register(tracking, "toy", logged["uri"], logged["run_id"], {})
+    assert registered == again == {"name": "toy", "version": "1", "champion": "1"}  # once
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(
         {"tracking": {"uri": tracking.uri, "artifact_root": tracking.artifact_root}}))
     raw = _raw(logged["base"].test)

@@ -24,7 +24,7 @@ from pydantic import (
 
 from dpfair.errors import TuningError
 
-__all__ = ["Scalar", "ScoreName", "TuningConfig"]
+__all__ = ["PARAMS_STORAGE", "Scalar", "ScoreName", "TuningConfig"]
 
 ScoreName = Literal["macro_accuracy", "worst_group_accuracy", "accuracy", "loss"]
 #: A value a search space may list (its JSON form keys the planned events and the fingerprint).
@@ -117,6 +117,11 @@ class TuningConfig(BaseModel):
 
 
 STORAGE_FORMS = "sqlite:///FILE, journal:PATH or postgresql://USER@HOST/DB"
+
+
+#: The storage of a search run from the parameters file (CLI, pipeline): kept, resumable
+#: (``TuningConfig.storage`` None, the Python API's default, keeps the study in memory).
+PARAMS_STORAGE = "sqlite:///optuna.db"
 
 
 def storage_file(url: str) -> Path | None:

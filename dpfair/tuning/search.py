@@ -15,9 +15,9 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from dpfair.errors import BudgetExceededError, TuningError, format_validation_error
+from dpfair.errors import BudgetExceededError, ConfigError, TuningError, format_validation_error
 from dpfair.privacy import accounting
 from dpfair.tuning.config import Scalar, TuningConfig
 from dpfair.tuning.events import combine_run_events, planned_run_event, search_event
@@ -114,6 +114,8 @@ def prepare(
     ``tuning.delta`` < 1/n_train, the workers), account the search, check the budget, create
     (or reopen) the study and draw (or read back) K. No training happens here."""
     cfg = tuning_cfg if isinstance(tuning_cfg, TuningConfig) else _validate_cfg(tuning_cfg)
+    if train_fn is None and event_fn is None:
+        method_cfg, train_cfg_base = _train_configs(method_cfg, train_cfg_base)
     names = list(allowed) if allowed is not None else allowed_names(method_cfg, train_cfg_base)
     check_space_names(cfg.space, names, method_cfg)
     check_space_values(cfg.space, method_cfg, train_cfg_base)
@@ -265,6 +267,22 @@ def _check_workers(cfg: TuningConfig, **functions: object) -> None:
                 f"{what} must be importable for worker processes (a module-level function "
                 f"or a 'module:function' / '/path/file.py:function' string): {exc}"
             ) from None
+
+
+def _train_configs(method_cfg: MethodSpec, train_cfg_base: RunConfig
+                   ) -> tuple[MethodSpec, RunConfig]:
+    """With dpfair's own training (no ``train_fn``/``event_fn``), mappings validated into a
+    :class:`~dpfair.training.TrainConfig` and its method, as the types allow them; a
+    ``ConfigError`` names a bad key."""
+    if isinstance(method_cfg, BaseModel) and isinstance(train_cfg_base, BaseModel):
+        return method_cfg, train_cfg_base
+    from dpfair.training import TrainConfig
+
+    try:
+        config = TrainConfig.model_validate({**dump(train_cfg_base), "method": dump(method_cfg)})
+    except ValidationError as exc:
+        raise ConfigError("tune: " + format_validation_error(exc, TrainConfig)) from None
+    return config.method, config
 
 
 def _grid(cfg: TuningConfig) -> list[dict[str, Scalar]]:

@@ -1,7 +1,10 @@
 """The Optuna study of a search: its storage, its samplers, creating it and reopening it.
 
-Storage (``TuningConfig.storage``): None → SQLite file ``optuna.db`` in the working directory
-(one process); ``"journal:PATH"`` → ``JournalStorage(JournalFileBackend(PATH))`` for several
+Storage (``TuningConfig.storage``): None → in memory, in this process only (one worker; the
+study is not kept: ``tune()`` writes no file the caller did not name; the parameters file's
+default, :data:`~dpfair.tuning.config.PARAMS_STORAGE`, is the SQLite file ``optuna.db`` in
+the working directory); ``"sqlite:///FILE"`` → that file (one process); ``"journal:PATH"`` →
+``JournalStorage(JournalFileBackend(PATH))`` for several
 processes on one machine; ``"postgresql://..."`` (or any SQLAlchemy URL) → ``RDBStorage`` for
 several machines (run ``tune`` with the same URL and study name on each machine). RDB storages
 get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_STREAM",
+    "IN_MEMORY",
     "GridSampler",
     "TrialSeededRandomSampler",
     "distributions",
@@ -59,12 +63,19 @@ __all__ = [
 ]
 
 CONFIG_STREAM = 67  # "C": the SeedSequence stream of the configuration draws
-_SQLITE_DEFAULT = "optuna.db"
+IN_MEMORY = "in memory (not kept: give storage= to keep or resume the study)"
+_IN_MEMORY: dict[str, optuna.storages.InMemoryStorage] = {}
 
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
-    """The Optuna storage of ``cfg.storage`` and a printable description of it."""
-    url = cfg.storage or f"sqlite:///{os.path.abspath(_SQLITE_DEFAULT)}"
+    """The Optuna storage of ``cfg.storage`` and a printable description of it (None: one
+    in-memory storage per study name in this process, shared by its prepare and finish)."""
+    if cfg.storage is None:
+        key = cfg.study_name or ""
+        return _IN_MEMORY.setdefault(key, optuna.storages.InMemoryStorage()), IN_MEMORY
+    url = cfg.storage
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        url = f"sqlite:///{os.path.abspath(url[len('sqlite:///'):])}"
     check_storage(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend

@@ -68,7 +68,8 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     assert parent.info.status == "FINISHED"
     assert out["tracking_url"].endswith(f"/#/experiments/{out['experiment_id']}/runs/"
                                         f"{out['parent_run_id']}")
-    assert out["registered_model"] == {"name": "dpfair-synthetic", "version": "1"}
+    assert out["registered_model"] == {"name": "dpfair-synthetic", "version": "1",
+                                       "champion": "1"}
     # the data version is dvc.lock's hash of the prepared arrays
     version = data_version("synthetic", tmp_path / "dvc.lock")
     assert version and parent.data.tags["dpfair.data_version"] == version

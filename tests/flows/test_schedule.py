@@ -47,6 +47,19 @@ def test_serve_without_server_says_what_to_do(tmp_path):
     assert "prefect server start" in done.stderr and "PREFECT_API_URL" in done.stderr
 
 
+def test_the_api_url_of_the_active_prefect_profile_counts(tmp_path):
+    """`prefect config set PREFECT_API_URL=...` is enough: serve reads the active profile."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "home")
+    api = "http://127.0.0.1:4999/api"
+    subprocess.run([str(BIN / "prefect"), "config", "set", f"PREFECT_API_URL={api}"],
+                   env=env, check=True, capture_output=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", "from flows.schedule import api_url; "
+                           "print(api_url())"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.strip() == api, done.stderr
+
+
 @pytest.mark.slow
 def test_scheduled_deployment_runs_on_a_real_server(tmp_path, repo_root):
     port = _free_port()
