@@ -242,8 +242,10 @@ def run(
     if copy_results is not None:
         shutil.rmtree(copy_results, ignore_errors=True)
         shutil.copytree(out["results_dir"], copy_results)
-    console.print(out["table"], markup=False, highlight=False)
-    console.print(f"figures and tables: {out['results_dir']}")
+    results_dir = Path(out["results_dir"])
+    _print_results(_results_frame(results_dir / "results.csv"),
+                   f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}")
+    console.print(f"full table, notes and figures: {results_dir} (results.md)")
     if registered := out.get("registered_model"):
         _print_registered(registered)
     console.print(f"MLflow parent run {out['parent_run_id']}; {ui_hint(p.tracking)}")
@@ -255,18 +257,45 @@ def results(
     run_id: Annotated[str | None, typer.Option(help="pipeline run id (default: latest)")] = None,
     dataset: Annotated[str | None, typer.Option(
         help="the dataset whose latest run to show (default: experiment.dataset)")] = None,
+    full: Annotated[bool, typer.Option(
+        "--full", help="the full table and its notes (markdown, wide) instead")] = False,
     params: ParamsOption = None,
 ) -> None:
     """Print the comparison table of the dataset's latest (or a given) pipeline run."""
+    import tempfile
+
     from dpfair.preflight import check_tracking
-    from dpfair.tracking import read_results
+    from dpfair.tracking import client, read_results
 
     p = resolve_params(params)
     check_tracking(p.tracking)
     name = None if run_id else dataset or p.experiment.dataset
     found_id, table = read_results(p.tracking, run_id, name)
-    console.print(f"pipeline run {found_id}" + (f" of dataset {name}" if name else ""))
-    console.print(table, markup=False, highlight=False)
+    title = f"pipeline run {found_id}" + (f" of dataset {name}" if name else "")
+    if full:
+        console.print(title)
+        console.print(table, markup=False, highlight=False)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = client(p.tracking).download_artifacts(found_id, "results/results.csv", tmp)
+        _print_results(_results_frame(Path(csv)), title)
+    console.print("full table and notes: dpfair results --full")
+
+
+def _results_frame(path: Path) -> Any:
+    import pandas as pd
+
+    return pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
+
+
+def _print_results(frame: Any, title: str) -> None:
+    """The compact results table (:mod:`dpfair.cli_results`) and its legend."""
+    from dpfair.cli_results import WIDTH, compact_table
+
+    table, legend = compact_table(frame, title)
+    console.print(table, width=WIDTH)
+    for line in legend:
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command("evaluate")

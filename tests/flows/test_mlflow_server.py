@@ -121,3 +121,5 @@ def test_pipeline_on_a_server_keeps_artifacts_there_and_serves_the_champion(
     shown = CliRunner().invoke(app, ["results", "--params", str(params_path)])
     assert shown.exit_code == 0, shown.output
     assert f"pipeline run {out['parent_run_id']} of dataset digits" in shown.output
+    assert max(len(line) for line in shown.output.splitlines()) <= 120
+    assert "acc worst" in shown.output or "acc " in shown.output
