@@ -1,4 +1,4 @@
-"""The steps of the experiment pipeline as plain functions (DESIGN.md section 7).
+"""The steps of the experiment pipeline as plain functions.
 
 ``flows/experiment.py`` only orchestrates these: prepare the data (DVC stage,
 :mod:`dpfair.pipeline_data`) -> plan what
@@ -201,7 +201,7 @@ def tune_method(
     study_name: str,
     release: MethodRelease,
 ) -> TuneRecord:
-    """Private search for ``label`` (DESIGN.md section 6) in the study :func:`plan_release`
+    """Private search for ``label`` in the study :func:`plan_release`
     prepared, logged as one MLflow run (:func:`log_search`)."""
     exp = params.experiment
     base = exp.train_config(label, exp.seeds[0])

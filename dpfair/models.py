@@ -1,4 +1,4 @@
-"""The models of the papers (DESIGN.md section 2): softmax/logistic regression, MLP, two CNNs.
+"""The models of the papers: softmax/logistic regression, MLP, two CNNs.
 
 Every model is a plain ``nn.Sequential`` of ``Linear``/``Conv2d`` layers and parameter-free
 modules (activations, pooling, flatten), so the per-sample gradient engine can hook every

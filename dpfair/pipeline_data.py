@@ -1,4 +1,4 @@
-"""The pipeline's data step (DESIGN.md section 7, step 1): run the dataset's DVC ``prepare``
+"""The pipeline's data step: run the dataset's DVC ``prepare``
 stage (or prepare it directly without DVC), load what it wrote, and log a pipeline run's
 inputs (settings, ``params.yaml``, the dataset with its version) on its MLflow run."""
 

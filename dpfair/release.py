@@ -1,4 +1,4 @@
-"""What a pipeline run releases and the ε that covers it (DESIGN.md section 5).
+"""What a pipeline run releases and the ε that covers it.
 
 Per method a run releases its search (a tuned method: the selected configuration, or with
 ``tuning.release: all_trials`` every trial, its score and K) and, on each seed, a trained model
@@ -226,7 +226,7 @@ class ReleasePlan:
         description): the columns, the total, what has no guarantee, the test metrics."""
         seeds = ", ".join(str(s) for s in next(iter(self.methods.values())).seeds)
         notes = [
-            f"Privacy (DESIGN.md section 5): '{EPSILON_RUN}' is the ε of one final model; "
+            f"Privacy: '{EPSILON_RUN}' is the ε of one final model; "
             f"'{EPSILON_METHOD}' composes the method's search with its final models on seeds "
             f"{seeds}; the last row composes every private release of this run (RDP "
             f"accountant, not a sum of epsilons). Every ε is at δ = {self.delta:g}.",

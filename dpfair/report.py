@@ -1,4 +1,4 @@
-"""Figures and the comparison with published numbers (DESIGN.md section 5).
+"""Figures and the comparison with published numbers.
 
 Every figure function takes plain data (the canonical runs frame of
 :func:`dpfair.fairness.runs_frame`, or dicts of arrays), writes one PNG with matplotlib's

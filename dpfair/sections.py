@@ -106,7 +106,7 @@ class ExperimentSection(BaseModel):
         return TrainConfig(method=method, model=self.model, seed=seed, **settings)
 
 
-#: What a search releases (DESIGN.md section 5, "Tuning"): ``selected``, the selected
+#: What a search releases: ``selected``, the selected
 #: configuration and its outputs (the RepeatAndSelect bound covers exactly that), or
 #: ``all_trials``, every trial's hyperparameters and score and K (then ε is the composition of
 #: all K runs and their score releases).
@@ -170,7 +170,7 @@ def check_spaces(experiment: ExperimentSection, tuning: TuningSection) -> None:
 
 
 class BudgetSection(BaseModel):
-    """``budget:`` the most a pipeline run may release (DESIGN.md section 5, "Budget").
+    """``budget:`` the most a pipeline run may release.
 
     It covers every release of the run together: each method's search, each final model on
     each seed (all trained on the same data, so they compose) and any noisy statistic. The

@@ -279,7 +279,7 @@ def log_dataset(cfg: TrackingConfig, run_id: str, *, name: str, digest: str, sou
                 context: str = "training", schema: Mapping[str, Any] | None = None) -> None:
     """The run's input dataset (the runs table's Dataset column): ``name``, ``digest`` (the
     data version) and ``source`` (where it was read). ``schema`` holds public facts only
-    (no row counts: DESIGN.md section 5)."""
+    (no row counts: they are not covered by ε)."""
     dataset = Dataset(name=name, digest=digest[:36], source_type="local",
                       source=json.dumps({"uri": source}),
                       schema=json.dumps(dict(schema or {}), default=str))

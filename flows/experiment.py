@@ -1,4 +1,4 @@
-"""The experiment flow (DESIGN.md section 7): prepare -> plan the release -> tune -> train x
+"""The experiment flow: prepare -> plan the release -> tune -> train x
 seeds -> report.
 
 ``run_experiment`` validates params.yaml before anything runs, then starts the flow with the
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# Prefect's temporary server takes ~20 s to start on 2 busy cores (DESIGN.md section 8).
+# Prefect's temporary server takes ~20 s to start on 2 busy cores.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 

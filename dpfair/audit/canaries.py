@@ -10,7 +10,7 @@ Kinds, each drawn from and labelled with one protected group ``k`` (``g = k``):
   (far from standardised features at ``scale`` 3), with a uniformly random label.
 
 The inclusion coins are secret (:func:`coin_generator`): drawn from OS entropy that is kept
-nowhere, like the training noise (DESIGN.md section 5), unless the run is ``reproducible``.
+nowhere, like the training noise, unless the run is ``reproducible``.
 The audit itself holds them in memory to score its guesses.
 """
 

@@ -1,4 +1,4 @@
-"""Datasets (DESIGN.md section 3): registry, sources, loaders, preprocessing, prepared arrays.
+"""Datasets: registry, sources, loaders, preprocessing, prepared arrays.
 
 Public API::
 

@@ -1,4 +1,4 @@
-"""The one data structure every dataset yields (DESIGN.md section 3)."""
+"""The one data structure every dataset yields."""
 
 from __future__ import annotations
 

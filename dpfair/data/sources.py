@@ -1,6 +1,6 @@
 """Where raw files come from: mirror directory, then cache, then canonical URL; md5 always checked.
 
-Resolution order for a file ``<dir>/<name>`` (DESIGN.md section 3):
+Resolution order for a file ``<dir>/<name>``:
 
 1. the mirror directory ``$DPFAIR_DATA_MIRROR/<dir>/<name>`` (default: ``<repo>/../shared/datasets``
    when it exists; the repo root is found from this package's location, never from the cwd;

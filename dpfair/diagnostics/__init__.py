@@ -1,4 +1,4 @@
-"""Gradient-misalignment diagnostics (DESIGN.md section 5): opt-in and non-private.
+"""Gradient-misalignment diagnostics: opt-in and non-private.
 
 Everything here reads un-noised training statistics, so every result carries
 ``"privacy": "non-private"``; runs that turn diagnostics on are tagged

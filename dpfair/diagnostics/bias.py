@@ -1,7 +1,7 @@
 """Clipping bias of the private gradient (Knolle et al. 2023, BAM, Sec. 4, Eq. 11).
 
 **Opt-in and non-private**: computed from the un-noised per-sample gradients of a training
-batch; every output carries ``"privacy": "non-private"`` (DESIGN.md section 5).
+batch; every output carries ``"privacy": "non-private"``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 **Opt-in and non-private.** These diagnostics use exact, un-noised training-set statistics
 (full-data group gradients, Hessians, the unclipped batch gradient): every output carries
 ``"privacy": "non-private"`` and a run that logs them must be tagged
-``dpfair.diagnostics=non-private`` (DESIGN.md section 5). :func:`dpfair.training.train` never
+``dpfair.diagnostics=non-private``. :func:`dpfair.training.train` never
 computes them (its callbacks see neither the model nor a batch's gradients): call
 :func:`misalignment_report` from your own loop, with the batch's clipped and unclipped mean
 gradients from :func:`dpfair.diagnostics.bias.batch_gradients`, every 50-200 steps as the

@@ -2,7 +2,7 @@
 
 **Opt-in and non-private**: both use un-noised training statistics (the bimodal toy is
 noise-free by default, as Zhao's Fig. 1; the Table 1 runs add no noise at all), so every
-result carries ``"privacy": "non-private"`` (DESIGN.md section 5).
+result carries ``"privacy": "non-private"``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def bimodal_mean_toy(
 
     Data: a fraction ``1 − minority_fraction`` of the n points at 0 and the rest at 1 (plus
     N(0, spread²) jitter), true mean 0.4 by default. Loss ½ Σ (x_i − μ)², per-sample descent
-    direction g_i = x_i − μ_t. Each step is Zhao's Alg. 2 (normalised DP-SGD, DESIGN.md
-    section 4 ``adaptive`` with s = 1): Poisson-sample B_t at rate q, expected size B = qn;
+    direction g_i = x_i − μ_t. Each step is Zhao's Alg. 2 (normalised DP-SGD: the
+    ``adaptive`` method with s = 1): Poisson-sample B_t at rate q, expected size B = qn;
     ḡ_i = g_i min(1/C_t, 1/|g_i|); μ_{t+1} = μ_t + η (Σ ḡ_i + N(0, σ²)) / B;
     b_t = #{|g_i| > τ C_t}, b̃_t = (b_t + N(0, σ_count²)) / B;
     C_{t+1} = max(C_LB, C_t exp(η_C (b̃_t − γ))).

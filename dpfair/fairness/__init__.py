@@ -1,6 +1,6 @@
 """Fairness of private training: per-run metrics, privacy cost, tables and significance tests.
 
-Modules, bottom to top (DESIGN.md section 5; STYLE.md section 4):
+Modules, bottom to top (STYLE.md section 4):
 
 * :mod:`.metrics` -- one model's test metrics per group and class (:func:`group_metrics`),
   the layer :mod:`dpfair.training` uses; numpy only.

@@ -1,6 +1,6 @@
 """Privacy cost, excess risk, their gaps and Xu's equal cost of privacy (numpy only).
 
-Definitions follow the papers (DESIGN.md section 5):
+Definitions follow the papers:
 
 * privacy cost ``pi_k = acc_k(theta*) - E[acc_k(theta~)]`` (Esipova et al. 2023, Sec. 3.1, Eq. 1);
 * excess risk ``R_k = E[L_k(theta~)] - L_k(theta*)`` (Esipova et al. 2023, Sec. 3.1, Eq. 2);

@@ -1,6 +1,6 @@
 """One-sided Wilcoxon signed-rank tests of every method against a baseline, paired by seed.
 
-Esipova et al. 2023, Sec. 6.2 (DESIGN.md section 5): a small p means "method better than the
+Esipova et al. 2023, Sec. 6.2: a small p means "method better than the
 baseline"; the direction of each column comes from its name (:func:`higher_is_better`).
 The input is a per-seed table such as :func:`dpfair.fairness.records.seed_table`.
 """

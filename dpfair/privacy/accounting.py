@@ -1,4 +1,4 @@
-"""Privacy accounting: dp_accounting DpEvent builders, epsilon, JSON ledger (DESIGN.md section 4).
+"""Privacy accounting: dp_accounting DpEvent builders, epsilon, JSON ledger.
 
 A method describes what one step releases as a DpEvent
 (:meth:`dpfair.privacy.methods.Method.step_event`): ``GaussianDpEvent(σ)`` for the noisy clipped

@@ -1,6 +1,6 @@
 """Per-sample gradient engine: per-sample norms, then the reweighted sum ``sum_i w_i g_i``.
 
-Two implementations of one interface (DESIGN.md section 4):
+Two implementations of one interface:
 
 * :class:`GhostClipping` -- the fast path. One forward and one backward (to the layer outputs
   only, so no parameter gradient is formed twice); forward hooks keep each supported layer's

@@ -1,4 +1,4 @@
-"""One private training step (DESIGN.md section 4): norms -> rule -> weighted sum -> noise.
+"""One private training step: norms -> rule -> weighted sum -> noise.
 
 ``PrivateStep`` sets ``p.grad`` of every trainable parameter to
 

@@ -1,4 +1,4 @@
-"""The configuration of one training run (DESIGN.md sections 2 and 4)."""
+"""The configuration of one training run."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class TrainConfig(BaseModel):
 ε = ∞. Learning rate, weight decay and target ε are finite. ``delta`` < 1/n_train is checked
 by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large_delta``.
 
-    Randomness (DESIGN.md section 5, "Secret randomness"): ``seed`` fixes the initialisation;
+    Randomness: ``seed`` fixes the initialisation;
     Poisson batches, gradient noise and count noise come from OS entropy unless
     ``reproducible`` (then from ``seed``, and the run is labelled
     :data:`dpfair.training.REPLAYABLE_NOISE`), and so does the noise of noisy test metrics

@@ -1,4 +1,4 @@
-"""The Poisson-sampled training loop and device selection (DESIGN.md sections 2, 4 and 5).
+"""The Poisson-sampled training loop and device selection.
 
 One step: every training example joins the batch independently with probability
 ``q = batch_size / n_train`` (so the realised batch size is random and may be 0); the private
@@ -9,7 +9,7 @@ Adam all keep the guarantee. An epoch is ``ceil(n_train / batch_size)`` steps, t
 :func:`dpfair.privacy.accounting.steps_for_epochs` accounts for (and Opacus runs). q, the
 steps, σ and the run's privacy event are fixed first, by :func:`dpfair.training.make_plan`.
 
-Randomness (DESIGN.md section 5, "Secret randomness"): the seed is split (numpy
+Randomness: the seed is split (numpy
 ``SeedSequence``) into a model-initialisation seed, used with ``torch.manual_seed`` inside
 ``torch.random.fork_rng`` so the caller's global RNG is left alone, and a run seed. One
 ``torch.Generator`` on the training device draws every batch and every noise sample (gradient

@@ -18,7 +18,7 @@ from dpfair.training.plan import MetricsRelease
 
 #: How every output of a ``reproducible`` run (or search) is labelled: its batches and noise
 #: are drawn from the logged seed, so anyone can replay them and tell whether a record was in
-#: the training data (DESIGN.md section 5, "Secret randomness").
+#: the training data.
 REPLAYABLE_NOISE = "noise replayable from the logged seed: ε does not protect this release"
 
 

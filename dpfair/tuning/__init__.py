@@ -1,5 +1,4 @@
-"""DP hyperparameter optimisation on Optuna, with the search itself accounted (DESIGN.md
-section 6).
+"""DP hyperparameter optimisation on Optuna, with the search itself accounted.
 
 Modes (``TuningConfig.mode``; K, the number of runs, is drawn once per study from OS entropy,
 or from the seed with ``reproducible``, :mod:`~dpfair.tuning.k_draw`):

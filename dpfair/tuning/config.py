@@ -35,7 +35,7 @@ class TuningConfig(BaseModel):
     """How to search (modes, K and the score release: see :mod:`dpfair.tuning`). Every bad
     value is an error before any training.
 
-    Randomness (DESIGN.md section 5): ``seed`` fixes the data-independent public draws (which
+    Randomness: ``seed`` fixes the data-independent public draws (which
     hyperparameters trial n gets, and its training seed, which fixes the initialisation), so
     they are the same on every worker and resume. K, the score noise and the runs' batches and
     noise come from OS entropy unless ``reproducible``; then from ``seed``, and the search is

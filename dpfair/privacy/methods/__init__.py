@@ -1,4 +1,4 @@
-"""DP training methods behind one interface (DESIGN.md section 4); see ``base.Method``.
+"""DP training methods behind one interface; see ``base.Method``.
 
 Each method is one module of this package with its config, its rule and its registration
 (:mod:`dpfair.privacy.methods.registry`); ``MethodConfig`` is the discriminated union of every

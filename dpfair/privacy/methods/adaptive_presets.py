@@ -1,4 +1,4 @@
-"""The named presets of adaptive clipping (DESIGN.md section 4), each a config map to
+"""The named presets of adaptive clipping, each a config map to
 :class:`~dpfair.privacy.methods.adaptive.AdaptiveConfig` (``.adaptive()``).
 
 Defaults: Andrew et al. (2021) for AdaClip, Esipova App. B (DPSGD-Global-Adapt

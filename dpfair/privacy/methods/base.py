@@ -1,4 +1,4 @@
-"""The one interface every training method implements (DESIGN.md section 4).
+"""The one interface every training method implements.
 
 A method is a *clipping rule*: at its current released state it turns per-sample gradient
 norms (and group ids) into per-sample weights ``w_i`` and a sensitivity ``S`` such that removing
@@ -73,7 +73,7 @@ class Method(ABC):
         return self.privacy_guarantee != "none"
 
     def step_event(self, sigma: float) -> dp_event.DpEvent:
-        """What one step releases, on one Poisson-sampled batch (DESIGN.md section 4).
+        """What one step releases, on one Poisson-sampled batch.
 
         The noisy sum ``sum_i w_i g_i + N(0, sigma^2 S^2 I)`` is ``GaussianDpEvent(sigma)``
         (unit sensitivity after dividing by ``S``); a count release adds
@@ -154,5 +154,5 @@ class Method(ABC):
     # -- the gradient former hook ------------------------------------------------------------
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
-        """How ``g_i`` is formed (DESIGN.md section 4, second table): ``grad l_i(theta)``."""
+        """How ``g_i`` is formed: ``grad l_i(theta)``."""
         return make_engine(model, kind)
