@@ -5,15 +5,17 @@ run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cel
 ``"mean ± se"`` in the units of :func:`dpfair.fairness.format_table`, the two ε columns of
 :mod:`dpfair.release` and a last row with the run's total ε) into
 
-- ``metrics.json``: ``epsilon_total`` and, per method, ``worst_group_accuracy`` (%),
-  ``largest_cost_gap`` (the largest privacy-cost gap between groups, accuracy points; Esipova
-  et al. 2023, Eq. 1), ``epsilon_run`` and ``epsilon_released``. Only numbers that the results
-  table already publishes: no training-set counts, and no ε for a release without a DP
-  guarantee (the non-private reference, heuristic methods): such a method has none. With noisy
-  test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test split's
-  ε, a different set of rows).
-- ``group_accuracy.csv``: test accuracy (%) per method and group (the named pair and the worst
-  group), for ``dvc plots``.
+- ``metrics.json``: a short, flat set (``dvc metrics show`` and ``dvc exp show`` columns
+  ``worst.<method>``): ``epsilon_total``; per metric, one number per method: ``worst`` (the
+  worst group's test accuracy), ``cost_gap`` (the largest privacy-cost gap between groups;
+  Esipova et al. 2023, Eq. 1), both fractions (0.85, never 85: the percent of the results table
+  divided by 100), ``epsilon`` (released for the method) and ``epsilon_run`` (one training
+  run). Only numbers that the results table already publishes: no training-set counts, and no
+  ε for a release without a DP guarantee (the non-private reference, heuristic methods). With
+  noisy test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test
+  split's ε, a different set of rows).
+- ``group_accuracy.csv``: test accuracy (a fraction) per method and group (the named pair and
+  the worst group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
 """
 
@@ -57,25 +59,25 @@ def read_results(path: str | Path) -> pd.DataFrame:
 
 
 def _method_rows(table: pd.DataFrame) -> dict[str, pd.Series]:
-    """Rows by method label (a label's note in parentheses, e.g. replayable noise, dropped
-    from the key and kept in the row's ``note``)."""
-    rows = {}
-    for label, row in table.iterrows():
-        label = str(label)
-        if label.startswith(TOTAL_ROW):
-            continue
-        name, _, note = label.partition(" (")
-        rows[name] = row.copy()
-        rows[name]["note"] = note.rstrip(")")
-    return rows
+    """Rows by method label (a label's note in parentheses, e.g. replayable noise, dropped:
+    the results table says it)."""
+    return {str(label).partition(" (")[0]: row for label, row in table.iterrows()
+            if not str(label).startswith(TOTAL_ROW)}
+
+
+def _fraction(percent: float | None) -> float | None:
+    """A results-table percentage as a fraction (four decimals: the table's one of a percent,
+    no false precision)."""
+    return None if percent is None else round(percent / 100.0, 4)
 
 
 def _group_accuracies(row: pd.Series) -> dict[str, float]:
-    """Group -> accuracy (%) of a method's row: the pair's ``acc_<group>`` and the worst."""
+    """Group -> accuracy (a fraction) of a method's row: the pair's ``acc_<group>`` and the
+    worst."""
     out = {}
     for col, cell in row.items():
         col = str(col)
-        value = number(cell) if col.startswith("acc_") else None
+        value = _fraction(number(cell)) if col.startswith("acc_") else None
         if value is not None:
             out["worst group" if col == WORST else col.removeprefix("acc_")] = value
     return out
@@ -89,14 +91,12 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
     gap = next((number(row[c]) for c in COST_GAPS if c in row and number(row[c]) is not None),
                None)
     metrics: dict[str, Any] = {
-        "worst_group_accuracy": worst,
-        "largest_cost_gap": gap,
+        "worst": worst,
+        "cost_gap": _fraction(gap),
+        "epsilon": number(row[EPSILON_METHOD]),
         "epsilon_run": number(row[EPSILON_RUN]),
-        "epsilon_released": number(row[EPSILON_METHOD]),
         "epsilon_test": number(row[EPSILON_TEST]) if EPSILON_TEST in row else None,
     }
-    if row["note"]:
-        metrics["note"] = row["note"]
     return {k: v for k, v in metrics.items() if v is not None}
 
 
@@ -114,15 +114,16 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
                        if str(i).startswith(TOTAL_ROW)]
         if test_totals and test_totals[0] is not None:
             metrics["epsilon_test_total"] = test_totals[0]
-    metrics["methods"] = methods
+    for key in ("worst", "cost_gap", "epsilon", "epsilon_run", "epsilon_test"):
+        if per_method := {m: v[key] for m, v in methods.items() if key in v}:
+            metrics[key] = per_method
     groups = pd.DataFrame(
         [{"method": m, "group": g, "method_group": f"{m} · {g}", "accuracy": acc}
          for m, row in rows.items() for g, acc in _group_accuracies(row).items()],
         columns=["method", "group", "method_group", "accuracy"])
     curve = pd.DataFrame(
-        [{"method": m, "epsilon": v["epsilon_released"],
-          "worst_group_accuracy": v["worst_group_accuracy"]}
-         for m, v in methods.items() if "epsilon_released" in v and "worst_group_accuracy" in v],
+        [{"method": m, "epsilon": v["epsilon"], "worst_group_accuracy": v["worst"]}
+         for m, v in methods.items() if "epsilon" in v and "worst" in v],
         columns=["method", "epsilon", "worst_group_accuracy"])
     return metrics, groups, curve
 

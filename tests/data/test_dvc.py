@@ -183,12 +183,12 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     shown = json.loads(_dvc(repo, "metrics", "show", "--json", quiet=True))
     [(_, files)] = shown.items()
     metrics = files["data"]["evaluation/metrics.json"]["data"]
-    dpsgd, reference = metrics["methods"]["dpsgd"], metrics["methods"]["nonprivate"]
-    assert set(dpsgd) == {"worst_group_accuracy", "largest_cost_gap", "epsilon_run",
-                          "epsilon_released"}
-    assert 0.0 <= dpsgd["worst_group_accuracy"] <= 100.0
-    assert 0.0 < dpsgd["epsilon_run"] <= dpsgd["epsilon_released"] == metrics["epsilon_total"]
-    assert set(reference) == {"worst_group_accuracy"}  # no ε without a DP guarantee
+    assert set(metrics) == {"epsilon_total", "worst", "cost_gap", "epsilon", "epsilon_run"}
+    assert set(metrics["worst"]) == {"dpsgd", "nonprivate"}  # fractions, not percent
+    assert 0.0 <= metrics["worst"]["dpsgd"] <= 1.0 and 0.0 <= metrics["cost_gap"]["dpsgd"] <= 1
+    assert 0.0 < metrics["epsilon_run"]["dpsgd"] <= metrics["epsilon"]["dpsgd"] == (
+        metrics["epsilon_total"])
+    assert set(metrics["epsilon"]) == {"dpsgd"}  # no ε without a DP guarantee
     assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
 
     plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
@@ -230,24 +230,22 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     table.to_csv(tmp_path / "results.csv")
     paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
     metrics = json.loads(paths["metrics.json"].read_text())
-    assert metrics == {"epsilon_total": 5.62, "methods": {
-        "nonprivate": {"worst_group_accuracy": 89.5},
-        "dpsgd": {"worst_group_accuracy": 60.5, "largest_cost_gap": 25.0, "epsilon_run": 2.81,
-                  "epsilon_released": 5.62, "note": "replayable noise"},
-        "fairlens": {"worst_group_accuracy": 69.0, "largest_cost_gap": 15.0}}}
+    assert metrics == {"epsilon_total": 5.62,
+                       "worst": {"nonprivate": 0.895, "dpsgd": 0.605, "fairlens": 0.69},
+                       "cost_gap": {"dpsgd": 0.25, "fairlens": 0.15},
+                       "epsilon": {"dpsgd": 5.62}, "epsilon_run": {"dpsgd": 2.81}}
     groups = pd.read_csv(paths["group_accuracy.csv"])
     assert len(groups) == 9 and set(groups["group"]) == {"2", "8", "worst group"}
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])
     assert curve.to_dict("records") == [
-        {"method": "dpsgd", "epsilon": 5.62, "worst_group_accuracy": 60.5}]
+        {"method": "dpsgd", "epsilon": 5.62, "worst_group_accuracy": 0.605}]
     # noisy test metrics: the test split's ε per method (every method: its own rows) and total
     table[EPSILON_TEST] = ["0.9", "0.9", "0.9", "1.6"]
     table.to_csv(tmp_path / "results.csv")
     metrics = json.loads(write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")[
         "metrics.json"].read_text())
     assert metrics["epsilon_test_total"] == 1.6 and metrics["epsilon_total"] == 5.62
-    assert {m: v["epsilon_test"] for m, v in metrics["methods"].items()} == {
-        "nonprivate": 0.9, "dpsgd": 0.9, "fairlens": 0.9}
+    assert metrics["epsilon_test"] == {"nonprivate": 0.9, "dpsgd": 0.9, "fairlens": 0.9}
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(DataError, match="not a results table"):
         write_outputs(tmp_path / "other.csv", tmp_path / "evaluation")
