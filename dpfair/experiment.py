@@ -53,6 +53,7 @@ from dpfair.tracking import (
     log_params,
     log_table,
     log_text,
+    reopen,
     run,
     set_tags,
 )
@@ -200,17 +201,21 @@ def tune_method(
     parent_run_id: str,
     study_name: str,
     release: MethodRelease,
+    earlier_run_id: str | None = None,
 ) -> TuneRecord:
     """Private search for ``label`` in the study :func:`plan_release`
-    prepared, logged as one MLflow run (:func:`log_search`)."""
+    prepared, logged as one MLflow run (:func:`log_search`): ``earlier_run_id``, the run of
+    the same search that a crashed pipeline left unfinished, is reopened (a resume never
+    logs a second run of one search)."""
     exp = params.experiment
     base = exp.train_config(label, exp.seeds[0])
     cfg = params.tuning.config(label, study_name)
     mode = params.tuning.release
-    with run(tracking, experiment_id, run_name(dataset.name, f"tune {label}"),
-             parent_run_id=parent_run_id,
-             tags={"dpfair.stage": "tuning", "dpfair.method": label,
-                   "dpfair.release": mode}) as tune_run_id:
+    opened = reopen(tracking, earlier_run_id) if earlier_run_id else run(
+        tracking, experiment_id, run_name(dataset.name, f"tune {label}"),
+        parent_run_id=parent_run_id,
+        tags={"dpfair.stage": "tuning", "dpfair.method": label, "dpfair.release": mode})
+    with opened as tune_run_id:
         result: TuningResult = tune(base.method, base, dataset, cfg)
         search = _check_planned(result, cfg, release, mode)
         log_search(tracking, experiment_id, tune_run_id, label, cfg, result, search, release,

@@ -60,7 +60,7 @@ from dpfair.tracking import (  # noqa: E402
     run_url,
 )
 from flows import artifacts  # noqa: E402
-from flows.server import mark_owner, stop_orphan_servers  # noqa: E402
+from flows.server import mark_owner, one_api_server, stop_orphan_servers  # noqa: E402
 from tasks.pipeline import (  # noqa: E402
     evaluate,
     load_data,
@@ -174,7 +174,8 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
             spend.may_release()  # from here on, tasks may log what the plan covers
             tune_futures = {
                 label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
-                                          studies[label], plan.methods[label])
+                                          studies[label], plan.methods[label],
+                                          earlier.searches.get(label) if earlier else None)
                 for label in studies if not (earlier and label in earlier.tuned)
             }
             tuned = {**(earlier.tuned if earlier else {}), **_collect(tune_futures, failures)}
@@ -305,6 +306,6 @@ def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
     mark_owner()
     _share_cores(params.pipeline.max_workers)
     configured = experiment_flow.with_options(task_runner=task_runner(params.pipeline))
-    with sigterm_raises():
+    with sigterm_raises(), one_api_server(params.pipeline.task_runner == "dask"):
         return configured(params_path=str(Path(params_path).resolve()),
                           root=str(Path(root).resolve()), resume=resume)

@@ -145,6 +145,10 @@ def test_rerun_after_a_failed_search_reopens_its_study(prefect_harness, tmp_path
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == [studies[0]]
     assert {(r["label"], r["seed"]) for r in out["runs"]} == {("nonprivate", 0), ("dpsgd", 0)}
+    # the crashed search's MLflow run was reopened and finished: one run per search
+    searches = MlflowClient(load_params(params_path).tracking.uri).search_runs(
+        [out["experiment_id"]], "tags.`dpfair.stage` = 'tuning'")
+    assert [r.info.status for r in searches] == ["FINISHED"]
 
 
 _KILLED_RUN = """
