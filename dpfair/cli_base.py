@@ -34,10 +34,10 @@ def show_version(value: bool) -> None:
 
 
 def set_verbosity(quiet: bool, verbose: bool) -> None:
-    """Log levels: dpfair's INFO lines (one per task); MLflow's and Prefect's from WARNING up
-    unless ``verbose`` (or their own variables say otherwise); with ``quiet`` only errors. Set
-    through the environment before MLflow and Prefect are imported (they read it then), so
-    worker processes inherit it."""
+    """Log levels: dpfair's INFO lines and one line per Prefect task; MLflow's, Optuna's and
+    Prefect's other lines from WARNING up unless ``verbose`` (or their own variables say
+    otherwise); with ``quiet`` only errors. Set through the environment before MLflow and
+    Prefect are imported (they read it then), so worker processes inherit it."""
     if quiet and verbose:
         raise typer.BadParameter("-q and -v exclude each other")
     level = "ERROR" if quiet else "INFO" if verbose else "WARNING"
@@ -46,7 +46,14 @@ def set_verbosity(quiet: bool, verbose: bool) -> None:
             os.environ[var] = level
         else:
             os.environ.setdefault(var, level)
+    # one line per task: Prefect's "Task run '...' - Finished in state ..."
+    task_runs = "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL"
+    if quiet:
+        os.environ[task_runs] = "ERROR"
+    else:
+        os.environ.setdefault(task_runs, "INFO")
     logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"])
+    logging.getLogger("optuna").setLevel(level)
     for own in ("dpfair", "flows", "tasks"):
         logging.getLogger(own).setLevel("ERROR" if quiet else "INFO")
 

@@ -409,3 +409,37 @@ def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch
     assert len(mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()])
                ) == before
     assert len(book.releases("synthetic")) == 3
+
+
+def test_version_quiet_verbose_and_the_exit_codes_in_help():
+    from importlib.metadata import version
+
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output.strip() == f"dpfair {version('dpfair')}"
+    out = runner.invoke(app, ["-q", "-v", "data", "list"])
+    assert out.exit_code == 2 and "exclude each other" in out.output
+    out = runner.invoke(app, ["--help"])
+    text = _printed(out.output)
+    assert out.exit_code == 0 and "3 a privacy budget refused" in text and "-q" in text
+
+
+def test_train_register_makes_a_standalone_version_and_results_name_the_dataset(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path)
+    out = runner.invoke(app, ["train", "--method", "dpsgd"])
+    assert out.exit_code == 0 and "registered model" not in out.output, out.output
+    assert "open the MLflow UI with:" in out.output
+    from mlflow import MlflowClient
+
+    mlflow = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert mlflow.search_registered_models() == []  # only pipeline runs register by default
+    out = runner.invoke(app, ["train", "--method", "dpsgd", "--register"])
+    assert out.exit_code == 0, out.output
+    assert "dpfair-synthetic version 1 (@challenger; it is @champion)" in _printed(out.output)
+    version = mlflow.get_model_version("dpfair-synthetic", "1")
+    assert version.tags["standalone"] == "true" and 0 <= float(version.tags["accuracy"]) <= 1
+    assert mlflow.get_run(version.run_id).info.run_name.endswith(" · standalone")
+    out = runner.invoke(app, ["results", "--dataset", "digits"])
+    assert out.exit_code == 2 and "no finished pipeline run of dataset 'digits'" in _printed(
+        out.output)
