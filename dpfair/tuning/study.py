@@ -4,8 +4,8 @@ Storage (``TuningConfig.storage``): None → SQLite file ``optuna.db`` in the pr
 relative SQLite path too: :func:`dpfair.workspace.project_root`, also from a DVC temporary
 workspace; one process); ``"journal:PATH"`` → ``JournalStorage(JournalFileBackend(PATH))``
 for several processes on one machine; ``"postgresql://..."`` (or any SQLAlchemy URL) →
-``RDBStorage`` for several machines (run ``tune`` with the same URL and study name on each machine). RDB storages
-get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
+``RDBStorage`` for several machines (run ``tune`` with the same URL and study name on each
+machine). RDB storages get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
 
 Samplers. Each run draws every hyperparameter uniformly, with replacement, from its
 categorical list (a ``RandomSampler`` over ``CategoricalDistribution``). The sampler of worker
