@@ -43,9 +43,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import recorded
 import torch
 import yaml
 from machine import cpu_model
+from report_claims import claims
+from report_figures import fill, parse_section
 from report_notes import CARRIED, CLAIMS, flag_reasons, markdown_flags, previous_sections
 
 from dpfair import fairness, report
@@ -75,6 +78,8 @@ def load_configs(config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, Any]]:
     for path in sorted(config_dir.glob("*.yaml")):
         cfg = yaml.safe_load(path.read_text())
         cfg["name"] = path.stem
+        if cfg.get("recorded_of"):
+            cfg = recorded.merge(configs[cfg["recorded_of"]], cfg)
         configs[path.stem] = cfg
     return configs
 
@@ -458,8 +463,12 @@ def table_stats(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> pd.DataFra
         paired_reference=True, tau=cfg.get("tau", fairness.XU_TAU))
 
 
-def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[list[str], dict]:
-    """Markdown of one ``table`` result, and the facts the claims section needs."""
+def _seeds(n: int) -> str:
+    return "1 seed" if n == 1 else f"{n} seeds"
+
+
+def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
+    """Markdown of one ``table`` result."""
     percent = cfg["layout"] == "esipova"
     stats = table_stats(cfg, result)
     pub = published_table(cfg["published"])
@@ -470,7 +479,7 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[lis
     eps = {m: float(np.mean(v)) for m, v in result["epsilons"].items()}
     ours["epsilon"] = [_epsilon_cell(m, eps.get(m)) for m in ours.index]
     lines = [
-        f"Ours (mean ± SE over {len(finished_seeds(cfg, result))} seeds; accuracies "
+        f"Ours (mean ± SE over {_seeds(len(finished_seeds(cfg, result)))}; accuracies "
         f"{'in %' if percent else 'as fractions'}; ε measured by our accountant, "
         f"published ε = {cfg['published_epsilon']}):", "", ours.to_markdown(), "",
         f"Ours / published (⚠: |difference| > {N_SE:g} combined SEs; a published value "
@@ -478,10 +487,11 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[lis
     ]
     n_flag = int(cmp["differs"].fillna(False).sum())
     n_cmp = int(cmp["differs"].notna().sum())
-    lines += [f"{n_flag} of {n_cmp} comparable cells differ beyond {N_SE:g} combined SEs.", ""]
+    lines += [f"{n_flag} of {n_cmp} comparable cells differ beyond {N_SE:g} combined SEs."
+              + (" No cell is comparable: one run on our side and no SE on the paper's."
+                 if n_cmp == 0 else ""), ""]
     lines += flag_reasons(flagged_cells(cmp), cfg.get("flag_notes", []))
-    facts = {"stats": stats, "cmp": cmp, "pub": pub, "eps": eps}
-    return lines, facts
+    return lines
 
 
 def flagged_cells(cmp: pd.DataFrame) -> list[str]:
@@ -548,12 +558,11 @@ def zhao_frame(result: Mapping[str, Any]) -> pd.DataFrame:
     return frame[frame["metric"] == fairness.ACCURACY]
 
 
-def render_zhao(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[list[str], dict]:
+def render_zhao(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
     pub = published_table(cfg["published"])
     frame = zhao_frame(result)
     groups, labels = cfg["groups"], cfg["labels"]
     lines: list[str] = []
-    facts: dict[str, Any] = {"worst": {}}
     rows = []
     for eps in result.get("partial_epsilons", cfg["epsilons"]):
         pub_eps = pub.get(str(eps), {})
@@ -576,7 +585,6 @@ def render_zhao(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[list
                 row[f"acc_{lab} published"] = _cell(pm, ps, 4) + (" ⚠" if differs else "")
             worst = per_seed[groups].min(axis=1)
             wm, ws = fairness.mean_se(worst.to_numpy())
-            facts["worst"][key] = (wm, ws)
             row["worst-group ours"] = _cell(wm, ws, 4)
             b = result["best"][key]
             row["best grid point (lr, clip)"] = f"{b['lr']:g}, {b['clip'] if b['clip'] else '-'}"
@@ -606,7 +614,7 @@ def render_zhao(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[list
                   "accuracy of the "
                   "selected run, mean ± SE over repetitions of the whole search):", "",
                   pd.DataFrame(agg).to_markdown(index=False), ""]
-    return lines, facts
+    return lines
 
 
 def _grid_reduced(cfg: Mapping[str, Any]) -> bool:
@@ -637,8 +645,12 @@ def settings_lines(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[st
                          + (f" and `{m['clip_field']}`" if m.get("clip_field") else ""))
         lines.append(f"- target ε {cfg['epsilons']} at δ = {cfg['train']['delta']} (σ calibrated "
                      "per run with dpfair's accountant)")
-    lines.append(f"- wall time {result['wall_s'] / 60:.1f} min on {result['machine']}; "
-                 f"finished {result['finished']}; MLflow parent run `{result['mlflow_run']}`")
+    if result.get("recorded"):
+        lines += recorded.settings_lines(result, cfg["groups"], cfg["labels"])
+    else:
+        lines.append(f"- wall time {result['wall_s'] / 60:.1f} min on {result['machine']}; "
+                     f"finished {result['finished']}; MLflow parent run "
+                     f"`{result['mlflow_run']}`")
     if cfg["kind"] == "table" and result.get("partial"):
         lines.append(f"- **PARTIAL: the run was cut short; the tables use the seeds on which "
                      f"every method finished: {finished_seeds(cfg, result)}**")
@@ -654,64 +666,6 @@ def settings_lines(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[st
     if cfg.get("quick"):
         lines.append("- **QUICK MODE: not a reproduction, a smoke test of the machinery**")
     return lines
-
-
-def claims(configs: Mapping[str, Mapping], facts: Mapping[str, dict]) -> list[str]:
-    """The papers' qualitative claims, checked on our numbers."""
-    out = ["### Qualitative claims checked", ""]
-    for name, f in facts.items():
-        cfg = configs[name]
-        if cfg["kind"] == "table" and cfg["layout"] == "esipova":
-            st = f["stats"]
-            if "dpsgd" not in st.index:
-                continue
-            # Esipova claims both gaps shrink: accuracy (pi, in pp) and excess loss (R)
-            for col, what, scale, unit in (("pi_gap", "privacy-cost gap π_gap", 100, " pp"),
-                                           ("R_gap", "excess-risk gap R_gap", 1, "")):
-                gap = {m: (st.at[m, (col, "mean")] * scale, st.at[m, (col, "se")] * scale)
-                       for m in st.index if m != REFERENCE}
-                base = gap["dpsgd"]
-                digits = 1 if scale == 100 else 3
-                for m in ("dpsgd_global", "dpsgd_global_adapt", "dpsgd_f"):
-                    if m in gap:
-                        verdict = "yes" if gap[m][0] < base[0] else "NO"
-                        out.append(f"- {cfg['title']}: {m} {what} {gap[m][0]:.{digits}f} ± "
-                                   f"{gap[m][1]:.{digits}f} vs dpsgd {base[0]:.{digits}f} ± "
-                                   f"{base[1]:.{digits}f}{unit} → smaller than dpsgd: "
-                                   f"**{verdict}**")
-        elif cfg["kind"] == "table" and cfg["layout"] == "xu":
-            st = f["stats"]
-            pub = f["pub"]
-            for m in st.index:
-                if m == REFERENCE:
-                    continue
-                g = st.at[m, ("delta_gap", "mean")]
-                eq = "equal" if g <= cfg["tau"] else "unequal"
-                pg = pub.get(m, [None] * 7)[6]
-                peq = "equal" if pg is not None and pg <= cfg["tau"] else "unequal"
-                pair = "Δ_{} − Δ_{}".format(*cfg["labels"][1:3])
-                out.append(f"- {cfg['title']}: {m} |{pair}| = {g:.4f} → **{eq}** cost "
-                           f"of privacy at τ = {cfg['tau']} (published {pg:.4f} → {peq})")
-            if "dpsgd" in st.index and "dpsgd_f" in st.index:
-                gf, gd = (st.at[m, ("delta_gap", "mean")] for m in ("dpsgd_f", "dpsgd"))
-                pf, pd_ = pub["dpsgd_f"][6], pub["dpsgd"][6]
-                out.append(f"- {cfg['title']}: dpsgd_f gap {gf:.4f} vs dpsgd {gd:.4f} → "
-                           f"DPSGD-F narrows the gap: **{'yes' if gf < gd else 'NO'}** "
-                           f"(published {pf:.4f} vs {pd_:.4f})")
-        elif cfg["kind"] == "zhao":
-            w = f["worst"]
-            for eps in cfg["epsilons"]:
-                b, u = w.get(f"bounded_adaptive@{eps}"), w.get(f"unbounded_adaptive@{eps}")
-                c = w.get(f"constant@{eps}")
-                if b and u:
-                    within = b[0] + N_SE * math.hypot(b[1], u[1]) >= u[0]
-                    verdict = "yes" if b[0] >= u[0] else (
-                        "no, lower but within 2 combined SEs" if within else "NO")
-                    cstr = f"; constant {c[0]:.4f} ± {c[1]:.4f}" if c else ""
-                    out.append(f"- {cfg['title']}, ε = {eps}: worst-group accuracy bounded "
-                               f"{b[0]:.4f} ± {b[1]:.4f} vs unbounded {u[0]:.4f} ± {u[1]:.4f}"
-                               f"{cstr} → bounded ≥ unbounded: **{verdict}**")
-    return out + [""]
 
 
 def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Path,
@@ -731,19 +685,22 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
              "columns: `acc_*` per group, `pi_*` privacy cost (non-private minus private "
              "accuracy), `R_*` excess loss, `*_gap` their absolute difference between groups, "
              "`delta_*` private minus non-private accuracy (Xu's sign).", "", *preamble]
-    facts: dict[str, dict] = {}
+    figures = {}
     previous = previous_sections(out)
     carried_claims: list[str] = []
     for name, cfg_file in configs.items():
+        start = len(lines)
         if name not in results and name in previous:
             body = previous[name][2:]
             reasons = flag_reasons(markdown_flags(body), cfg_file.get("flag_notes", []))
             at = next((i for i, ln in enumerate(body)
                        if ln.startswith("Known differences of setting")), len(body))
             lines += [*previous[name][:2], CARRIED, "", *body[:at], *reasons, *body[at:], ""]
-            carried_claims += [ln for ln in previous.get(CLAIMS, [])
-                               if ln.startswith((f"- {cfg_file['title']}:",
-                                                 f"- {cfg_file['title']}, ε ="))]
+            figures[name] = parse_section(lines[start:])
+            if "main" not in figures[name].tables:  # no table to check: keep its old lines
+                carried_claims += [ln for ln in previous.get(CLAIMS, [])
+                                   if ln.startswith((f"- {cfg_file['title']}:",
+                                                     f"- {cfg_file['title']}, ε ="))]
             continue
         lines += [f"## {cfg_file['title']} (`{name}`)", ""]
         if name not in results:
@@ -754,30 +711,33 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
         cfg = {**result["config"], "flag_notes": cfg_file.get("flag_notes", [])}
         lines += ["Settings:", "", *settings_lines(cfg, result), ""]
         wanted = len(seed_list(cfg_file["seeds"]))
-        if len(cfg["seeds"]) < wanted and not cfg.get("quick") and not cfg.get("shortened"):
+        if (len(cfg["seeds"]) < wanted and not cfg.get("quick") and not cfg.get("shortened")
+                and not cfg.get("recorded")):
             lines.insert(-1, f"- **seeds reduced to {len(cfg['seeds'])} (the config asks for "
                              f"{wanted}) to fit the time of the run that made this "
                              "report**")
         if cfg["kind"] == "table":
-            body, facts[name] = render_table(cfg, result)
+            lines += render_table(cfg, result)
         else:
-            body, facts[name] = render_zhao(cfg, result)
-            body += flag_reasons(markdown_flags(body), cfg["flag_notes"])
-        lines += body
+            body = render_zhao(cfg, result)
+            lines += body + flag_reasons(markdown_flags(body), cfg["flag_notes"])
         variant = next((v for v, c in configs.items()
                         if c.get("variant_of") == name and v in results), None)
         if variant is not None:
             lines += three_way(cfg, result, results[variant]["config"], results[variant])
         if cfg_file.get("notes"):  # from the YAML as it is now, not as stored with the run
             lines += [f"Known differences of setting: {cfg_file['notes']}", ""]
-    checked = claims({n: results[n]["config"] for n in facts}, facts)
+        figures[name] = parse_section(lines[start:])
+    checked = ["### Qualitative claims checked", "",
+               *claims(configs, figures, lambda c: _xu_published(published_table(c["published"]),
+                                                                 c))]
     if carried_claims:
-        checked[-1:-1] = ["", "Carried over from the previous report (tables not rerun in "
-                          "this pass):", "", *carried_claims]
-    lines += [f"## {CLAIMS}", "", *checked]
+        checked += ["", "Carried over from the previous report (tables without a table to "
+                    "check):", "", *carried_claims]
+    lines += [f"## {CLAIMS}", "", *checked, ""]
     for disc in discussions.values():
         lines += [f"## {disc['title']}", "", disc["text"].rstrip(), ""]
-    text = "\n".join(lines).rstrip() + "\n"
+    text = fill("\n".join(lines).rstrip() + "\n", figures)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text
@@ -850,7 +810,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or (work / "reproduction.md" if args.quick else REPORT)
     results_dir = work / "results"
     configs = load_configs(args.config_dir)
-    names = args.only or [n for n, c in configs.items() if c.get("kind") != "discussion"]
+    names = args.only or [n for n, c in configs.items()
+                          if c.get("kind") != "discussion" and not c.get("recorded")]
     unknown = [n for n in names if n not in configs]
     if unknown:
         parser.error(f"unknown tables {unknown}; known: {list(configs)}")
@@ -860,7 +821,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = effective_config(configs[name], args.quick, args.seeds)
             print(f"== {name} ({cfg['title']})", flush=True)
             run_one(cfg, tracking, results_dir, log=lambda s: print(s, flush=True))
-    render(configs, load_results(results_dir, configs), out)
+    render(configs, {**load_results(results_dir, configs), **recorded.recorded_results(configs)},
+           out)
     print(f"wrote {out}")
     return 0
 
