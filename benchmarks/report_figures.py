@@ -8,12 +8,15 @@ by a placeholder instead of typing it, so a rerun cannot leave a stale number be
 * ``[[NAME:row.column]]``: the cell of table NAME's main table ("Ours (mean ± SE ...)", or
   Zhao's "Best point" table), as printed (``56.6 ± 1.0``); ``|mean`` or ``|se`` for one part;
 * ``[[NAME:row.column|published]]``: the published side of the "Ours / published" cell
-  (``|published mean``, ``|published se``);
+  (``|published mean``, ``|published se``), ``|ours``: our side of it (losses and excess
+  risks print a third decimal there);
 * ``[[NAME/tuning:row.column]]``: Zhao's private-tuning table;
 * ``[[NAME:rowA.column vs rowB.column]]``: the difference of the two means and how many
-  combined SEs it is (``+0.0017, 0.8 combined SEs``);
+  combined SEs it is (``+0.0017, 0.8 combined SEs``); ``[[NAME:row.column|vs published]]``
+  the same for ours against the published cell;
 * ``[[NAME:wall]]``: the table's wall time in minutes; ``[[NAME:seeds]]``: its seed count;
-  ``[[wall-total]]``: every table's wall time, summed.
+  ``[[NAME:flagged]]``: its "N of M" flagged cells; ``[[wall-total]]``: the wall times of
+  every table that ``reproduce.py`` ran, summed.
 
 An unknown table, row or column is an error (:class:`FigureError`): the renderer refuses to
 write prose it cannot fill.
@@ -46,6 +49,7 @@ class Figures:
     tables: dict[str, dict[str, str]] = field(default_factory=dict)
     seeds: int | None = None
     wall_min: float | None = None
+    flagged: str | None = None
     text: str = ""
 
     @property
@@ -103,6 +107,9 @@ def parse_section(lines: Sequence[str]) -> Figures:
             r"retrained on (\d+) seeds", line)
         if m and out.seeds is None:
             out.seeds = int(m.group(1))
+        m = re.match(r"(\d+ of \d+) comparable cells differ", line)
+        if m and out.flagged is None:
+            out.flagged = m.group(1)
         m = re.search(r"wall time ([\d.]+) min", line)
         if m and out.wall_min is None:
             out.wall_min = float(m.group(1))
@@ -137,10 +144,13 @@ def _part(text: str, part: str) -> str:
 
 
 def se_distance(a: tuple[float, float], b: tuple[float, float]) -> str:
-    """``a - b`` and how many combined SEs (``hypot``) it is; SEs missing or 0 say so."""
+    """``a - b`` and how many combined SEs (``hypot``) it is; a missing SE counts as 0 (as
+    the report's ⚠ test counts a published value without SE), both missing or 0 say so."""
     diff = a[0] - b[0]
     digits = max(_decimals(a[0]), _decimals(b[0]))
-    comb = math.hypot(a[1], b[1])
+    if math.isnan(a[1]) and math.isnan(b[1]):
+        return f"{diff:+.{digits}f}, no SE (single runs)"
+    comb = math.hypot(*(0.0 if math.isnan(s) else s for s in (a[1], b[1])))
     if math.isnan(comb):
         return f"{diff:+.{digits}f}, no SE (single runs)"
     if comb == 0:
@@ -163,8 +173,8 @@ def figure(spec: str, figures: Mapping[str, Figures]) -> str:
     if name not in figures:
         raise FigureError(f"placeholder [[{spec}]]: no table {name!r} in the report")
     fig = figures[name]
-    if what in ("wall", "seeds"):
-        value = fig.wall_min if what == "wall" else fig.seeds
+    if what in ("wall", "seeds", "flagged"):
+        value = {"wall": fig.wall_min, "seeds": fig.seeds, "flagged": fig.flagged}[what]
         if value is None:
             raise FigureError(f"placeholder [[{spec}]]: table {name!r} states no {what}")
         return f"{value:.1f}" if what == "wall" else str(value)
@@ -173,8 +183,14 @@ def figure(spec: str, figures: Mapping[str, Figures]) -> str:
         return se_distance(a, b)
     key, _, modifier = what.partition("|")
     words = modifier.split()
+    if words == ["vs", "published"]:
+        ours = fig.cell("published", key).split(" / ")[0]
+        return se_distance(mean_se(ours), mean_se(_published(fig.cell("published", key))))
     if words[:1] == ["published"]:
         return _part(_published(fig.cell("published", key)), " ".join(words[1:]))
+    if words[:1] == ["ours"]:
+        ours = fig.cell("published", key).split(" / ")[0].replace("⚠", "").strip()
+        return _part(ours, " ".join(words[1:]))
     return _part(fig.cell(kind, key).replace("⚠", "").strip(), modifier.strip())
 
 
@@ -190,5 +206,7 @@ def fill(text: str, figures: Mapping[str, Figures]) -> str:
 
 
 def total_wall(figures: Mapping[str, Figures]) -> float:
-    """The wall times of every table, summed (minutes)."""
-    return sum(f.wall_min for f in figures.values() if f.wall_min is not None)
+    """The wall times of every table run by ``reproduce.py`` (not the recorded GPU runs),
+    summed (minutes)."""
+    return sum(f.wall_min for f in figures.values()
+               if f.wall_min is not None and "RECORDED ON A GPU" not in f.text)
