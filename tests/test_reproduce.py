@@ -246,3 +246,86 @@ def test_epsilon_cells_show_a_number_only_for_a_proven_guarantee(
     assert reproduce._epsilon_cell("fairlens", float("inf")) == HEURISTIC
     assert reproduce._epsilon_cell("nonprivate", float("inf")) == NONPRIVATE_REFERENCE
     assert reproduce._epsilon_cell("fairlens", None) == HEURISTIC
+
+
+_SECTION = ["## T (`t`)", "", "Settings:", "",
+            "- wall time 2.5 min on m; finished now; MLflow parent run `r`",
+            "- **SHORTENED ON CPU** (no GPU in this run): 3 epochs instead of the paper's 60, 3 "
+            "seeds instead of 5.", "",
+            "Ours (mean ± SE over 3 seeds; accuracies in %; ε measured by our accountant):", "",
+            "| method | pi_gap | R_gap | epsilon |", "|:--|:--|:--|--:|",
+            "| nonprivate | - | - | none |", "| dpsgd | 29.5 ± 2.1 | 2.38 ± 0.11 | 2.36 |",
+            "| dpsgd_global | 51.5 ± 0.5 | 1.39 ± 0.11 | 2.36 |", "",
+            "Ours / published (⚠: ...):", "", "| method | pi_gap | R_gap |", "|:--|:--|:--|",
+            "| dpsgd | 29.5 ± 2.1 / 48.9 ± 1.3 ⚠ | 2.378 ± 0.106 / 1.630 ± 0.030 ⚠ |",
+            "| dpsgd_global | 51.5 ± 0.5 / 14.8 ± 2.7 ⚠ | 1.395 ± 0.108 / 0.710 ± 0.040 ⚠ |", "",
+            "2 of 4 comparable cells differ beyond 2 combined SEs.", ""]
+
+
+def test_prose_figures_are_filled_from_the_tables(reproduce: ModuleType) -> None:
+    """A placeholder takes its figure from the table as printed, so a rerun that changes the
+    table changes the prose; a placeholder naming nothing is an error, not a typed number."""
+    from report_figures import FigureError, fill, parse_section
+
+    figs = {"t": parse_section(_SECTION)}
+    prose = ("π_gap [[t:dpsgd.pi_gap]] (published [[t:dpsgd.pi_gap|published mean]]; "
+             "[[t:dpsgd.pi_gap|vs published]]), R_gap [[t:dpsgd.R_gap|ours]], global − dpsgd "
+             "[[t:dpsgd_global.pi_gap vs dpsgd.pi_gap]], [[t:wall]] min, [[t:flagged]], "
+             "ε [[t:dpsgd.epsilon]] over [[t:seeds]] seeds")
+    assert fill(prose, figs) == (
+        "π_gap 29.5 ± 2.1 (published 48.9; -19.4, 7.9 combined SEs), R_gap 2.378 ± 0.106, "
+        "global − dpsgd +22.0, 10.2 combined SEs, 2.5 min, 2 of 4, ε 2.36 over 3 seeds")
+    rerun = [ln.replace("29.5 ± 2.1", "31.0 ± 1.0") for ln in _SECTION]
+    assert "π_gap 31.0 ± 1.0" in fill(prose, {"t": parse_section(rerun)})
+    for bad in ("[[t:dpsgd.acc_8]]", "[[u:dpsgd.pi_gap]]", "[[t:dpsgd.pi_gap|median]]"):
+        with pytest.raises(FigureError):
+            fill(bad, figs)
+
+
+def test_claims_say_how_far_the_runs_go_and_their_se_distance(reproduce: ModuleType) -> None:
+    from report_claims import claims
+    from report_figures import parse_section
+
+    cfg = {"title": "T", "kind": "table", "layout": "esipova"}
+    lines = claims({"t": cfg}, {"t": parse_section(_SECTION)}, lambda c: {})
+    assert lines[0] == (
+        "- T [SHORTENED on CPU to 3 of 60 epochs, 3 seeds]: dpsgd_global privacy-cost gap π_gap "
+        "51.5 ± 0.5 vs dpsgd 29.5 ± 2.1 pp → smaller than dpsgd: **NO** (+22.0, 10.2 combined "
+        "SEs)")
+    assert "R_gap 1.395 ± 0.108 vs dpsgd 2.378 ± 0.106 → smaller than dpsgd: **yes**" in lines[1]
+
+
+def test_recorded_gpu_runs_are_a_full_length_table(reproduce: ModuleType) -> None:
+    """The H100 JSON lines become table 06's results at 60 epochs, with their provenance."""
+    import json
+
+    import recorded
+
+    cfg = reproduce.load_configs()["06g_esipova_mnist_h100"]
+    assert cfg["train"]["epochs"] == 60 and cfg["methods"][0]["label"] == "nonprivate"
+    result = recorded.load(cfg)
+    assert result["config"]["seeds"] == [0, 1]
+    assert result["recorded"]["device"].startswith("NVIDIA H100")
+    assert result["recorded"]["commit"] and result["recorded"]["torch"]
+    lines = [json.loads(ln) for ln in
+             (recorded.RAW / cfg["recorded"]).read_text().splitlines()]
+    acc8 = [r["group_accuracy"][8] for r in lines if r["label"] == "dpsgd"]
+    stats = reproduce.table_stats(result["config"], result)
+    assert stats.at["dpsgd", ("acc_8", "mean")] == pytest.approx(sum(acc8) / 2)
+    assert result["recorded"]["later"][0]["commit"] == "2578129"  # Global-Adapt rerun
+    text = "\n".join(reproduce.settings_lines(result["config"], result))
+    assert "RECORDED ON A GPU, full length" in text and "2 seeds (0, 1)" in text
+
+
+def test_the_committed_report_is_its_own_rendering(reproduce: ModuleType,
+                                                   tmp_path: Path) -> None:
+    """Rendered again from its own tables, the recorded runs and the configs, the report does
+    not change: every prose figure is a filled placeholder, none is left unfilled."""
+    committed = reproduce.REPORT.read_text()
+    assert "[[" not in committed
+    out = tmp_path / "reproduction.md"
+    out.write_text(committed)
+    configs = reproduce.load_configs()
+    import recorded
+
+    assert reproduce.render(configs, recorded.recorded_results(configs), out) == committed
