@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
     from dpfair.config import Params
+    from dpfair.ledger import SourceLedger
     from dpfair.release import ReleasePlan
-    from dpfair.source_ledger import SourceLedger
 
 __all__ = ["FINGERPRINT_TAG", "STUDY_TAG", "Resumable", "find_resumable", "fingerprint",
            "retry_event"]
@@ -71,8 +71,6 @@ class Resumable:
     studies: dict[str, str]
     ledger_release: str
     tuned: dict[str, TuneRecord] = field(default_factory=dict)
-    #: the run of a search that did not finish, by label: reopened, never duplicated
-    searches: dict[str, str] = field(default_factory=dict)
     trained: dict[tuple[str, int], RunRecord] = field(default_factory=dict)
     attempts: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -119,13 +117,9 @@ def _read_children(tracking: TrackingConfig, experiment_id: str, state: Resumabl
     for child in children:
         tags, finished = child.data.tags, child.info.status == "FINISHED"
         stage, label = tags.get("dpfair.stage"), tags.get("dpfair.method", "")
-        if stage == "tuning" and label not in state.tuned:
-            data = _artifact(tracking, child, SELECTED_CONFIG) if finished else None
-            if data is not None:
+        if stage == "tuning" and finished and label not in state.tuned:
+            if (data := _artifact(tracking, child, SELECTED_CONFIG)) is not None:
                 state.tuned[label] = TuneRecord(**data)
-                state.searches.pop(label, None)
-            else:
-                state.searches[label] = child.info.run_id
         elif stage == "final":
             key = (label, int(tags.get("dpfair.seed", "-1")))
             data = _artifact(tracking, child, RUN_RECORD) if finished else None

@@ -57,6 +57,7 @@ from mlflow.utils.mlflow_tags import (
 
 from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
+from dpfair.workspace import durable_path
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
 #: The experiment tag MLflow 3's UI reads to open an experiment on its runs (model training),
@@ -89,7 +90,9 @@ def experiment_id(cfg: TrackingConfig, dataset: str) -> str:
         location = None
         if not remote(cfg):
             root = cfg.artifact_root
-            location = f"{root if '://' in root else Path(root).resolve().as_uri()}/{name}"
+            if "://" not in root:
+                root = durable_path(root).resolve().as_uri()  # not in a DVC temp copy
+            location = f"{root}/{name}"
         try:
             return mlf.create_experiment(name, artifact_location=location,
                                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})

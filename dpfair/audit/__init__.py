@@ -12,7 +12,7 @@ claim that does not hold); a bound below it proves nothing about privacy.
 
 from dpfair.audit.bound import epsilon_lower_bound, mu_lower_bound, p_value
 from dpfair.audit.config import AuditSection, AuditSettings
-from dpfair.audit.run import AuditResult, GroupAudit, audit, claimed_epsilon
+from dpfair.audit.run import AuditResult, GroupAudit, audit, canary_count, claimed_epsilon
 
 __all__ = [
     "AuditResult",
@@ -20,6 +20,7 @@ __all__ = [
     "AuditSettings",
     "GroupAudit",
     "audit",
+    "canary_count",
     "claimed_epsilon",
     "epsilon_lower_bound",
     "mu_lower_bound",
