@@ -361,6 +361,7 @@ def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
 
     def fake_run(path, root, resume):
         seen.append(resume)
+        (tmp_path / "results.csv").write_text("method,acc_a\ndpsgd,90.0 ± 1.0\n")
         return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}
 
     monkeypatch.setattr(flows.experiment, "run_experiment", fake_run)
