@@ -464,14 +464,17 @@ def audit_cmd(
     config, dataset, result = audit_from_params(p, section)
     table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
                         f"canaries, confidence {result.confidence:.0%}")
-    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=", "mu >=",
-                "claimed epsilon"):
+    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=",
+                "joint epsilon >=", "mu >=", "certifiable <=", "claimed epsilon"):
         table.add_column(col, justify="left" if col == "group" else "right")
     for g in result.groups:
         claimed = "—" if g.epsilon_claimed is None else f"{g.epsilon_claimed:.3f}"
         table.add_row(g.group, str(g.canaries), str(g.included), f"{g.correct} / {g.guesses}",
-                      f"{g.epsilon_lower_bound:.3f}", f"{g.mu_lower_bound:.3f}", claimed)
+                      f"{g.epsilon_lower_bound:.3f}", f"{g.joint_lower_bound:.3f}",
+                      f"{g.mu_lower_bound:.3f}", f"{g.max_certifiable:.2f}", claimed)
     console.print(table)
+    for line in result.statement():
+        console.print(line)
     console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
                   "bound: above the claim shows a bug, below it proves nothing")
     if section.track:
