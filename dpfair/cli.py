@@ -1,7 +1,6 @@
 """``dpfair`` command line (typer). One sub-app per area; new areas add a sub-app or a command.
 
-    dpfair data list
-    dpfair data prepare NAME [--params params.yaml] [--out data/prepared]
+    dpfair data list      dpfair data prepare NAME [--params params.yaml] [--out DIR]
     dpfair train --method M [--seed S]     dpfair tune --method M [--workers N]
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
@@ -473,8 +472,7 @@ def audit_cmd(
                       f"{g.epsilon_lower_bound:.3f}", f"{g.joint_lower_bound:.3f}",
                       f"{g.mu_lower_bound:.3f}", f"{g.max_certifiable:.2f}", claimed)
     console.print(table)
-    for line in result.statement():
-        console.print(line)
+    console.print("\n".join(result.statement()))
     console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
                   "bound: above the claim shows a bug, below it proves nothing")
     if section.track:
