@@ -11,9 +11,11 @@ run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cel
   Esipova et al. 2023, Eq. 1), both fractions (0.85, never 85: the percent of the results table
   divided by 100), ``epsilon`` (released for the method) and ``epsilon_run`` (one training
   run). Only numbers that the results table already publishes: no training-set counts, and no
-  ε for a release without a DP guarantee (the non-private reference, heuristic methods). With
-  noisy test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test
-  split's ε, a different set of rows).
+  ε for a release without a DP guarantee (the non-private reference, heuristic methods): such
+  a method has its label in ``privacy.<method>`` instead, and a replayable run its
+  ``note.<method>``, as in MLflow. With noisy test metrics, also ``epsilon_test`` per method
+  and ``epsilon_test_total`` (the test split's ε, a different set of rows); with exact ones,
+  ``test_metrics`` says that no ε covers them.
 - ``group_accuracy.csv``: test accuracy (a fraction) per method and group (the named pair and
   the worst group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
@@ -30,6 +32,9 @@ import pandas as pd
 
 from dpfair.errors import DataError
 from dpfair.release import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+
+#: exact test metrics, as the results table and MLflow say: no ε covers them
+TEST_METRICS_LABEL = "exact: not covered by ε (held-out test rows)"
 
 WORST = "acc_worst_group"  # the table's worst-group column (more than two groups)
 COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the pair's
@@ -59,10 +64,17 @@ def read_results(path: str | Path) -> pd.DataFrame:
 
 
 def _method_rows(table: pd.DataFrame) -> dict[str, pd.Series]:
-    """Rows by method label (a label's note in parentheses, e.g. replayable noise, dropped:
-    the results table says it)."""
-    return {str(label).partition(" (")[0]: row for label, row in table.iterrows()
-            if not str(label).startswith(TOTAL_ROW)}
+    """Rows by method label (a label's note in parentheses, e.g. replayable noise, dropped
+    from the key and kept in the row's ``note``)."""
+    rows = {}
+    for label, row in table.iterrows():
+        label = str(label)
+        if label.startswith(TOTAL_ROW):
+            continue
+        name, _, note = label.partition(" (")
+        rows[name] = row.copy()
+        rows[name]["note"] = note.rstrip(")")
+    return rows
 
 
 def _fraction(percent: float | None) -> float | None:
@@ -97,6 +109,10 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
         "epsilon_run": number(row[EPSILON_RUN]),
         "epsilon_test": number(row[EPSILON_TEST]) if EPSILON_TEST in row else None,
     }
+    if row["note"]:
+        metrics["note"] = row["note"]
+    if number(row[EPSILON_RUN]) is None and str(row[EPSILON_RUN]).strip() not in ("", "-"):
+        metrics["privacy"] = str(row[EPSILON_RUN])  # no ε: the label MLflow shows too
     return {k: v for k, v in metrics.items() if v is not None}
 
 
@@ -114,7 +130,10 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
                        if str(i).startswith(TOTAL_ROW)]
         if test_totals and test_totals[0] is not None:
             metrics["epsilon_test_total"] = test_totals[0]
-    for key in ("worst", "cost_gap", "epsilon", "epsilon_run", "epsilon_test"):
+    else:
+        metrics["test_metrics"] = TEST_METRICS_LABEL
+    for key in ("worst", "cost_gap", "epsilon", "epsilon_run", "epsilon_test", "privacy",
+                "note"):
         if per_method := {m: v[key] for m, v in methods.items() if key in v}:
             metrics[key] = per_method
     groups = pd.DataFrame(

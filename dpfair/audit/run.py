@@ -111,7 +111,7 @@ class AuditResult:
         return lines
 
 
-def _group_ids(dataset: GroupedDataset, names: list[str] | None) -> list[int]:
+def group_ids(dataset: GroupedDataset, names: list[str] | None) -> list[int]:
     if names is None:
         return list(range(dataset.n_groups))
     unknown = [n for n in names if n not in dataset.group_names]
@@ -164,7 +164,7 @@ def audit(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings)
     """Train ``config`` on ``dataset`` with canaries and bound ε from below per group (module
     docstring). Raises ``ConfigError`` for an unknown group, ``DataError`` for a group with
     fewer training examples than mislabelled canaries asked for."""
-    groups = _group_ids(dataset, settings.groups)
+    groups = group_ids(dataset, settings.groups)
     m = canary_count(config, dataset, settings, groups)
     rng = coin_generator(config.seed if config.reproducible else None)
     if settings.kind == "gradient":

@@ -183,12 +183,14 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     shown = json.loads(_dvc(repo, "metrics", "show", "--json", quiet=True))
     [(_, files)] = shown.items()
     metrics = files["data"]["evaluation/metrics.json"]["data"]
-    assert set(metrics) == {"epsilon_total", "worst", "cost_gap", "epsilon", "epsilon_run"}
+    assert set(metrics) == {"epsilon_total", "test_metrics", "worst", "cost_gap", "epsilon",
+                            "epsilon_run", "privacy"}
     assert set(metrics["worst"]) == {"dpsgd", "nonprivate"}  # fractions, not percent
     assert 0.0 <= metrics["worst"]["dpsgd"] <= 1.0 and 0.0 <= metrics["cost_gap"]["dpsgd"] <= 1
     assert 0.0 < metrics["epsilon_run"]["dpsgd"] <= metrics["epsilon"]["dpsgd"] == (
         metrics["epsilon_total"])
-    assert set(metrics["epsilon"]) == {"dpsgd"}  # no ε without a DP guarantee
+    assert set(metrics["epsilon"]) == {"dpsgd"}  # no ε without a DP guarantee: a label
+    assert set(metrics["privacy"]) == {"nonprivate"}
     assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
 
     plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
@@ -228,7 +230,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
     """The evaluate stage's numbers are the table's: worst group (the acc_worst_group column,
     else the lower of the pair), the largest cost gap, ε only for methods with a guarantee."""
-    from dpfair.dvc_outputs import write_outputs
+    from dpfair.dvc_outputs import TEST_METRICS_LABEL, write_outputs
     from dpfair.release import (
         EPSILON_METHOD,
         EPSILON_RUN,
@@ -250,10 +252,13 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     table.to_csv(tmp_path / "results.csv")
     paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
     metrics = json.loads(paths["metrics.json"].read_text())
-    assert metrics == {"epsilon_total": 5.62,
+    # the labels MLflow shows travel with the numbers: no ε, replayable noise, exact tests
+    assert metrics == {"epsilon_total": 5.62, "test_metrics": TEST_METRICS_LABEL,
                        "worst": {"nonprivate": 0.895, "dpsgd": 0.605, "fairlens": 0.69},
                        "cost_gap": {"dpsgd": 0.25, "fairlens": 0.15},
-                       "epsilon": {"dpsgd": 5.62}, "epsilon_run": {"dpsgd": 2.81}}
+                       "epsilon": {"dpsgd": 5.62}, "epsilon_run": {"dpsgd": 2.81},
+                       "privacy": {"nonprivate": NONPRIVATE_REFERENCE, "fairlens": HEURISTIC},
+                       "note": {"dpsgd": "replayable noise"}}
     groups = pd.read_csv(paths["group_accuracy.csv"])
     assert len(groups) == 9 and set(groups["group"]) == {"2", "8", "worst group"}
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])

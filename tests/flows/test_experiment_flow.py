@@ -21,6 +21,7 @@ from dpfair.release import (
     EPSILON_METHOD,
     EPSILON_RUN,
     HEURISTIC,
+    NO_NOISE,
     NONPRIVATE_REFERENCE,
     PRIVATE_LEDGER_STATUS,
     SECRET_NOISE,
@@ -128,9 +129,10 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
         if summary["label"] == "nonprivate":  # no epsilon: its tag says why
             assert "epsilon" not in run.data.metrics
             assert run.data.tags["dpfair.epsilon"].startswith(NONPRIVATE_REFERENCE)
+            assert run.data.tags["dpfair.noise"] == NO_NOISE  # it has none to keep secret
         else:
             assert run.data.metrics["epsilon"] == pytest.approx(summary["epsilon"])
-        assert run.data.tags["dpfair.noise"] == SECRET_NOISE
+            assert run.data.tags["dpfair.noise"] == SECRET_NOISE
         assert 0.0 <= run.data.metrics["final/test/accuracy"] <= 1.0
         groups = load_dataset("synthetic", params.dataset("synthetic")).group_names
         assert all(f"final/test/group_accuracy/{g}" in run.data.metrics for g in groups)
