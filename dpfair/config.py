@@ -45,6 +45,7 @@ from dpfair.sections import (
     check_spaces,
 )
 from dpfair.settings import DEFAULT_PARAMS, TrackingConfig  # DEFAULT_PARAMS re-exported
+from dpfair.strict_yaml import safe_load_unique
 
 # ---------------------------------------------------------------------------------------------
 # sections
@@ -161,6 +162,39 @@ class Params(Section):
 # loading
 
 
+_ABSENT = object()
+
+
+def _bools_as_numbers(raw: Any, value: Any, path: str) -> list[str]:
+    """Key paths where ``raw`` (as parsed) holds a boolean that validation made a number."""
+    if isinstance(raw, bool):
+        return [path] if isinstance(value, int | float) and not isinstance(value, bool) else []
+    if isinstance(raw, Mapping):
+        found = []
+        for key, item in raw.items():
+            if isinstance(value, BaseModel):
+                sub = getattr(value, str(key), _ABSENT)
+            elif isinstance(value, Mapping):
+                sub = value.get(key, _ABSENT)
+            else:
+                sub = _ABSENT
+            if sub is not _ABSENT:
+                found += _bools_as_numbers(item, sub, f"{path}.{key}" if path else str(key))
+        return found
+    if isinstance(raw, list) and isinstance(value, list | tuple) and len(raw) == len(value):
+        return [p for i, (r, v) in enumerate(zip(raw, value, strict=True))
+                for p in _bools_as_numbers(r, v, f"{path}[{i}]")]
+    return []
+
+
+def _refuse_bools_as_numbers(data: Mapping[str, Any], params: Params, source: str) -> None:
+    """pydantic reads ``true`` as 1 where a number is expected (``epochs: true`` would train one
+    epoch): refuse that, naming the keys."""
+    if found := _bools_as_numbers(data, params, ""):
+        raise ConfigError(f"invalid {source}: {', '.join(found)}: a boolean (true/false) where "
+                          "a number is expected; write the number")
+
+
 def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -> Params:
     """Validate an already-parsed mapping, search spaces included
     (:func:`dpfair.sections.check_spaces`); ``source`` names it in error messages."""
@@ -173,6 +207,7 @@ def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -
         )
     try:
         params = Params.model_validate(dict(data))
+        _refuse_bools_as_numbers(data, params, source)
         check_spaces(params.experiment, params.tuning)
     except ValidationError as exc:
         body = format_validation_error(exc, Params)
@@ -193,11 +228,14 @@ def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     """Read and validate params.yaml; any problem is one ``ConfigError``."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"parameters file {path} is a folder: give the YAML file in it (e.g. "
+                          f"{path / DEFAULT_PARAMS})")
     if not path.is_file():
         where = path if path.is_absolute() else f"{path} (relative to {Path.cwd()})"
         raise ConfigError(f"parameters file not found: {where}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_unique(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
