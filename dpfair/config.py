@@ -12,6 +12,7 @@ tuning's pure config, tracking's settings), never mlflow, optuna, prefect or dvc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,9 +71,13 @@ def _user_dataset(value: Any, handler: Any) -> Any:
     if isinstance(value, _Undeclared):
         raise ValueError(value.message)
     spec = kind_spec(value)  # a ConfigError (a ValueError) names the known kinds
-    assert spec is not None  # _declared let only mappings with a kind through
+    if spec is None:  # ``kind:`` given empty (null)
+        raise ValueError(f"kind is empty; give one of: {' | '.join(kinds())}")
     return spec.options.model_validate(value)
 
+
+#: a user's dataset name: a folder name under data/prepared (never '.', '..' or a path)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 # a user's dataset: the options of one kind, chosen by its ``kind:`` key
 UserDataset = Annotated[Any, WrapValidator(_user_dataset)]
@@ -92,7 +97,14 @@ class _DatasetsBase(Section):
         out = dict(data)
         builtin = list(cls.model_fields)
         for key, value in data.items():
-            if key in cls.model_fields or (isinstance(value, Mapping) and "kind" in value):
+            if key in cls.model_fields:
+                continue
+            if not _SAFE_NAME.fullmatch(str(key)):
+                out[key] = _Undeclared(
+                    f"the dataset name {key!r} cannot name a folder of prepared data; use "
+                    "letters, digits, '_', '-' and '.', starting with a letter or digit")
+                continue
+            if isinstance(value, Mapping) and "kind" in value:
                 continue
             if key in specs():
                 why = (f"dataset {key!r} was registered after dpfair.config was imported, so "

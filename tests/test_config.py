@@ -218,3 +218,12 @@ def test_an_infinite_clip_bound_is_refused():
 def test_a_folder_given_as_the_parameters_file_says_so(tmp_path):
     with pytest.raises(ConfigError, match=r"is a folder: give the YAML file in it"):
         load_params(tmp_path)
+
+
+def test_an_empty_kind_and_unsafe_dataset_names_get_clear_messages():
+    msg = _error({"datasets": {"mine": {"kind": None, "path": "x.csv"}}})
+    assert "datasets.mine: kind is empty; give one of: " in msg and "Assertion" not in msg
+    for name in (".", "..", "a/b"):
+        msg = _error({"datasets": {name: {"kind": "table", "path": "x.csv", "target": "y",
+                                          "protected": "g"}}})
+        assert f"the dataset name {name!r} cannot name a folder of prepared data" in msg
