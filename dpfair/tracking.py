@@ -29,7 +29,6 @@ import getpass
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_USER,
 )
 
+from dpfair.metric_keys import clean_key
 from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
 
@@ -211,12 +211,11 @@ def log_params(cfg: TrackingConfig, run_id: str, params: Mapping[str, Any]) -> N
 
 
 def metric_key(name: str) -> str:
-    """``name`` in the characters MLflow allows in a metric key (``[A-Za-z0-9_-. :/]``):
-    ``"acc/<=50K"`` -> ``"acc/le 50K"``, ``"acc/low (5_4_9)"`` -> ``"acc/low 5_4_9"``,
-    an intersectional group ``"acc/w × Ost"`` -> ``"acc/w x Ost"``."""
-    for sign, word in (("<=", "le "), (">=", "ge "), ("<", "lt "), (">", "gt "), ("×", "x")):
-        name = name.replace(sign, word)
-    return re.sub(r" {2,}", " ", re.sub(r"[^A-Za-z0-9_\-. :/]", "", name)).strip()
+    """``name`` as a metric key MLflow accepts: each ``/``-separated part cleaned by
+    :func:`~dpfair.training.evaluation.clean_key` (``"acc/<=50K"`` -> ``"acc/le 50K"``), a
+    part left empty or all dots (a path such as ``..``) written ``_``."""
+    parts = [clean_key(part) for part in name.split("/")]
+    return "/".join(part if part.strip(".") else "_" for part in parts)
 
 
 def log_metrics(
