@@ -336,9 +336,8 @@ def tune_cmd(
 def run(
     params: ParamsOption = None,
     copy_results: Annotated[Path | None, typer.Option(
-        help="also copy the results table and figures to this folder (the output of "
-        "dvc.yaml's run stage): a new or empty folder, or one dpfair wrote before (replaced); "
-        "a folder holding anything else is refused before the run")] = None,
+        help="also copy the results table and figures to this new, empty or dpfair-written "
+        "folder (replaced; dvc.yaml's run stage); any other folder is refused")] = None,
     resume: Annotated[bool, typer.Option(
         help="resume the latest pipeline run of these settings and data if it failed or was "
         "killed (finished searches and trainings are read back, not redone); --no-resume "
@@ -356,9 +355,8 @@ def run(
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
-    if copy_results is not None:
-        check_replaceable(copy_results)  # before anything runs: never delete others' files
-
+    if copy_results is not None:  # before anything runs: never delete others' files
+        check_replaceable(copy_results)
     # DVC (the flow's prepare step) prints through its own handlers: not again through the
     # root logger that Prefect configures ("Running stage" twice)
     logging.getLogger("dvc").propagate = False
