@@ -26,9 +26,11 @@ from dpfair.errors import (
     DataError,
     DpfairError,
     PrivacyError,
+    Terminated,
     TuningError,
     UnreachableError,
     format_validation_error,
+    user_exit,
 )
 
 __all__ = ["EXIT_BUG", "EXIT_USAGE", "cli_errors", "describe_failure"]
@@ -101,8 +103,13 @@ def cli_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, typer.BadParameter):
-            raise  # typer's own exits and usage errors
+        except (typer.Exit, typer.Abort, typer.BadParameter, Terminated):
+            raise  # typer's own exits and usage errors; SIGTERM
+        except SystemExit as exc:  # user code's sys.exit: never a silent exit code 0
+            err_console.print(Text.assemble(("configuration error:", "bold red"), " ", str(
+                user_exit(exc, "code of yours (a model, a factory or a callback)"))),
+                soft_wrap=True, highlight=False)
+            raise typer.Exit(EXIT_USAGE) from None
         except Exception as exc:
             known = describe_failure(exc)
             if known is None:

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from dpfair.errors import Terminated
+
 __all__ = ["alive", "host", "sigterm_raises", "started_at"]
 
 
@@ -87,7 +89,7 @@ def sigterm_raises() -> Iterator[None]:
         return
 
     def _exit(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
+        raise Terminated(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
     try:
