@@ -5,6 +5,7 @@ traceback, exit code 2: every ``dpfair.errors.DpfairError``; a ``ValueError`` or
 ``LookupError`` raised by dpfair's own code; pydantic's ``ValidationError``; ``OSError`` (names
 the path); MLflow's, Optuna's and SQLAlchemy's errors (tracking and storage). Anything else is
 a bug: its traceback, and a line asking to report it with the dpfair version, exit code 1.
+Passwords of URLs in either are masked (:func:`dpfair.urls.mask_text`).
 Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stays fast).
 """
 
@@ -32,6 +33,7 @@ from dpfair.errors import (
     format_validation_error,
     user_exit,
 )
+from dpfair.urls import mask_text
 
 __all__ = ["EXIT_BUG", "EXIT_USAGE", "cli_errors", "describe_failure"]
 
@@ -115,14 +117,14 @@ def cli_errors(func: F) -> F:
             if known is None:
                 from importlib.metadata import version
 
-                traceback.print_exception(exc, file=sys.stderr)
+                sys.stderr.write(mask_text("".join(traceback.format_exception(exc))))
                 err_console.print(f"This is a bug in dpfair {version('dpfair')} (Python "
                                   f"{sys.version.split()[0]}), not in your input: please report "
                                   "it with the command you ran and the traceback above.",
                                   soft_wrap=True, highlight=False, markup=False)
                 raise typer.Exit(EXIT_BUG) from None
             label, message = known
-            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", message),
+            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", mask_text(message)),
                               soft_wrap=True, highlight=False)
             raise typer.Exit(EXIT_USAGE) from None
 

@@ -44,6 +44,7 @@ from dpfair.errors import DataError
 from dpfair.models import build_model, parse_model_config
 from dpfair.tracking import TrackingConfig, client
 from dpfair.training import TrainResult
+from dpfair.urls import mask_url
 
 # No third-party progress bars in dpfair's output (saving a model downloads its artifacts).
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -224,7 +225,7 @@ def model_location(cfg: TrackingConfig, model: str) -> str:
     if not number:
         versions = mlf.search_model_versions(f"name = '{name}'")
         if not versions:
-            raise DataError(f"no registered model {name!r} in {cfg.resolved_uri()}: give "
+            raise DataError(f"no registered model {name!r} in {mask_url(cfg.resolved_uri())}: give "
                             "--model NAME/VERSION of a registered model, models:/<model_id> "
                             "or a model folder (`dpfair run` registers its selected model)")
         number = max(int(v.version) for v in versions)

@@ -16,7 +16,8 @@ from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.errors import DataError
 from dpfair.run_log import log_data_input
-from dpfair.tracking import TrackingConfig, log_file, log_params, log_text
+from dpfair.tracking import TrackingConfig, log_params, log_text
+from dpfair.urls import mask_text
 
 __all__ = ["PreparedData", "dvc_prepare_stages", "load_data", "log_pipeline_inputs",
            "prepare_data"]
@@ -96,12 +97,14 @@ def log_pipeline_inputs(params: Params, params_path: str | Path, prepared: Prepa
                         dataset: GroupedDataset, tracking: TrackingConfig, run_id: str) -> None:
     """What a pipeline run was asked to do, on its run: the settings as params (compare page,
     parallel coordinates), ``params.yaml`` as given and the resolved configuration (defaults
-    filled in) as artifacts under ``config/``, and the dataset as its logged input."""
+    filled in) as artifacts under ``config/`` (URL passwords masked), and the dataset as its
+    logged input."""
     settings = {"experiment": params.experiment.model_dump(mode="json"),
                 "budget": params.budget.model_dump(mode="json"),
                 "tuning": {"release": params.tuning.release, **params.tuning.settings}}
     log_params(tracking, run_id, settings)
-    log_file(tracking, run_id, params_path, "config")
-    log_text(tracking, run_id, yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False),
-             "config/resolved_params.yaml")
+    given = Path(params_path).read_text(encoding="utf-8")
+    log_text(tracking, run_id, mask_text(given), f"config/{Path(params_path).name}")
+    resolved = yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False)
+    log_text(tracking, run_id, mask_text(resolved), "config/resolved_params.yaml")
     log_data_input(tracking, run_id, dataset, prepared.version, prepared.path)

@@ -8,6 +8,7 @@ place and the fix. Only the standard library: no mlflow import, so the check is 
 
 from __future__ import annotations
 
+import base64
 import os
 import urllib.error
 import urllib.request
@@ -16,6 +17,7 @@ from urllib.parse import urlparse
 
 from dpfair.errors import UnreachableError
 from dpfair.settings import TrackingConfig
+from dpfair.urls import credentials, mask_url
 
 
 def check_writable(path: str | os.PathLike[str], what: str, fix: str) -> None:
@@ -42,19 +44,25 @@ def _local_path(uri: str) -> str | None:
 
 def check_tracking(cfg: TrackingConfig, timeout: float = 5.0) -> None:
     """The tracking store answers within ``timeout`` seconds (an HTTP server's ``/health``) or
-    its local file/folder can be written; a local artifact root can be written too."""
+    its local file/folder can be written; a local artifact root can be written too. A server
+    URL's ``user:password@`` is sent as basic auth; messages show the URL masked."""
     uri = cfg.resolved_uri()
     scheme = urlparse(uri).scheme
     fix = "start the server, or set tracking.uri (or MLFLOW_TRACKING_URI) to one that answers"
     if scheme in ("http", "https"):
+        bare, auth = credentials(uri)
+        request = urllib.request.Request(f"{bare.rstrip('/')}/health")
+        if auth is not None:
+            token = base64.b64encode(":".join(auth).encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+            with urllib.request.urlopen(request, timeout=timeout):
                 pass
         except urllib.error.HTTPError:
             pass  # the server answered (an old server may have no /health)
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise UnreachableError(f"tracking server {uri} could not be reached within "
+            raise UnreachableError(f"tracking server {mask_url(uri)} could not be reached within "
                                    f"{timeout:g} s ({reason}); {fix}") from None
     elif scheme.startswith("sqlite"):
         db = uri.split(":///", 1)[-1]

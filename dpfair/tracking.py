@@ -54,6 +54,7 @@ from mlflow.utils.mlflow_tags import (
 from dpfair.metric_keys import clean_key
 from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
+from dpfair.urls import mask_text, mask_url
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
 #: The experiment tag MLflow 3's UI reads to open an experiment on its runs (model training),
@@ -125,14 +126,14 @@ def source_tags() -> dict[str, str]:
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested mapping -> ``{"a.b": "value"}`` strings, as MLflow params. ``None`` (an unset
-    option) is left out: a param reading "None" says nothing."""
+    option) is left out: a param reading "None" says nothing. A URL's password is masked."""
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten(value, f"{name}."))
         elif value is not None:
-            flat[name] = str(value)[:_MAX_PARAM_LEN]
+            flat[name] = mask_text(str(value))[:_MAX_PARAM_LEN]
     return flat
 
 
@@ -300,14 +301,14 @@ def run_url(cfg: TrackingConfig, experiment_id: str, run_id: str) -> str:
     uri = cfg.resolved_uri()
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else (
         f"http://127.0.0.1:{UI_PORT}")
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{mask_url(base)}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def ui_command(cfg: TrackingConfig) -> str:
     """The exact command that opens the MLflow UI on these results."""
     mlflow = Path(sys.executable).parent / "mlflow"
     program = mlflow if mlflow.exists() else "mlflow"
-    return f"{program} ui --backend-store-uri {cfg.resolved_uri()} --port {UI_PORT}"
+    return f"{program} ui --backend-store-uri {mask_url(cfg.resolved_uri())} --port {UI_PORT}"
 
 
 def read_results(cfg: TrackingConfig, run_id: str | None = None) -> tuple[str, str]:
@@ -322,7 +323,7 @@ def read_results(cfg: TrackingConfig, run_id: str | None = None) -> tuple[str, s
             "tags.`dpfair.stage` = 'pipeline' and attributes.status = 'FINISHED'",
             order_by=["attributes.start_time DESC"], max_results=1)
         if not found:
-            raise LookupError(f"no finished pipeline run in {cfg.resolved_uri()}; run "
+            raise LookupError(f"no finished pipeline run in {mask_url(cfg.resolved_uri())}; run "
                               "`dpfair run` first, or pass --run-id for a failed one")
         run_id = found[0].info.run_id
     with tempfile.TemporaryDirectory() as tmp:

@@ -429,3 +429,23 @@ def test_sys_exit_in_user_code_is_an_error_and_sigterm_still_ends_the_command():
     assert out.exit_code == 2
     assert "called sys.exit(0): your code may not end the process" in out.output
     assert runner.invoke(demo, ["term"]).exit_code == 143
+
+
+def test_error_messages_and_tracebacks_mask_url_passwords(capsys):
+    """An adapter's error quoting a URL (SQLAlchemy, MLflow) never prints its password."""
+    import typer
+
+    demo = typer.Typer()
+
+    @demo.command()
+    @cli_errors
+    def go(kind: str) -> None:
+        if kind == "known":
+            raise ConfigError("cannot connect to postgresql://bob:hunter2@db/optuna")
+        raise RuntimeError("bug near http://ann:hunter2@tracking:5000")
+
+    known = runner.invoke(demo, ["known"])
+    assert known.exit_code == 2 and "postgresql://bob:***@db/optuna" in known.output
+    bug = runner.invoke(demo, ["bug"])
+    assert bug.exit_code == 1 and "http://ann:***@tracking:5000" in bug.output
+    assert "hunter2" not in known.output + bug.output

@@ -21,6 +21,7 @@ ADAPTERS = ("mlflow", "optuna", "prefect", "dvc")
 LIBRARY = (
     "dpfair.errors",
     "dpfair.metric_keys",
+    "dpfair.urls",
     "dpfair.data",
     "dpfair.models",
     "dpfair.privacy",
@@ -127,6 +128,7 @@ DPFAIR = Path(__file__).resolve().parents[1] / "dpfair"
 BELOW = {
     "errors": ("dpfair",),
     "metric_keys": ("dpfair",),
+    "urls": ("dpfair",),
     "data": (*UPPER, "dpfair.models", "dpfair.privacy", "dpfair.training", "dpfair.fairness"),
     "models": (*UPPER, "dpfair.data", "dpfair.privacy", "dpfair.training", "dpfair.fairness"),
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),

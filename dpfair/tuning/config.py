@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from dpfair.errors import TuningError
+from dpfair.urls import mask_url
 
 __all__ = ["Scalar", "ScoreName", "TuningConfig"]
 
@@ -134,7 +135,8 @@ def check_storage(url: str) -> None:
     path = storage_file(url)
     if path is None:
         if "://" not in url:
-            raise TuningError(f"storage {url!r} is not a storage URL; give {STORAGE_FORMS}")
+            raise TuningError(f"storage {mask_url(url)!r} is not a storage URL; give "
+                              f"{STORAGE_FORMS}")
         return
     folder = path.parent
     if not folder.is_dir():

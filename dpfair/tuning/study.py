@@ -40,6 +40,7 @@ from dpfair.errors import TuningError
 from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
+from dpfair.urls import mask_url
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial, TrialState
@@ -63,7 +64,8 @@ _SQLITE_DEFAULT = "optuna.db"
 
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
-    """The Optuna storage of ``cfg.storage`` and a printable description of it."""
+    """The Optuna storage of ``cfg.storage`` and a printable description of it (its password
+    masked: :func:`dpfair.urls.mask_url`)."""
     url = cfg.storage or f"sqlite:///{os.path.abspath(_SQLITE_DEFAULT)}"
     check_storage(url)
     if url.startswith("journal:"):
@@ -80,7 +82,7 @@ def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
             heartbeat_interval=cfg.heartbeat_interval,
             grace_period=cfg.grace,
         )
-    return storage, url
+    return storage, mask_url(url)
 
 
 class TrialSeededRandomSampler(optuna.samplers.RandomSampler):
