@@ -4,7 +4,6 @@ inputs (settings, ``params.yaml``, the dataset with its version) on its MLflow r
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import yaml
 
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
+from dpfair.data.prepared import file_md5
 from dpfair.errors import DataError
 from dpfair.run_log import log_data_input
 from dpfair.tracking import TrackingConfig, log_params, log_text
@@ -31,14 +31,6 @@ class PreparedData:
     name: str
     path: str
     version: str
-
-
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def dvc_prepare_stages(root: str | Path) -> tuple[str, ...]:
@@ -85,12 +77,14 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
         prepare(name, params.dataset(name), out_dir)
         path = out_dir / name
         version = None
-    version = version or _md5(path / "arrays.npz")
+    version = version or file_md5(path / "arrays.npz")
     return PreparedData(name=name, path=str(path), version=version)
 
 
 def load_data(prepared: PreparedData) -> GroupedDataset:
-    return load_prepared(prepared.path)
+    """The prepared dataset, its arrays checked against their recorded version first (a file
+    changed or planted after preparing is refused, before anything reads it)."""
+    return load_prepared(prepared.path, md5=prepared.version)
 
 
 def log_pipeline_inputs(params: Params, params_path: str | Path, prepared: PreparedData,
