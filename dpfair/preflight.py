@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,6 +32,27 @@ def check_writable(path: str | os.PathLike[str], what: str, fix: str) -> None:
         raise UnreachableError(f"{what} {p}: {probe} is a file, not a folder; {fix}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UnreachableError(f"{what} {p}: {probe} is not writable; {fix}")
+
+
+def check_free_space(path: str | os.PathLike[str], needed: int, what: str, fix: str) -> None:
+    """The file system of ``path`` (or of its nearest existing ancestor) has ``needed`` bytes
+    free: a model that cannot be written after its training would lose what it spent."""
+    p = Path(path).absolute()
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise UnreachableError(f"{what} {p}: {_mib(needed)} needed, {_mib(free)} free; {fix}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def local_path(uri: str) -> str | None:
+    """The local folder of a ``file://`` URI or a plain path; None for any other URI."""
+    return _local_path(uri)
 
 
 def _local_path(uri: str) -> str | None:
