@@ -5,7 +5,8 @@ traceback, exit code 2: every ``dpfair.errors.DpfairError``; a ``ValueError`` or
 ``LookupError`` raised by dpfair's own code; pydantic's ``ValidationError``; ``OSError`` (names
 the path); MLflow's, Optuna's and SQLAlchemy's errors (tracking and storage). Anything else is
 a bug: its traceback, and a line asking to report it with the dpfair version, exit code 1.
-Passwords of URLs in either are masked (:func:`dpfair.urls.mask_text`).
+Passwords of URLs in either are masked (:func:`dpfair.urls.mask_text`). Every command first
+removes the tuning job folders that killed processes left (:mod:`dpfair.processes`).
 Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stays fast).
 """
 
@@ -33,6 +34,7 @@ from dpfair.errors import (
     format_validation_error,
     user_exit,
 )
+from dpfair.processes import remove_stale_job_dirs
 from dpfair.urls import mask_text
 
 __all__ = ["EXIT_BUG", "EXIT_USAGE", "cli_errors", "describe_failure"]
@@ -103,6 +105,7 @@ def cli_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        remove_stale_job_dirs()  # what a SIGKILLed tuning left (a pickled dataset): gone
         try:
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.BadParameter, Terminated):
