@@ -257,10 +257,11 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
     ``out`` (written whole or not at all) and return how many rows were predicted."""
     loaded = load(cfg, model)
     schema = loaded.metadata.get_input_schema()
-    if schema is None:
-        frame = pd.read_csv(rows)
-    else:
-        frame = pd.read_csv(rows)
+    frame = pd.read_csv(rows)
+    if frame.empty:
+        raise DataError(f"{rows} holds no rows to predict (a header only?); give at least one "
+                        "row under the header")
+    if schema is not None:
         missing = [c for c in schema.input_names() if c not in frame.columns]
         if missing:
             raise DataError(f"{rows}: no column(s) {', '.join(map(str, missing))}; the model "

@@ -239,3 +239,10 @@ def test_predict_loads_no_model_from_outside_the_store_or_a_named_folder(logged,
                                         ) as err:
         model_location(logged["tracking"], uri)
     assert "pw" not in str(err.value)
+
+
+def test_a_header_only_input_is_a_clear_error(logged, tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text(",".join(COLUMNS) + "\n")
+    with pytest.raises(Exception, match=r"holds no rows to predict \(a header only\?\)"):
+        predict_csv(logged["tracking"], logged["uri"], rows, tmp_path / "out.csv")
