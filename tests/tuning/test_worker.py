@@ -185,7 +185,7 @@ def postgres_url():
         "start",
     )
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"  # the README's form
     finally:
         subprocess.run(
             [*as_user, str(bindir / "pg_ctl"), "-D", data, "-m", "immediate", "stop"],
@@ -219,3 +219,16 @@ def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
     )
     assert {r["worker"] for r in res.trials if r["ledger"] == "run"} <= {0, 1}
     assert optuna.load_study(study_name="pg", storage=postgres_url).user_attrs["dpfair.K"] == res.K
+
+
+def test_readme_postgresql_url_serves_an_mlflow_store(postgres_url):
+    """The README's `postgresql://user@host/db` (SQLAlchemy 2's psycopg driver) also backs
+    MLflow's tracking store, as `mlflow server --backend-store-uri` uses it."""
+    import psycopg
+    from mlflow import MlflowClient
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # its own database
+        conn.execute("CREATE DATABASE mlflow_store")
+    client = MlflowClient(postgres_url.rsplit("/", 1)[0] + "/mlflow_store")
+    exp = client.create_experiment("pg-store")
+    assert client.get_experiment(exp).name == "pg-store"
