@@ -78,6 +78,7 @@ def _user_dataset(value: Any, handler: Any) -> Any:
 
 #: a user's dataset name: a folder name under data/prepared (never '.', '..' or a path)
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NAME_RULE = "a name has letters, digits, '_', '-' and '.', starting with a letter or digit"
 
 # a user's dataset: the options of one kind, chosen by its ``kind:`` key
 UserDataset = Annotated[Any, WrapValidator(_user_dataset)]
@@ -100,9 +101,8 @@ class _DatasetsBase(Section):
             if key in cls.model_fields:
                 continue
             if not _SAFE_NAME.fullmatch(str(key)):
-                out[key] = _Undeclared(
-                    f"the dataset name {key!r} cannot name a folder of prepared data; use "
-                    "letters, digits, '_', '-' and '.', starting with a letter or digit")
+                out[key] = _Undeclared(f"the dataset name {key!r} cannot name a folder of "
+                                       f"prepared data; {_NAME_RULE}")
                 continue
             if isinstance(value, Mapping) and "kind" in value:
                 continue
@@ -162,6 +162,9 @@ class Params(Section):
         if name in specs():
             return get_spec(name).options()
         known = [*type(self.datasets).model_fields, *declared]
+        if not _SAFE_NAME.fullmatch(name):
+            raise ConfigError(f"{name!r} is no dataset name (available: {', '.join(known)}); "
+                              f"{_NAME_RULE}")
         raise ConfigError(
             f"unknown dataset {name!r}{did_you_mean(name, known)} (available: "
             f"{', '.join(known)}); declare your own under datasets: with a kind "

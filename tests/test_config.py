@@ -227,3 +227,5 @@ def test_an_empty_kind_and_unsafe_dataset_names_get_clear_messages():
         msg = _error({"datasets": {name: {"kind": "table", "path": "x.csv", "target": "y",
                                           "protected": "g"}}})
         assert f"the dataset name {name!r} cannot name a folder of prepared data" in msg
+        with pytest.raises(ConfigError, match="is no dataset name .* a name has letters"):
+            parse_params({}).dataset(name)
