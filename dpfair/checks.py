@@ -8,6 +8,8 @@ value of its search space at once, so no search opens a study while another meth
 are still wrong:
 
 * ``experiment.pair`` names groups of the dataset (did-you-mean);
+* every method's model builds on the data's input shape and passes the model check (no layer
+  that mixes samples, e.g. BatchNorm): :func:`check_trainable`;
 * a feature transform fitted on the training rows (exact statistics in every released model)
   only with ``budget.allow_fitted_preprocessing`` (:func:`check_preprocessing`);
 * every batch size, given or searched, is at most n
@@ -27,7 +29,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpfair.errors import BudgetExceededError, ConfigError, PrivacyError, did_you_mean
+from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting
+from dpfair.privacy.model_check import check_model
 from dpfair.training import TrainConfig, make_plan
 from dpfair.training.plan import check_batch_size, check_delta
 from dpfair.tuning.job import grid_points, make_config
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
     from dpfair.config import Params
     from dpfair.data import GroupedDataset
 
-__all__ = ["check_against_data", "check_model_space", "check_preprocessing"]
+__all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_trainable"]
 
 #: What an MLflow model adds to its weights (MLmodel, environment files, input example).
 MODEL_OVERHEAD_BYTES = 1 << 20
@@ -58,6 +62,7 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
                     key="budget.delta", opt_out="budget.allow_large_delta")
     for label in labels:
         base = exp.train_config(label, exp.seeds[0])
+        check_trainable(base, dataset)
         space = params.tuning.spaces.get(label, {})
         check_batch_size(base.batch_size, n_train, key="experiment.train.batch_size")
         if base.test_metrics.release == "noisy":
@@ -79,7 +84,6 @@ def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) ->
     """A local artifact root has room for ``n_models`` models of ``experiment.model`` on
     ``dataset`` (weights plus :data:`MODEL_OVERHEAD_BYTES` each), or an ``UnreachableError``
     before anything trains. A remote artifact store is not checked."""
-    from dpfair.models import build_model
     from dpfair.preflight import check_free_space, local_path
 
     folder = local_path(params.tracking.artifact_root)
@@ -91,6 +95,18 @@ def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) ->
     check_free_space(folder, n_models * (size + MODEL_OVERHEAD_BYTES), "artifact folder",
                      f"free space there or set tracking.artifact_root elsewhere ({n_models} "
                      "models of experiment.model are logged); nothing was trained")
+
+
+def check_trainable(config: TrainConfig, dataset: GroupedDataset) -> None:
+    """The model of ``config`` builds on the dataset's input shape, gives one logit per class
+    and keeps no state across samples (BatchNorm: :func:`~dpfair.privacy.model_check.
+    check_model`): checked before the privacy gate reserves anything, so a refused model costs
+    no privacy and no search."""
+    if config.model is None:  # a module given to train(), checked where it is given
+        return
+    model = build_model(config.model, dataset.input_shape, dataset.n_classes)
+    check_output_shape(model, dataset.input_shape, dataset.n_classes)
+    check_model(model, dataset.input_shape, private=config.method.is_private)
 
 
 def check_preprocessing(params: Params, dataset: GroupedDataset) -> None:

@@ -68,7 +68,8 @@ def run_worker(
     :func:`~dpfair.processes.stop_requested`) or, for a spawned worker, once the ``parent``
     that started it is gone."""
     cfg = job.cfg
-    study = load_study(job, sampler_for(cfg, index))
+    study = load_study(job)
+    study.sampler = sampler_for(cfg, index, study)
     dists = distributions(search_space(cfg))
     train_fn = resolve(job.train_fn) if job.train_fn is not None else _default_train_fn
     on_trial_fn = resolve(job.on_trial) if job.on_trial is not None else None
