@@ -49,9 +49,11 @@ def _owned_entries(target: Path) -> list[str]:
     return [e for e in entries if e != MARKER]
 
 
-def check_replaceable(target: str | Path) -> None:
-    """Refuse (ConfigError) a ``target`` that holds anything dpfair did not write there."""
-    _owned_entries(Path(target))
+def check_replaceable(target: str | Path | None) -> None:
+    """Refuse (ConfigError) a ``target`` that holds anything dpfair did not write there (None:
+    no target, nothing to check)."""
+    if target is not None:
+        _owned_entries(Path(target))
 
 
 def replace_with_copy(source: str | Path, target: str | Path) -> None:
