@@ -122,7 +122,13 @@ def test_two_workers_journal(tmp_path, monkeypatch):
         }
 
 
+def _readme_form(url: str) -> str:
+    """``postgresql://...`` as the README writes it (SQLAlchemy 2 picks psycopg 3 for it)."""
+    return url.replace("postgresql+psycopg2://", "postgresql://")
+
+
 def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
+    postgres_url = _readme_form(postgres_url)
     monkeypatch.setenv("PYTHONPATH", worker_env()["PYTHONPATH"])
     ds = make_dataset()
     seed = seed_with_k(5, 9, mu=6.0, eta=1.0)
@@ -146,3 +152,17 @@ def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
     )
     assert {r["worker"] for r in res.trials if r["ledger"] == "run"} <= {0, 1}
     assert optuna.load_study(study_name="pg", storage=postgres_url).user_attrs["dpfair.K"] == res.K
+
+
+def test_readme_postgresql_url_serves_an_mlflow_store(postgres_url):
+    """The README's `postgresql://user@host/db` (SQLAlchemy 2's psycopg driver) also backs
+    MLflow's tracking store, as `mlflow server --backend-store-uri` uses it."""
+    import psycopg
+    from mlflow import MlflowClient
+
+    postgres_url = _readme_form(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # its own database
+        conn.execute("CREATE DATABASE mlflow_store")
+    client = MlflowClient(postgres_url.rsplit("/", 1)[0] + "/mlflow_store")
+    exp = client.create_experiment("pg-store")
+    assert client.get_experiment(exp).name == "pg-store"
