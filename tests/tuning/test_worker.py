@@ -17,7 +17,7 @@ import pytest
 import dpfair.tuning.worker as worker_module
 from dpfair import tuning
 from dpfair.tuning.ledger import is_run
-from dpfair.tuning.study import TrialSeededRandomSampler, distributions
+from dpfair.tuning.study import CONFIG_SEED, TrialSeededRandomSampler, distributions
 from tests.tuning.conftest import (
     BASE,
     METHOD,
@@ -108,12 +108,15 @@ def test_two_workers_journal(tmp_path, monkeypatch):
         study_name="j",
         storage=f"journal:{tmp_path / 'journal.log'}",
         heartbeat_interval=5,  # grace 10 s: no live worker is failed under load
-    )  # not reproducible: the configuration draws are public randomness, seeded all the same
+    )  # not reproducible: the configuration draws are seeded by the study's secret
     res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
     check_exactly_k(res)
     assert res.K == 8 and all(r["state"] == "COMPLETE" for r in res.trials if r["ledger"] == "run")
-    # configurations depend on the trial number only (i.i.d., reproducible)
-    sampler = TrialSeededRandomSampler(0, 0)
+    # configurations depend on the trial number and the study's seed only, whichever worker
+    # ran them (i.i.d., and the same for every worker, resume and machine)
+    study = optuna.load_study(study_name="j", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log"))))
+    sampler = TrialSeededRandomSampler(study.user_attrs[CONFIG_SEED], 0)
     dists = distributions(SPACE)
     for r in res.trials:
         t = SimpleNamespace(number=r["number"])
