@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -216,8 +215,8 @@ def tune_cmd(
 def run(
     params: ParamsOption = None,
     copy_results: Annotated[Path | None, typer.Option(
-        help="also copy the results table and figures to this directory (replaced; the "
-        "output of dvc.yaml's run stage)")] = None,
+        help="also copy the results table and figures to this new, empty or dpfair-written "
+        "folder (replaced; dvc.yaml's run stage); any other folder is refused")] = None,
     resume: Annotated[bool, typer.Option(
         help="resume the latest pipeline run of these settings and data if it failed or was "
         "killed (finished searches and trainings are read back, not redone); --no-resume "
@@ -231,16 +230,17 @@ def run(
     from dpfair.preflight import check_tracking
 
     check_tracking(p.tracking)
+    from dpfair.owned_dir import check_replaceable, replace_with_copy
     from dpfair.tracking import ui_hint
     from flows.experiment import run_experiment
 
+    check_replaceable(copy_results)  # before anything runs: never delete others' files
     # DVC (the flow's prepare step) prints through its own handlers: not again through the
     # root logger that Prefect configures ("Running stage" twice)
     logging.getLogger("dvc").propagate = False
     out = run_experiment(str(path), ".", resume=resume)
     if copy_results is not None:
-        shutil.rmtree(copy_results, ignore_errors=True)
-        shutil.copytree(out["results_dir"], copy_results)
+        replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])
     _print_results(_results_frame(results_dir / "results.csv"),
                    f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}")

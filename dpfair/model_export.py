@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
@@ -41,10 +40,12 @@ from mlflow.models import Model, ModelSignature
 from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
 from dpfair.data import GroupedDataset
+from dpfair.data.preprocess import TablePreprocessor
 from dpfair.errors import DataError
 from dpfair.models import build_model, parse_model_config
 from dpfair.tracking import TrackingConfig, client, flatten, log_metrics
 from dpfair.training import TrainResult
+from dpfair.urls import mask_url
 
 # No third-party progress bars in dpfair's output (saving a model downloads its artifacts).
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -76,8 +77,13 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
                           len(self.class_names))
         net.load_state_dict(state)
         self._net = net.eval()
-        if _PREPROCESSOR in context.artifacts:
-            self._preprocessor = pickle.loads(Path(context.artifacts[_PREPROCESSOR]).read_bytes())
+        if _PREPROCESSOR in context.artifacts:  # JSON: loading it runs no code
+            path = Path(context.artifacts[_PREPROCESSOR])
+            if path.suffix != ".json":
+                raise DataError(f"{path.name}: this model's preprocessor is a pickle (logged by "
+                                "an older dpfair), which dpfair does not load (it could run "
+                                "code); train and log the model again")
+            self._preprocessor = TablePreprocessor.from_json(path.read_bytes(), str(path))
 
     def features(self, frame: pd.DataFrame) -> torch.Tensor:
         """The network's input of ``frame``'s rows (a DataError names missing columns)."""
@@ -179,6 +185,9 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
     :func:`preprocessing_note`, ``params`` (flattened) and ``metrics`` (the model page's
     Parameters and Metrics), and return its URI ``models:/<model_id>``."""
     pre = dataset.preprocessor
+    if pre is not None and not isinstance(pre, TablePreprocessor):
+        raise DataError(f"dataset {dataset.name!r}: its preprocessor is a {type(pre).__name__}; "
+                        "a logged model keeps only dpfair's TablePreprocessor (as JSON)")
     columns = list(pre.columns) if pre is not None else feature_columns(dataset.input_shape)
     python_model = DpfairModel(result.config.model.model_dump(mode="json"),
                                result.input_shape, dataset.class_names, columns)
@@ -193,8 +202,8 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
             artifacts = {_STATE: str(Path(tmp) / "model_state.pt")}
             torch.save(result.model_state, artifacts[_STATE])
             if pre is not None:
-                artifacts[_PREPROCESSOR] = str(Path(tmp) / "preprocessor.pkl")
-                Path(artifacts[_PREPROCESSOR]).write_bytes(pickle.dumps(pre))
+                artifacts[_PREPROCESSOR] = str(Path(tmp) / "preprocessor.json")
+                Path(artifacts[_PREPROCESSOR]).write_text(pre.to_json())
             path = Path(tmp) / "model"
             mlflow.pyfunc.save_model(
                 path, python_model=python_model, artifacts=artifacts,
@@ -212,15 +221,22 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
 
 
 def model_location(cfg: TrackingConfig, model: str) -> str:
-    """Where the files of ``model`` are: a local folder or artifact URI as given; a logged
-    model ``models:/<model_id>``; a registered version ``models:/NAME/VERSION`` or
-    ``NAME/VERSION``, ``NAME@ALIAS``, or ``NAME`` (its ``@champion``, :mod:`dpfair.registry`).
-    Looked up through ``cfg``'s store, never MLflow's process-wide tracking URI (threads
-    share it)."""
+    """Where the files of ``model`` are: a local folder (or ``file://`` URI) the user names, or
+    a model of ``cfg``'s store: ``runs:/...``, a logged model ``models:/<model_id>``, a
+    registered version ``models:/NAME/VERSION`` or ``NAME/VERSION``, ``NAME@ALIAS``, or
+    ``NAME`` (its ``@champion``, :mod:`dpfair.registry`). Looked up through ``cfg``'s store,
+    never MLflow's process-wide tracking URI (threads share it). Any other URI (``s3://``,
+    ``http://``...) is refused: loading an MLflow model runs its code, so it comes only from
+    these places."""
     from dpfair.registry import CHAMPION
 
-    if Path(model).exists() or "://" in model or model.startswith("runs:/"):
+    if Path(model).exists() or model.startswith(("file://", "runs:/")):
         return model
+    if "://" in model:
+        raise DataError(f"--model {mask_url(model)}: dpfair loads models only from the "
+                        "configured tracking store (tracking.uri) or a local folder you name, "
+                        "since loading an MLflow model runs its code; download the model to a "
+                        "folder you trust and give that folder")
     mlf = client(cfg)
     ref = model.removeprefix("models:/")
     if ref.startswith("m-") and "/" not in ref:
@@ -229,8 +245,8 @@ def model_location(cfg: TrackingConfig, model: str) -> str:
     name, _, alias = name.partition("@")
     if not number:
         if not mlf.search_model_versions(f"name = '{name}'"):
-            raise DataError(f"no registered model {name!r} in {cfg.resolved_uri()}: give "
-                            "--model NAME[@ALIAS|/VERSION] of a registered model, "
+            raise DataError(f"no registered model {name!r} in {mask_url(cfg.resolved_uri())}: "
+                            "give --model NAME[@ALIAS|/VERSION] of a registered model, "
                             "models:/<model_id> or a model folder (`dpfair run` registers "
                             "its selected model)")
         try:
@@ -252,10 +268,11 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
     ``out`` (written whole or not at all) and return how many rows were predicted."""
     loaded = load(cfg, model)
     schema = loaded.metadata.get_input_schema()
-    if schema is None:
-        frame = pd.read_csv(rows)
-    else:
-        frame = pd.read_csv(rows)
+    frame = pd.read_csv(rows)
+    if frame.empty:
+        raise DataError(f"{rows} holds no rows to predict (a header only?); give at least one "
+                        "row under the header")
+    if schema is not None:
         missing = [c for c in schema.input_names() if c not in frame.columns]
         if missing:
             raise DataError(f"{rows}: no column(s) {', '.join(map(str, missing))}; the model "

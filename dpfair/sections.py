@@ -61,7 +61,7 @@ class ExperimentSection(BaseModel):
         default_factory=lambda: {"dpsgd": {"name": "dpsgd"}},
         description="label -> method hyperparameters (the label is the name unless given)",
     )
-    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, max_length=1000)
     pair: list[str] | None = Field(
         None, description="the two group names of the named gap (default: all groups)"
     )
@@ -267,7 +267,7 @@ class PipelineSection(BaseModel):
     model_config = _STRICT
 
     task_runner: Literal["threads", "processes", "dask"] = "threads"
-    max_workers: PositiveInt = 2
+    max_workers: PositiveInt = Field(2, le=256)
     dask_address: str | None = Field(None, description="None: a local Dask cluster")
     data_dir: str = "data/prepared"
     use_dvc: bool = Field(True, description="prepare data through `dvc repro` (else directly)")

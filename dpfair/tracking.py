@@ -34,7 +34,6 @@ import getpass
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -55,8 +54,10 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_USER,
 )
 
+from dpfair.metric_keys import clean_key
 from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
+from dpfair.urls import mask_text, mask_url
 from dpfair.workspace import durable_path
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
@@ -140,14 +141,14 @@ def source_tags() -> dict[str, str]:
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested mapping -> ``{"a.b": "value"}`` strings, as MLflow params. ``None`` (an unset
-    option) is left out: a param reading "None" says nothing."""
+    option) is left out: a param reading "None" says nothing. A URL's password is masked."""
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten(value, f"{name}."))
         elif value is not None:
-            flat[name] = str(value)[:_MAX_PARAM_LEN]
+            flat[name] = mask_text(str(value))[:_MAX_PARAM_LEN]
     return flat
 
 
@@ -230,12 +231,11 @@ def log_params(cfg: TrackingConfig, run_id: str, params: Mapping[str, Any]) -> N
 
 
 def metric_key(name: str) -> str:
-    """``name`` in the characters MLflow allows in a metric key (``[A-Za-z0-9_-. :/]``):
-    ``"acc/<=50K"`` -> ``"acc/le 50K"``, ``"acc/low (5_4_9)"`` -> ``"acc/low 5_4_9"``,
-    an intersectional group ``"acc/w × Ost"`` -> ``"acc/w x Ost"``."""
-    for sign, word in (("<=", "le "), (">=", "ge "), ("<", "lt "), (">", "gt "), ("×", "x")):
-        name = name.replace(sign, word)
-    return re.sub(r" {2,}", " ", re.sub(r"[^A-Za-z0-9_\-. :/]", "", name)).strip()
+    """``name`` as a metric key MLflow accepts: each ``/``-separated part cleaned by
+    :func:`~dpfair.training.evaluation.clean_key` (``"acc/<=50K"`` -> ``"acc/le 50K"``), a
+    part left empty or all dots (a path such as ``..``) written ``_``."""
+    parts = [clean_key(part) for part in name.split("/")]
+    return "/".join(part if part.strip(".") else "_" for part in parts)
 
 
 def log_metrics(cfg: TrackingConfig, run_id: str, metrics: Mapping[str, float], step: int = 0,
@@ -293,7 +293,7 @@ def log_dataset(cfg: TrackingConfig, run_id: str, *, name: str, digest: str, sou
 def run_url(cfg: TrackingConfig, experiment_id: str, run_id: str) -> str:
     """The run's page: on the tracking server, or on the local UI of :func:`ui_hint`."""
     base = cfg.resolved_uri().rstrip("/") if remote(cfg) else f"http://127.0.0.1:{UI_PORT}"
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{mask_url(base)}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def ui_command(cfg: TrackingConfig) -> str:
@@ -306,14 +306,14 @@ def ui_command(cfg: TrackingConfig) -> str:
         uri = Path(uri).resolve().as_uri()
     mlflow = Path(sys.executable).parent / "mlflow"
     program = mlflow if mlflow.exists() else "mlflow"
-    return f"{program} ui --backend-store-uri {uri} --port {UI_PORT}"
+    return f"{program} ui --backend-store-uri {mask_url(uri)} --port {UI_PORT}"
 
 
 def ui_hint(cfg: TrackingConfig) -> str:
     """How to open the MLflow UI on these results: the tracking server's address, or the
     command that serves a local store (:func:`ui_command`)."""
     if remote(cfg):
-        return f"open the MLflow UI at {cfg.resolved_uri().rstrip('/')}"
+        return f"open the MLflow UI at {mask_url(cfg.resolved_uri().rstrip('/'))}"
     return f"open the MLflow UI with:\n  {ui_command(cfg)}"
 
 
@@ -334,8 +334,8 @@ def read_results(cfg: TrackingConfig, run_id: str | None = None,
             order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
         if not found:
             on = f" of dataset {dataset!r}" if dataset else ""
-            raise LookupError(f"no finished pipeline run{on} in {cfg.resolved_uri()}; run "
-                              "`dpfair run` first, pass --dataset for another dataset, or "
+            raise LookupError(f"no finished pipeline run{on} in {mask_url(cfg.resolved_uri())}; "
+                              "run `dpfair run` first, pass --dataset for another dataset, or "
                               "--run-id for a failed run")
         run_id = found[0].info.run_id
     with tempfile.TemporaryDirectory() as tmp:

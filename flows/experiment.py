@@ -81,8 +81,13 @@ class MethodsFailed(RuntimeError):
     """Some methods failed; the others' results are logged and summarised."""
 
 
+#: A local Dask cluster's listeners: this machine only, the dashboard on a free port.
+LOCAL_ONLY = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+
+
 def task_runner(pipeline: PipelineSection) -> Any:
-    """Threads (default), processes, or Dask (a local cluster or ``dask_address``)."""
+    """Threads (default), processes, or Dask (``dask_address``, or a local cluster whose
+    scheduler, workers and dashboard listen on 127.0.0.1 only: the dashboard has no login)."""
     if pipeline.task_runner == "processes":
         from prefect.task_runners import ProcessPoolTaskRunner
 
@@ -93,7 +98,7 @@ def task_runner(pipeline: PipelineSection) -> Any:
         if pipeline.dask_address:
             return DaskTaskRunner(address=pipeline.dask_address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": pipeline.max_workers,
-                                              "threads_per_worker": 1})
+                                              "threads_per_worker": 1, **LOCAL_ONLY})
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=pipeline.max_workers)

@@ -52,6 +52,9 @@ class TableFileOptions(TableOptions):
 def source_path(opts: TableFileOptions) -> Path:
     """The file, which must exist (SourceMissingError naming where it was looked for)."""
     path = Path(opts.path).expanduser()
+    if path.is_dir():
+        raise DataError(f"the dataset's path {path} is a folder; give the CSV or Parquet file "
+                        "in it")
     if not path.is_file():
         where = path if path.is_absolute() else f"{path} (relative to {Path.cwd()})"
         raise SourceMissingError(
@@ -71,6 +74,16 @@ def _format(path: Path, opts: TableFileOptions) -> str:
     return fmt
 
 
+def _check_header(first: pd.DataFrame, path: Path) -> None:
+    """pandas renames a repeated header ``y`` to ``y.1``: a duplicated target would become a
+    feature (a label leak). Refuse a header that names a column twice."""
+    names = [str(v) for v in (first.iloc[0].tolist() if len(first) else [])]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DataError(f"the header of {path} names the column(s) {', '.join(map(repr, twice))}"
+                        " more than once; rename or remove the repeated columns")
+
+
 def read_table(opts: TableFileOptions) -> tuple[pd.DataFrame, Where]:
     """The file's rows and where they came from (DataError if the file cannot be parsed)."""
     import pandas as pd
@@ -82,6 +95,7 @@ def read_table(opts: TableFileOptions) -> tuple[pd.DataFrame, Where]:
         if fmt == "csv":
             tab = path.suffix.lower() == ".tsv"
             sep = opts.separator if opts.separator is not None else ("\t" if tab else ",")
+            _check_header(pd.read_csv(path, sep=sep, header=None, nrows=1), path)
             frame = pd.read_csv(path, sep=sep)
         else:
             frame = pd.read_parquet(path)

@@ -201,6 +201,14 @@ def _natural(values: list[str]) -> list[str]:
 
 
 def _labels(target: pd.Series, opts: TableOptions, where: Where) -> tuple[np.ndarray, list[str]]:
+    import pandas as pd
+
+    present = target.dropna()
+    if pd.api.types.is_float_dtype(present) and not (present == present.round()).all():
+        raise DataError(
+            f"the target column {opts.target!r} of {where.source} holds fractional numbers: "
+            "dpfair trains classifiers, and a continuous target would make every value a "
+            f"class. Fix: set {where.key('target')} to a categorical column (or bin the values)")
     values = to_categories(target)
     seen = _natural(list(values.unique()))
     if opts.positive_label is not None:
@@ -267,6 +275,12 @@ def split_index(y: np.ndarray, g: np.ndarray, opts: HoldoutOptions
     return train, val, test
 
 
+def shown(values: list[str]) -> str:
+    """The first few of ``values`` quoted, and how many more (a message stays readable)."""
+    more = f" and {len(values) - _SHOWN} more" if len(values) > _SHOWN else ""
+    return ", ".join(repr(v) for v in values[:_SHOWN]) + more
+
+
 def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
                  class_names: list[str], group_names: list[str], *, min_rows: int,
                  groups_from: str, target: str, where: Where) -> None:
@@ -279,7 +293,7 @@ def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
     if small:
         plural = len(small) > 1
         raise DataError(
-            f"group{'s' if plural else ''} {', '.join(repr(s) for s in small)} of "
+            f"group{'s' if plural else ''} {shown(small)} of "
             f"{where.source} ({groups_from}) {'have' if plural else 'has'} fewer than "
             f"{min_rows} training rows ({where.key('min_group_train_rows')}). Fix: add rows, "
             f"merge rare groups, or lower {where.key('min_group_train_rows')}"
@@ -288,7 +302,7 @@ def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
     for split in ("val", "test"):
         unseen = sorted(set(np.unique(y[index[split]]).tolist()) - trained)
         if unseen:
-            names = ", ".join(repr(class_names[c]) for c in unseen)
+            names = shown([class_names[c] for c in unseen])
             raise DataError(
                 f"the {split} split of {where.source} holds the label {names} of "
                 f"{target}, never seen in the training split: the class has too "
@@ -300,12 +314,26 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
                   where: Where) -> GroupedDataset:
     """The GroupedDataset of ``frame`` (steps in the module docstring)."""
     frame = frame.rename(columns=str)
+    if frame.columns.duplicated().any():  # a repeated target would become a feature
+        twice = sorted(set(frame.columns[frame.columns.duplicated()]))
+        raise DataError(f"{where.source} has the column(s) {', '.join(map(repr, twice))} more "
+                        "than once; rename or remove the repeated columns")
     features = _columns(frame, opts, where)
     used = list(dict.fromkeys([opts.target, *opts.protected, *features]))
     frame = _missing(frame[used], opts, where)
+    if len(frame) < 2 * opts.min_group_train_rows:
+        raise DataError(
+            f"{where.source} has {len(frame)} usable row(s): too few for two groups of "
+            f"{opts.min_group_train_rows} training rows ({where.key('min_group_train_rows')})."
+            " Fix: give more rows")
     numeric, categorical = _feature_types(frame, features, opts, where)
     y, class_names = _labels(frame[opts.target], opts, where)
     g, group_names = _groups(frame[opts.protected])
+    if len(group_names) < 2:
+        raise DataError(
+            f"the protected column(s) {', '.join(opts.protected)} of {where.source} hold a "
+            f"single value ({group_names[0]!r}) in the rows used: there are no groups to "
+            f"compare. Fix: set {where.key('protected')} to column(s) with two or more values")
     index = dict(zip(("train", "val", "test"), split_index(y, g, opts), strict=True))
     check_splits(y, g, index, class_names, group_names, min_rows=opts.min_group_train_rows,
                  groups_from=f"columns {', '.join(opts.protected)}",

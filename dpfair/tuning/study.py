@@ -50,6 +50,7 @@ from dpfair.errors import TuningError
 from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
+from dpfair.urls import mask_url
 from dpfair.workspace import durable_sqlite_uri
 
 if TYPE_CHECKING:
@@ -82,8 +83,9 @@ _IN_MEMORY: dict[str, optuna.storages.InMemoryStorage] = {}
 
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
-    """The Optuna storage of ``cfg.storage`` and a printable description of it (None: one
-    in-memory storage per study name in this process, shared by its prepare and finish)."""
+    """The Optuna storage of ``cfg.storage`` and a printable description of it (its password
+    masked: :func:`dpfair.urls.mask_url`; None: one in-memory storage per study name in this
+    process, shared by its prepare and finish)."""
     if cfg.storage is None:
         return _IN_MEMORY.setdefault(cfg.study_name or "", optuna.storages.InMemoryStorage()), (
             IN_MEMORY)
@@ -103,7 +105,7 @@ def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
             heartbeat_interval=cfg.heartbeat_interval,
             grace_period=cfg.grace,
         )
-    return storage, url
+    return storage, mask_url(url)
 
 
 class TrialSeededRandomSampler(optuna.samplers.RandomSampler):
