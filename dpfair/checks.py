@@ -44,7 +44,7 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
     the value and the fix) what the module docstring lists. Nothing has run when it raises."""
     exp = params.experiment
     n_train = len(dataset.train)
-    _check_pair(exp.pair, dataset)
+    _check_pair(exp.named_pair, dataset)
     check_preprocessing(params, dataset)
     if params.budget.delta is not None:
         check_delta(params.budget.delta, n_train, allowed=params.budget.allow_large_delta,
@@ -93,7 +93,8 @@ def _check_pair(pair: list[str] | None, dataset: GroupedDataset) -> None:
             raise ConfigError(
                 f"experiment.pair: {group!r} is not a group of dataset {dataset.name!r}"
                 f"{did_you_mean(group, names)} (its groups: {', '.join(names)}); name two of "
-                "them, or leave pair out for the first two. Nothing was trained."
+                "them, or leave pair out (every group is shown either way). Nothing was "
+                "trained."
             )
 
 

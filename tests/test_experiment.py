@@ -175,6 +175,7 @@ def test_experiment_opens_on_runs_named_by_dataset_method_and_seed(pipeline):
 
 def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
     from dpfair.release import EPSILON_METHOD, HEURISTIC
+    from dpfair.tracking import metric_key
 
     client, plan = pipeline["client"], pipeline["plan"]
     parent = client.get_run(pipeline["parent"])
@@ -184,6 +185,10 @@ def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
             record.headline["worst_group_accuracy"])
         assert metrics[f"largest_group_gap/{label}"] == pytest.approx(
             record.headline["largest_group_gap"])
+        for group in pipeline["dataset"].group_names:  # every group by name
+            assert metrics[metric_key(f"group_accuracy/{group}/{label}")] == pytest.approx(
+                next(r["value"] for r in record.records
+                     if r["group"] == group and r["metric"] == "accuracy"))
     assert metrics["epsilon_run/dpsgd"] == pytest.approx(plan.methods["dpsgd"].epsilon_run)
     assert metrics["epsilon_released/dpsgd"] == pytest.approx(plan.methods["dpsgd"].epsilon)
     assert not [k for k in metrics if k.startswith("epsilon") and k.endswith(

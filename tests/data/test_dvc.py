@@ -206,8 +206,8 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 
 
 def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
-    """The evaluate stage's numbers are the table's: worst group (the acc_worst_group column,
-    else the lower of the pair), the largest cost gap, ε only for methods with a guarantee."""
+    """The evaluate stage's numbers are the table's: every group's accuracy by name, the worst
+    group, the largest accuracy and cost gaps, ε only for methods with a guarantee."""
     from dpfair.dvc_outputs import write_outputs
     from dpfair.release import (
         EPSILON_METHOD,
@@ -220,7 +220,9 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     table = pd.DataFrame(
         {"acc_2": ["98.0 ± 0.1", "90.0 ± 0.5", "91.0 ± 0.4", ""],
          "acc_8": ["90.0 ± 0.3", "60.5 ± 2.0", "70.0 ± 1.0", ""],
+         "acc_9": ["89.5 ± 0.3", "61.0 ± 2.0", "69.5 ± 1.0", ""],
          "acc_worst_group": ["89.5 ± 0.2", "60.5 ± 2.0", "69.0 ± 1.0", ""],
+         "acc_gap_max": ["8.5 ± 0.2", "29.5 ± 2.0", "21.0 ± 1.0", ""],
          "pi_gap": ["-", "22.0 ± 2.0", "14.0 ± 1.0", ""],
          "pi_gap_max": ["-", "25.0 ± 2.0", "15.0 ± 1.0", ""],
          EPSILON_RUN: [NONPRIVATE_REFERENCE, "2.81", HEURISTIC, ""],
@@ -231,12 +233,17 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
     metrics = json.loads(paths["metrics.json"].read_text())
     assert metrics == {"epsilon_total": 5.62, "methods": {
-        "nonprivate": {"worst_group_accuracy": 89.5},
-        "dpsgd": {"worst_group_accuracy": 60.5, "largest_cost_gap": 25.0, "epsilon_run": 2.81,
+        "nonprivate": {"group_accuracy": {"2": 98.0, "8": 90.0, "9": 89.5},
+                       "worst_group_accuracy": 89.5, "largest_accuracy_gap": 8.5},
+        "dpsgd": {"group_accuracy": {"2": 90.0, "8": 60.5, "9": 61.0},
+                  "worst_group_accuracy": 60.5, "largest_accuracy_gap": 29.5,
+                  "largest_cost_gap": 25.0, "epsilon_run": 2.81,
                   "epsilon_released": 5.62, "note": "replayable noise"},
-        "fairlens": {"worst_group_accuracy": 69.0, "largest_cost_gap": 15.0}}}
-    groups = pd.read_csv(paths["group_accuracy.csv"])
-    assert len(groups) == 9 and set(groups["group"]) == {"2", "8", "worst group"}
+        "fairlens": {"group_accuracy": {"2": 91.0, "8": 70.0, "9": 69.5},
+                     "worst_group_accuracy": 69.0, "largest_accuracy_gap": 21.0,
+                     "largest_cost_gap": 15.0}}}
+    groups = pd.read_csv(paths["group_accuracy.csv"], dtype={"group": str})
+    assert len(groups) == 12 and set(groups["group"]) == {"2", "8", "9", "worst group"}
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])
     assert curve.to_dict("records") == [
         {"method": "dpsgd", "epsilon": 5.62, "worst_group_accuracy": 60.5}]
