@@ -250,10 +250,27 @@ def select_model(runs: list[RunRecord], plan: ReleasePlan, method: str | None = 
     return chosen, rule
 
 
+def _what_is_predicted(dataset: GroupedDataset) -> dict[str, str]:
+    """Target, protected attribute(s) and group names of ``dataset``: what tells apart models
+    of one dataset trained for different groups. A built-in dataset without such options names
+    its label and groups as its loader defines them."""
+    options = dataset.meta.get("options", {})
+    protected = options.get("protected")
+    if isinstance(protected, list):
+        protected = ", ".join(map(str, protected))
+    return {
+        "target": str(options.get("target") or f"the class label of {dataset.name}"),
+        "protected_attributes": str(protected or f"the groups of {dataset.name}"),
+        "group_names": ", ".join(map(str, dataset.group_names)),
+        "class_names": ", ".join(map(str, dataset.class_names)),
+    }
+
+
 def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
                   data_version: str, rule: str) -> dict[str, str]:
     """The tags of a registered model version: method, both ε (or the label of a release
-    without guarantee), δ, guarantee, noise, data version and the fairness summary."""
+    without guarantee), δ, guarantee, noise, data version, what it predicts for which groups
+    (target, protected attributes, group names) and the fairness summary."""
     release = plan.methods[record.label]
     eps_run, eps_method = epsilon_cells(release)
     worst, gap = (record.headline[k] for k in ("worst_group_accuracy", "largest_group_gap"))
@@ -266,6 +283,7 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
         "delta": f"{release.delta:g}",
         "noise": REPLAYABLE_NOISE if release.reproducible else SECRET_NOISE,
         "data_version": data_version,
+        **_what_is_predicted(dataset),
         "worst_group_accuracy": f"{worst:.4f}", "largest_group_gap": f"{gap:.4f}",
         "fairness_summary": f"test: worst-group accuracy {100 * worst:.1f}%, largest gap "
                             f"between groups {100 * gap:.1f} points",
@@ -293,6 +311,7 @@ def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDat
     name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
     version = dataset.meta.get("data_version") or data_tags.get("dpfair.data_version", "")
     tags = {**registry_tags(record, plan, dataset, version, rule),
+            "data_version_id": data_tags.get("dpfair.data_version", version),
             "pipeline_run_id": parent_run_id}
     note = plan.methods[record.label].epsilon_note
     registered = register_selected(tracking, name, record.model_uri, record.run_id, tags,
