@@ -55,6 +55,14 @@ def to_numbers(values: pd.Series) -> pd.Series:
     return pd.to_numeric(values, errors="coerce").astype(np.float64)
 
 
+def category_text(value: object) -> str:
+    """One category value as text, as :func:`to_categories` writes a column's values: an
+    integral float as an integer (``2.0`` -> ``"2"``), anything else ``str()``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def to_categories(values: pd.Series) -> pd.Series:
     """``values`` as strings (integral floats written as integers), missing as NaN."""
     import pandas as pd
@@ -69,11 +77,14 @@ def to_categories(values: pd.Series) -> pd.Series:
 class TablePreprocessor:
     """Numeric columns: (median imputation,) standardisation, or a declared range; categorical:
     (most frequent,) one-hot, or one-hot over declared categories; unknown categories give
-    all zeros."""
+    all zeros in :meth:`transform`. :meth:`check_rows` holds rows to predict to the rules of
+    training: with ``unknown="error"`` a category value the transform never saw is refused."""
 
     def __init__(self, numeric: list[str], categorical: list[str], *, impute: bool,
                  ranges: dict[str, list[float]] | None = None,
-                 categories: dict[str, list[str]] | None = None) -> None:
+                 categories: dict[str, list[str]] | None = None,
+                 unknown: str = "error") -> None:
+        self.unknown = unknown
         self.numeric = list(numeric)
         self.categorical = list(categorical)
         self.impute = impute
@@ -135,13 +146,52 @@ class TablePreprocessor:
             bad = numeric_problems(frame[col])
             if len(bad):
                 raise DataError(
-                    f"column {col!r} is numeric but holds {list(bad.astype(str).unique()[:5])}; "
-                    "give finite numbers (or leave the value empty)"
+                    f"column {col!r} is numeric but holds {list(bad.astype(str).unique()[:5])} "
+                    f"(rows {', '.join(map(str, bad.index[:5].tolist()))}); give finite numbers "
+                    "(or leave the value empty)"
                 )
             out[col] = to_numbers(frame[col])
         for col in self.categorical:
             out[col] = to_categories(frame[col])
         return out
+
+    def known_categories(self) -> dict[str, list[str]]:
+        """Each categorical column's values the transform encodes (declared, or seen in the
+        training split)."""
+        known = dict(self.categories)
+        if "categorical" in self._transformer.named_transformers_:
+            fitted = [c for c in self.categorical if c not in self.categories]
+            encoder = self._transformer.named_transformers_["categorical"][-1]
+            known.update({c: [str(v) for v in cats]
+                          for c, cats in zip(fitted, encoder.categories_, strict=True)})
+        return known
+
+    def check_rows(self, frame: pd.DataFrame) -> None:
+        """Rows to predict, held to training's rules (a DataError naming column, value and
+        row): numbers must be numbers, a missing value needs ``missing: impute``, and with
+        ``unknown="error"`` every category value must be one the transform encodes."""
+        raw = self._raw(frame)
+        if not self.impute:
+            for col in self.columns:
+                rows = raw.index[raw[col].isna()]
+                if len(rows):
+                    raise DataError(
+                        f"column {col!r} has no value in row(s) "
+                        f"{', '.join(map(str, rows[:5].tolist()))}: the model was trained "
+                        "without missing values (the dataset's missing: impute would fill them); "
+                        "give a value")
+        if getattr(self, "unknown", "error") != "error":
+            return
+        for col, known in self.known_categories().items():
+            values = raw[col]
+            unseen = values[values.notna() & ~values.isin(known)]
+            if len(unseen):
+                raise DataError(
+                    f"column {col!r} holds {unseen.iloc[0]!r} in row {unseen.index[0]}"
+                    f"{f' (and {len(unseen) - 1} more rows)' if len(unseen) > 1 else ''}, a "
+                    f"category the model never saw (it knows {', '.join(known)}). Fix: correct "
+                    "the value, or declare the dataset's unknown: ignore to predict such rows "
+                    "with that column's one-hot part all zeros")
 
     def fit(self, frame: pd.DataFrame) -> TablePreprocessor:
         self._transformer.fit(self._raw(frame))

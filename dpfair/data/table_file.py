@@ -57,9 +57,9 @@ def source_path(opts: TableFileOptions) -> Path:
     return path
 
 
-def _format(path: Path, opts: TableFileOptions) -> str:
-    if opts.format != "auto":
-        return opts.format
+def _format(path: Path, given: str) -> str:
+    if given != "auto":
+        return given
     fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(f"cannot tell the format of {path} from its suffix; name it .csv or "
@@ -69,15 +69,21 @@ def _format(path: Path, opts: TableFileOptions) -> str:
 
 def read_table(opts: TableFileOptions) -> tuple[pd.DataFrame, Where]:
     """The file's rows and where they came from (DataError if the file cannot be parsed)."""
+    return read_rows(source_path(opts), opts.format, opts.separator)
+
+
+def read_rows(path: Path, fmt: str = "auto", separator: str | None = None
+              ) -> tuple[pd.DataFrame, Where]:
+    """The rows of a CSV or Parquet file (format from the suffix unless given) and where they
+    came from; a DataError names a file that cannot be read as its format."""
     import pandas as pd
     import pyarrow
 
-    path = source_path(opts)
-    fmt = _format(path, opts)
+    fmt = _format(path, fmt)
     try:
         if fmt == "csv":
             tab = path.suffix.lower() == ".tsv"
-            sep = opts.separator if opts.separator is not None else ("\t" if tab else ",")
+            sep = separator if separator is not None else ("\t" if tab else ",")
             frame = pd.read_csv(path, sep=sep)
         else:
             frame = pd.read_parquet(path)
