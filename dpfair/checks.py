@@ -17,7 +17,15 @@ are still wrong:
   (:func:`~dpfair.training.plan.check_delta`; ``tuning.delta``: by
   :func:`dpfair.tuning.prepare`, before any study opens);
 * ``budget.epsilon`` and ``tuning.budget_epsilon`` allow at least one training run of every
-  method with a proven guarantee (the cheapest configuration of its space, if tuned).
+  method with a proven guarantee (the cheapest configuration of its space, if tuned);
+* the model, built for the dataset's input shape, passes the model check
+  (:func:`~dpfair.privacy.model_check.check_model`: no layer that mixes samples, e.g.
+  BatchNorm, when any method is private).
+
+:func:`check_run` is the one validation pass of ``dpfair run`` before any work: it loads the
+declared dataset (its declaration, columns, groups) and runs these checks, before the Prefect
+server starts or the tracking and orchestration libraries are imported, so a wrong setting is
+one clear error within seconds.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ if TYPE_CHECKING:
     from dpfair.config import Params
     from dpfair.data import GroupedDataset
 
-__all__ = ["check_against_data", "check_preprocessing"]
+__all__ = ["check_against_data", "check_preprocessing", "check_run"]
 
 REFERENCE = "nonprivate"
 
@@ -66,6 +74,34 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
         configs = [make_config(base.method, base, point, seed=0, reproducible=False)
                    for point in grid_points(space)]
         _check_one_run(params, label, configs, n_train, dataset.n_groups)
+    _check_model(params, dataset)
+
+
+def check_run(params: Params) -> GroupedDataset:
+    """Load ``experiment.dataset`` as declared and run :func:`check_against_data`; returns the
+    dataset. Every error is a ``DpfairError`` naming the setting and the fix."""
+    from dpfair.data import load_dataset
+
+    name = params.experiment.dataset
+    dataset = load_dataset(name, params.dataset(name))
+    check_against_data(params, dataset)
+    return dataset
+
+
+def _check_model(params: Params, dataset: GroupedDataset) -> None:
+    """The experiment's model for the dataset's input shape passes the model check (private if
+    any method is); built under a forked RNG, so nothing later draws differently."""
+    import torch
+
+    from dpfair.models import build_model
+    from dpfair.privacy.model_check import check_model
+
+    exp = params.experiment
+    private = any(exp.train_config(label, exp.seeds[0]).method.is_private
+                  for label in exp.methods)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(exp.model, dataset.input_shape, dataset.n_classes)
+    check_model(model, dataset.input_shape, private=private)
 
 
 def check_preprocessing(params: Params, dataset: GroupedDataset) -> None:

@@ -349,6 +349,9 @@ def run(
 
     path = params or Path(DEFAULT_PARAMS)
     p = load_params(path)  # a clear error before Prefect starts
+    from dpfair.checks import check_run
+
+    check_run(p)  # data, groups, search space, model: before any heavy import or server
     from dpfair.preflight import check_tracking
 
     check_tracking(p.tracking)
@@ -358,7 +361,7 @@ def run(
     # DVC (the flow's prepare step) prints through its own handlers: not again through the
     # root logger that Prefect configures ("Running stage" twice)
     logging.getLogger("dvc").propagate = False
-    out = run_experiment(str(path), ".", resume=resume)
+    out = run_experiment(str(path), ".", resume=resume, checked=True)
     if copy_results is not None:
         shutil.rmtree(copy_results, ignore_errors=True)
         shutil.copytree(out["results_dir"], copy_results)
