@@ -345,21 +345,19 @@ def run(
         "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
+    from dpfair.checks import check_run
     from dpfair.config import load_params
 
     path = params or Path(DEFAULT_PARAMS)
-    p = load_params(path)  # a clear error before Prefect starts
-    from dpfair.checks import check_run
-
-    check_run(p)  # data, groups, search space, model: before any heavy import or server
+    p = load_params(path)
+    check_run(p)  # params, data, groups, model: a clear error before any server or tracking
     from dpfair.preflight import check_tracking
 
     check_tracking(p.tracking)
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
-    # DVC (the flow's prepare step) prints through its own handlers: not again through the
-    # root logger that Prefect configures ("Running stage" twice)
+    # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
     out = run_experiment(str(path), ".", resume=resume, checked=True)
     if copy_results is not None:
