@@ -31,6 +31,8 @@ def test_clip_bound_figure_gets_bounds_only_not_steps_or_released_counts():
 
 
 def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
+    import shutil
+
     from dpfair.data import available_datasets
     from dpfair.pipeline_data import dvc_prepare_stages
 
@@ -41,6 +43,11 @@ def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
         "stages:\n  prepare:\n    foreach: [digits]\n    do:\n      cmd: echo ${item}\n"
     )
     assert dvc_prepare_stages(tmp_path) == ("digits",)
+    # generated from params.yaml's datasets: an own dataset declared there has its stage
+    shutil.copy(repo_root / "dvc.yaml", tmp_path / "dvc.yaml")
+    (tmp_path / "params.yaml").write_text(
+        "datasets:\n  digits: {seed: 0}\n  loans: {kind: table, path: data/raw/l.csv}\n")
+    assert dvc_prepare_stages(tmp_path) == ("digits", "loans")
     assert dvc_prepare_stages(tmp_path / "absent") == ()
 
 

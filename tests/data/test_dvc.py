@@ -22,7 +22,7 @@ from dpfair.data.sources import md5sum
 from dpfair.errors import DataError
 
 FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
-         "bin/dvc-python")
+         "bin/dvc-python", "data/raw/.gitkeep")
 
 
 def _copy_repo(repo_root: Path, dest: Path, packages: tuple[str, ...] = ("dpfair",)) -> Path:
@@ -74,10 +74,11 @@ def test_dvc_pipeline_definition(repo_root):
     summaries (split sizes) are no DVC metric; no stage command relies on PATH's python."""
     assert "no_scm" not in (repo_root / ".dvc" / "config").read_text()
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
-    assert "celeba" not in stages["prepare"]["foreach"]
-    assert stages["prepare"]["foreach"] == [
-        "adult", "dutch", "mnist", "fashion_mnist", "digits", "synthetic"
-    ]
+    # one prepare stage per dataset declared in params.yaml (celeba is not: ~10 GB of arrays)
+    assert stages["prepare"]["foreach"] == "${datasets}"
+    assert "data/raw" in stages["prepare"]["do"]["deps"]
+    declared = yaml.safe_load((repo_root / "params.yaml").read_text())["datasets"]
+    assert list(declared) == ["adult", "dutch", "mnist", "fashion_mnist", "digits", "synthetic"]
     assert list(stages) == ["prepare", "run", "evaluate"]
     assert "metrics" not in stages["prepare"]["do"]
     for stage in (stages["prepare"]["do"], stages["run"], stages["evaluate"]):
@@ -258,3 +259,29 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(DataError, match="not a results table"):
         write_outputs(tmp_path / "other.csv", tmp_path / "evaluation")
+
+
+@pytest.mark.slow
+def test_a_declared_own_csv_gets_its_stage_and_reruns_when_the_file_changes(tmp_path,
+                                                                          repo_root):
+    """Declaring a table in params.yaml is enough: `dvc add data/raw/...`, then `dvc repro`
+    prepares it; a changed CSV re-runs its stage, and the new data version follows the file."""
+    from tests.data.own_tables import loans_frame, table_options
+
+    repo = _copy_repo(repo_root, tmp_path / "repo")
+    (repo / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")
+    csv = repo / "data" / "raw" / "loans.csv"
+    loans_frame(300).to_csv(csv, index=False)
+    _dvc(repo, "add", "data/raw/loans.csv")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["datasets"] = {"loans": table_options(Path("data/raw/loans.csv"))}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = _dvc(repo, "repro", "prepare@loans")
+    assert "Running stage 'prepare@loans'" in out
+    first = data_version("loans", repo / "dvc.lock")
+    assert "didn't change" in _dvc(repo, "repro", "prepare@loans")
+
+    loans_frame(300, seed=1).to_csv(csv, index=False)  # the file changes
+    assert "prepare@loans" in _dvc(repo, "status", "prepare@loans")
+    assert "Running stage 'prepare@loans'" in _dvc(repo, "repro", "prepare@loans")
+    assert data_version("loans", repo / "dvc.lock") not in (None, first)
