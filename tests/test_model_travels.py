@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,28 @@ def make_net(input_shape, n_classes, width=8):
     return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.Tanh(),
                          nn.Linear(width, n_classes))
 '''
+
+
+def predict_elsewhere(location: str, rows: Path, cwd: Path, module: str) -> dict:
+    """Load the model at ``location`` in a fresh interpreter in ``cwd`` without PYTHONPATH
+    (neither the project nor this checkout on its path) and predict ``rows``: the predictions
+    and the files that dpfair and ``module`` were imported from."""
+    cwd.mkdir(exist_ok=True)
+    script = textwrap.dedent(f"""
+        import json, sys
+        import mlflow, pandas as pd
+        assert "dpfair" not in sys.modules
+        model = mlflow.pyfunc.load_model({location!r})
+        out = model.predict(pd.read_csv({str(rows)!r}))
+        import dpfair, {module}
+        print(json.dumps({{"predictions": out["{PREDICTION}"].tolist(),
+                           "dpfair": dpfair.__file__, "module": {module}.__file__}}))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -57,23 +80,8 @@ def test_registered_import_model_predicts_from_a_fresh_process_elsewhere(tmp_pat
     assert "dpfair" not in requirements and "torch" in requirements
     frame.head(30).to_csv(tmp_path / "rows.csv", index=False)
 
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    script = textwrap.dedent(f"""
-        import json, sys
-        import mlflow, pandas as pd
-        assert "dpfair" not in sys.modules
-        model = mlflow.pyfunc.load_model({location!r})
-        out = model.predict(pd.read_csv({str(tmp_path / 'rows.csv')!r}))
-        import dpfair, travelling_models
-        print(json.dumps({{"predictions": out["{PREDICTION}"].tolist(),
-                           "dpfair": dpfair.__file__, "module": travelling_models.__file__}}))
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=elsewhere, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = predict_elsewhere(location, tmp_path / "rows.csv", tmp_path / "elsewhere",
+                              "travelling_models")
     assert len(found["predictions"]) == 30
     assert set(found["predictions"]) <= set(dataset.class_names)
     # both imported from the model's own code folder, not from the project or the checkout
