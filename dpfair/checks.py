@@ -8,6 +8,8 @@ value of its search space at once, so no search opens a study while another meth
 are still wrong:
 
 * ``experiment.pair`` names groups of the dataset (did-you-mean);
+* every method's model builds on the data's input shape and passes the model check (no layer
+  that mixes samples, e.g. BatchNorm): :func:`check_trainable`;
 * a feature transform fitted on the training rows (exact statistics in every released model)
   only with ``budget.allow_fitted_preprocessing`` (:func:`check_preprocessing`);
 * every batch size, given or searched, is at most n
@@ -17,10 +19,7 @@ are still wrong:
   (:func:`~dpfair.training.plan.check_delta`; ``tuning.delta``: by
   :func:`dpfair.tuning.prepare`, before any study opens);
 * ``budget.epsilon`` and ``tuning.budget_epsilon`` allow at least one training run of every
-  method with a proven guarantee (the cheapest configuration of its space, if tuned);
-* the model, built for the dataset's input shape, passes the model check
-  (:func:`~dpfair.privacy.model_check.check_model`: no layer that mixes samples, e.g.
-  BatchNorm, when any method is private).
+  method with a proven guarantee (the cheapest configuration of its space, if tuned).
 
 :func:`check_run` is the one validation pass of ``dpfair run`` before any work: it loads the
 declared dataset (its declaration, columns, groups) and runs these checks, before the Prefect
@@ -33,7 +32,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpfair.errors import BudgetExceededError, ConfigError, PrivacyError, did_you_mean
+from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting
+from dpfair.privacy.model_check import check_model
 from dpfair.training import TrainConfig, make_plan
 from dpfair.training.plan import check_batch_size, check_delta
 from dpfair.tuning.job import grid_points, make_config
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from dpfair.config import Params
     from dpfair.data import GroupedDataset
 
-__all__ = ["check_against_data", "check_preprocessing", "check_run"]
+__all__ = ["check_against_data", "check_preprocessing", "check_run", "check_trainable"]
 
 REFERENCE = "nonprivate"
 
@@ -59,6 +60,7 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
                     key="budget.delta", opt_out="budget.allow_large_delta")
     for label in [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]:
         base = exp.train_config(label, exp.seeds[0])
+        check_trainable(base, dataset)
         space = params.tuning.spaces.get(label, {})
         check_batch_size(base.batch_size, n_train, key="experiment.train.batch_size")
         if base.test_metrics.release == "noisy":
@@ -74,7 +76,6 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
         configs = [make_config(base.method, base, point, seed=0, reproducible=False)
                    for point in grid_points(space)]
         _check_one_run(params, label, configs, n_train, dataset.n_groups)
-    _check_model(params, dataset)
 
 
 def check_run(params: Params) -> GroupedDataset:
@@ -88,20 +89,16 @@ def check_run(params: Params) -> GroupedDataset:
     return dataset
 
 
-def _check_model(params: Params, dataset: GroupedDataset) -> None:
-    """The experiment's model for the dataset's input shape passes the model check (private if
-    any method is); built under a forked RNG, so nothing later draws differently."""
-    import torch
-
-    from dpfair.models import build_model
-    from dpfair.privacy.model_check import check_model
-
-    exp = params.experiment
-    private = any(exp.train_config(label, exp.seeds[0]).method.is_private
-                  for label in exp.methods)
-    with torch.random.fork_rng(devices=[]):
-        model = build_model(exp.model, dataset.input_shape, dataset.n_classes)
-    check_model(model, dataset.input_shape, private=private)
+def check_trainable(config: TrainConfig, dataset: GroupedDataset) -> None:
+    """The model of ``config`` builds on the dataset's input shape, gives one logit per class
+    and keeps no state across samples (BatchNorm: :func:`~dpfair.privacy.model_check.
+    check_model`): checked before the privacy gate reserves anything, so a refused model costs
+    no privacy and no search."""
+    if config.model is None:  # a module given to train(), checked where it is given
+        return
+    model = build_model(config.model, dataset.input_shape, dataset.n_classes)
+    check_output_shape(model, dataset.input_shape, dataset.n_classes)
+    check_model(model, dataset.input_shape, private=config.method.is_private)
 
 
 def check_preprocessing(params: Params, dataset: GroupedDataset) -> None:
