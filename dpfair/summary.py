@@ -311,7 +311,6 @@ def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDat
     name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
     version = dataset.meta.get("data_version") or data_tags.get("dpfair.data_version", "")
     tags = {**registry_tags(record, plan, dataset, version, rule),
-            "data_version_id": data_tags.get("dpfair.data_version", version),
             "pipeline_run_id": parent_run_id}
     note = plan.methods[record.label].epsilon_note
     registered = register_selected(tracking, name, record.model_uri, record.run_id, tags,

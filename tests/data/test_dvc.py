@@ -185,11 +185,13 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     [(_, files)] = shown.items()
     metrics = files["data"]["evaluation/metrics.json"]["data"]
     dpsgd, reference = metrics["methods"]["dpsgd"], metrics["methods"]["nonprivate"]
-    assert set(dpsgd) == {"worst_group_accuracy", "largest_cost_gap", "epsilon_run",
-                          "epsilon_released"}
+    assert set(dpsgd) == {"group_accuracy", "worst_group_accuracy", "largest_accuracy_gap",
+                          "largest_cost_gap", "epsilon_run", "epsilon_released"}
+    assert set(dpsgd["group_accuracy"]) == {"majority", "minority"}  # every group by name
     assert 0.0 <= dpsgd["worst_group_accuracy"] <= 100.0
     assert 0.0 < dpsgd["epsilon_run"] <= dpsgd["epsilon_released"] == metrics["epsilon_total"]
-    assert set(reference) == {"worst_group_accuracy"}  # no ε without a DP guarantee
+    assert set(reference) == {"group_accuracy", "worst_group_accuracy",
+                              "largest_accuracy_gap"}  # no ε without a DP guarantee
     assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
 
     plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
