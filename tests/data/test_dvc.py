@@ -191,7 +191,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     assert 0.0 <= dpsgd["worst_group_accuracy"] <= 100.0
     assert 0.0 < dpsgd["epsilon_run"] <= dpsgd["epsilon_released"] == metrics["epsilon_total"]
     assert set(reference) == {"group_accuracy", "worst_group_accuracy",
-                              "largest_accuracy_gap"}  # no ε without a DP guarantee
+                              "largest_accuracy_gap", "privacy"}  # a label, no ε
     assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
 
     plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
@@ -231,7 +231,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
     """The evaluate stage's numbers are the table's: every group's accuracy by name, the worst
     group, the largest accuracy and cost gaps, ε only for methods with a guarantee."""
-    from dpfair.dvc_outputs import write_outputs
+    from dpfair.dvc_outputs import TEST_METRICS_LABEL, write_outputs
     from dpfair.release import (
         EPSILON_METHOD,
         EPSILON_RUN,
@@ -255,16 +255,18 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     table.to_csv(tmp_path / "results.csv")
     paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
     metrics = json.loads(paths["metrics.json"].read_text())
-    assert metrics == {"epsilon_total": 5.62, "methods": {
+    # the labels MLflow shows travel with the numbers: no ε, replayable noise, exact tests
+    assert metrics == {"epsilon_total": 5.62, "test_metrics": TEST_METRICS_LABEL, "methods": {
         "nonprivate": {"group_accuracy": {"2": 98.0, "8": 90.0, "9": 89.5},
-                       "worst_group_accuracy": 89.5, "largest_accuracy_gap": 8.5},
+                       "worst_group_accuracy": 89.5, "largest_accuracy_gap": 8.5,
+                       "privacy": NONPRIVATE_REFERENCE},
         "dpsgd": {"group_accuracy": {"2": 90.0, "8": 60.5, "9": 61.0},
                   "worst_group_accuracy": 60.5, "largest_accuracy_gap": 29.5,
                   "largest_cost_gap": 25.0, "epsilon_run": 2.81,
                   "epsilon_released": 5.62, "note": "replayable noise"},
         "fairlens": {"group_accuracy": {"2": 91.0, "8": 70.0, "9": 69.5},
                      "worst_group_accuracy": 69.0, "largest_accuracy_gap": 21.0,
-                     "largest_cost_gap": 15.0}}}
+                     "largest_cost_gap": 15.0, "privacy": HEURISTIC}}}
     groups = pd.read_csv(paths["group_accuracy.csv"], dtype={"group": str})
     assert len(groups) == 12 and set(groups["group"]) == {"2", "8", "9", "worst group"}
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])

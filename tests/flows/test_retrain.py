@@ -144,7 +144,7 @@ def test_a_failed_retrain_is_charged_and_retried_on_the_next_trigger(prefect_har
     from flows.schedule import retrain_flow
 
     monkeypatch.chdir(tmp_path)
-    params_path = make_workspace(tmp_path, repo_root, TINY, pipeline={"use_dvc": False})
+    make_workspace(tmp_path, repo_root, TINY, pipeline={"use_dvc": False})
     real_train = experiment.train
     fail_training_of(monkeypatch, "dpsgd")
     with pytest.raises(Exception, match="boom in the middle of training"):
