@@ -348,10 +348,8 @@ def run(
     from dpfair.config import load_params
 
     path = params or Path(DEFAULT_PARAMS)
-    p = load_params(path)
-    check_run(p)  # params, data, groups, model: a clear error before any server or tracking
+    check_run(p := load_params(path))  # data, groups, model: an error before any server
     from dpfair.preflight import check_tracking
-
     check_tracking(p.tracking)
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
