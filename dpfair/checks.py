@@ -22,6 +22,11 @@ are still wrong:
   method with a proven guarantee (the cheapest configuration of its space, if tuned);
 * a local ``tracking.artifact_root`` has room for every model the run logs
   (:func:`check_model_space`).
+
+:func:`check_run` is the one validation pass of ``dpfair run`` before any work: it loads the
+declared dataset (its declaration, columns, groups) and runs these checks, before the Prefect
+server starts or the tracking and orchestration libraries are imported, so a wrong setting is
+one clear error within seconds.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ if TYPE_CHECKING:
     from dpfair.config import Params
     from dpfair.data import GroupedDataset
 
-__all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_trainable"]
+__all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_run",
+           "check_trainable"]
 
 #: What an MLflow model adds to its weights (MLmodel, environment files, input example).
 MODEL_OVERHEAD_BYTES = 1 << 20
@@ -53,7 +59,7 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
     the value and the fix) what the module docstring lists. Nothing has run when it raises."""
     exp = params.experiment
     n_train = len(dataset.train)
-    _check_pair(exp.pair, dataset)
+    _check_pair(exp.named_pair, dataset)
     check_preprocessing(params, dataset)
     labels = [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]
     check_model_space(params, dataset, len(labels) * len(exp.seeds))
@@ -97,6 +103,17 @@ def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) ->
                      "models of experiment.model are logged); nothing was trained")
 
 
+def check_run(params: Params) -> GroupedDataset:
+    """Load ``experiment.dataset`` as declared and run :func:`check_against_data`; returns the
+    dataset. Every error is a ``DpfairError`` naming the setting and the fix."""
+    from dpfair.data import load_dataset
+
+    name = params.experiment.dataset
+    dataset = load_dataset(name, params.dataset(name))
+    check_against_data(params, dataset)
+    return dataset
+
+
 def check_trainable(config: TrainConfig, dataset: GroupedDataset) -> None:
     """The model of ``config`` builds on the dataset's input shape, gives one logit per class
     and keeps no state across samples (BatchNorm: :func:`~dpfair.privacy.model_check.
@@ -134,7 +151,8 @@ def _check_pair(pair: list[str] | None, dataset: GroupedDataset) -> None:
             raise ConfigError(
                 f"experiment.pair: {group!r} is not a group of dataset {dataset.name!r}"
                 f"{did_you_mean(group, names)} (its groups: {', '.join(names)}); name two of "
-                "them, or leave pair out for the first two. Nothing was trained."
+                "them, or leave pair out (every group is shown either way). Nothing was "
+                "trained."
             )
 
 

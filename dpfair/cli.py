@@ -223,22 +223,21 @@ def run(
         "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
+    from dpfair.checks import check_run
     from dpfair.config import load_params
 
     path = params or Path(DEFAULT_PARAMS)
-    p = load_params(path)  # a clear error before Prefect starts
+    check_run(p := load_params(path))  # data, groups, model: an error before any server
     from dpfair.preflight import check_tracking
-
     check_tracking(p.tracking)
     from dpfair.owned_dir import check_replaceable, replace_with_copy
     from dpfair.tracking import ui_hint
     from flows.experiment import run_experiment
 
     check_replaceable(copy_results)  # before anything runs: never delete others' files
-    # DVC (the flow's prepare step) prints through its own handlers: not again through the
-    # root logger that Prefect configures ("Running stage" twice)
+    # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
-    out = run_experiment(str(path), ".", resume=resume)
+    out = run_experiment(str(path), ".", resume=resume, checked=True)
     if copy_results is not None:
         replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])

@@ -7,16 +7,18 @@ run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cel
 
 - ``metrics.json``: a short, flat set (``dvc metrics show`` and ``dvc exp show`` columns
   ``worst.<method>``): ``epsilon_total``; per metric, one number per method: ``worst`` (the
-  worst group's test accuracy), ``cost_gap`` (the largest privacy-cost gap between groups;
-  Esipova et al. 2023, Eq. 1), both fractions (0.85, never 85: the percent of the results table
-  divided by 100), ``epsilon`` (released for the method) and ``epsilon_run`` (one training
-  run). Only numbers that the results table already publishes: no training-set counts, and no
-  ε for a release without a DP guarantee (the non-private reference, heuristic methods): such
-  a method has its label in ``privacy.<method>`` instead, and a replayable run its
-  ``note.<method>``, as in MLflow. With noisy test metrics, also ``epsilon_test`` per method
-  and ``epsilon_test_total`` (the test split's ε, a different set of rows); with exact ones,
-  ``test_metrics`` says that no ε covers them.
-- ``group_accuracy.csv``: test accuracy (a fraction) per method and group (the named pair and
+  worst group's test accuracy), ``accuracy_gap`` (the largest accuracy gap between two
+  groups), ``cost_gap`` (the largest privacy-cost gap between groups; Esipova et al. 2023,
+  Eq. 1), all fractions (0.85, never 85: the percent of the results table divided by 100),
+  ``epsilon`` (released for the method) and ``epsilon_run`` (one training run); and
+  ``group_accuracy.<method>.<group>`` (every group by name, fractions). Only numbers that the
+  results table already publishes: no training-set counts, and no ε for a release without a
+  DP guarantee (the non-private reference, heuristic methods): such a method has its label in
+  ``privacy.<method>`` instead, and a replayable run its ``note.<method>``, as in MLflow. With
+  noisy test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test
+  split's ε, a different set of rows); with exact ones, ``test_metrics`` says that no ε
+  covers them.
+- ``group_accuracy.csv``: test accuracy (a fraction) per method and group (every group and
   the worst group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
 """
@@ -36,7 +38,8 @@ from dpfair.release import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 #: exact test metrics, as the results table and MLflow say: no ε covers them
 TEST_METRICS_LABEL = "exact: not covered by ε (held-out test rows)"
 
-WORST = "acc_worst_group"  # the table's worst-group column (more than two groups)
+WORST = "acc_worst_group"  # the table's worst-group column
+ACC_GAP = "acc_gap_max"  # the largest accuracy gap between two groups
 COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the pair's
 TOTAL_ROW = "run total"  # how the row of the run's total ε starts (ReleasePlan.total_label)
 
@@ -84,12 +87,12 @@ def _fraction(percent: float | None) -> float | None:
 
 
 def _group_accuracies(row: pd.Series) -> dict[str, float]:
-    """Group -> accuracy (a fraction) of a method's row: the pair's ``acc_<group>`` and the
+    """Group -> accuracy (a fraction) of a method's row: every ``acc_<group>`` and the
     worst."""
     out = {}
     for col, cell in row.items():
         col = str(col)
-        value = _fraction(number(cell)) if col.startswith("acc_") else None
+        value = _fraction(number(cell)) if col.startswith("acc_") and col != ACC_GAP else None
         if value is not None:
             out["worst group" if col == WORST else col.removeprefix("acc_")] = value
     return out
@@ -103,7 +106,9 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
     gap = next((number(row[c]) for c in COST_GAPS if c in row and number(row[c]) is not None),
                None)
     metrics: dict[str, Any] = {
+        "group_accuracy": {g: v for g, v in groups.items() if g != "worst group"} or None,
         "worst": worst,
+        "accuracy_gap": _fraction(number(row[ACC_GAP])) if ACC_GAP in row else None,
         "cost_gap": _fraction(gap),
         "epsilon": number(row[EPSILON_METHOD]),
         "epsilon_run": number(row[EPSILON_RUN]),
@@ -132,8 +137,8 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
             metrics["epsilon_test_total"] = test_totals[0]
     else:
         metrics["test_metrics"] = TEST_METRICS_LABEL
-    for key in ("worst", "cost_gap", "epsilon", "epsilon_run", "epsilon_test", "privacy",
-                "note"):
+    for key in ("worst", "accuracy_gap", "cost_gap", "epsilon", "epsilon_run", "epsilon_test",
+                "group_accuracy", "privacy", "note"):
         if per_method := {m: v[key] for m, v in methods.items() if key in v}:
             metrics[key] = per_method
     groups = pd.DataFrame(

@@ -34,13 +34,21 @@ class PreparedData:
 
 
 def dvc_prepare_stages(root: str | Path) -> tuple[str, ...]:
-    """The datasets that have a ``prepare@<name>`` stage: the ``foreach`` list of ``dvc.yaml``
-    (the one place that list lives). No ``dvc.yaml`` under ``root``: none."""
+    """The datasets that have a ``prepare@<name>`` stage: the ``foreach`` of ``dvc.yaml``, a
+    list or a params.yaml key (``${datasets}``: the datasets declared there). No ``dvc.yaml``
+    under ``root``: none."""
     path = Path(root) / "dvc.yaml"
     if not path.is_file():
         return ()
     stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages", {})
-    return tuple(str(name) for name in stages.get("prepare", {}).get("foreach", []))
+    foreach = stages.get("prepare", {}).get("foreach", [])
+    if isinstance(foreach, str) and foreach.startswith("${") and foreach.endswith("}"):
+        params_file = Path(root) / "params.yaml"
+        foreach = (yaml.safe_load(params_file.read_text(encoding="utf-8")) or {}
+                   ) if params_file.is_file() else {}
+        for key in stages["prepare"]["foreach"][2:-1].split("."):
+            foreach = foreach.get(key) or {}
+    return tuple(str(name) for name in foreach)
 
 
 def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> PreparedData:

@@ -35,6 +35,7 @@ from prefect import flow  # noqa: E402
 from prefect.futures import PrefectFuture  # noqa: E402
 
 from dpfair import experiment as steps  # noqa: E402
+from dpfair.checks import check_run  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.data import source_version  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
@@ -297,12 +298,16 @@ def _share_cores(workers: int) -> None:
 
 
 def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
-                   resume: bool = True) -> dict[str, Any]:
-    """Validate params.yaml (a ConfigError before any work), then run the flow. SIGTERM
+                   resume: bool = True, checked: bool = False) -> dict[str, Any]:
+    """Validate params.yaml and what it declares (:func:`dpfair.checks.check_run`: the data,
+    groups, search space and model; skipped when ``checked`` says the caller ran it), a
+    DpfairError before any work, then run the flow. SIGTERM
     ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`
     around it): the pipeline run ends FAILED, the trainings in progress finish and are logged
     before the process exits, and Prefect stops its temporary server (:mod:`flows.server`)."""
     params = load_params(params_path)
+    if not checked:
+        check_run(params)
     if orphans := stop_orphan_servers():
         _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
                      ", ".join(map(str, orphans)))

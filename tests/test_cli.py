@@ -359,7 +359,8 @@ def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
     _params(tmp_path)
     seen = []
 
-    def fake_run(path, root, resume):
+    def fake_run(path, root, resume, checked):
+        assert checked  # the command ran the validation pass itself
         seen.append(resume)
         (tmp_path / "results.csv").write_text("method,acc_a\ndpsgd,90.0 ± 1.0\n")
         return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}

@@ -62,6 +62,14 @@ def to_numbers(values: pd.Series) -> pd.Series:
     return pd.to_numeric(values, errors="coerce").astype(np.float64)
 
 
+def category_text(value: object) -> str:
+    """One category value as text, as :func:`to_categories` writes a column's values: an
+    integral float as an integer (``2.0`` -> ``"2"``), anything else ``str()``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def to_categories(values: pd.Series) -> pd.Series:
     """``values`` as strings (integral floats written as integers), missing as NaN."""
     import pandas as pd
@@ -76,13 +84,17 @@ def to_categories(values: pd.Series) -> pd.Series:
 class TablePreprocessor:
     """Numeric columns: (median imputation,) standardisation, or a declared range; categorical:
     (most frequent,) one-hot, or one-hot over declared categories; unknown categories give
-    all zeros. Output columns: fitted numeric, declared numeric, fitted categorical (one per
-    level seen in training, sorted, a missing value's level ``nan`` last), declared
-    categorical (one per declared value)."""
+    all zeros in :meth:`transform`. Output columns: fitted numeric, declared numeric, fitted
+    categorical (one per level seen in training, sorted, a missing value's level ``nan`` last),
+    declared categorical (one per declared value). :meth:`check_rows` holds rows to predict to
+    the rules of training: with ``unknown="error"`` a category value the transform never saw
+    is refused."""
 
     def __init__(self, numeric: list[str], categorical: list[str], *, impute: bool,
                  ranges: dict[str, list[float]] | None = None,
-                 categories: dict[str, list[str]] | None = None) -> None:
+                 categories: dict[str, list[str]] | None = None,
+                 unknown: str = "error") -> None:
+        self.unknown = unknown
         self.numeric = list(numeric)
         self.categorical = list(categorical)
         self.impute = impute
@@ -120,13 +132,49 @@ class TablePreprocessor:
             bad = numeric_problems(frame[col])
             if len(bad):
                 raise DataError(
-                    f"column {col!r} is numeric but holds {list(bad.astype(str).unique()[:5])}; "
-                    "give finite numbers (or leave the value empty)"
+                    f"column {col!r} is numeric but holds {list(bad.astype(str).unique()[:5])} "
+                    f"(rows {', '.join(map(str, bad.index[:5].tolist()))}); give finite numbers "
+                    "(or leave the value empty)"
                 )
             out[col] = to_numbers(frame[col])
         for col in self.categorical:
             out[col] = to_categories(frame[col])
         return out
+
+    def known_categories(self) -> dict[str, list[str]]:
+        """Each categorical column's values the transform encodes (declared, or seen in the
+        training split)."""
+        known = {c: [str(v) for v in vs] for c, vs in self.categories.items()}
+        known.update({c: [str(v) for v in levels if v is not None]
+                      for c, levels in self.state.levels.items() if c not in self.categories})
+        return known
+
+    def check_rows(self, frame: pd.DataFrame) -> None:
+        """Rows to predict, held to training's rules (a DataError naming column, value and
+        row): numbers must be numbers, a missing value needs ``missing: impute``, and with
+        ``unknown="error"`` every category value must be one the transform encodes."""
+        raw = self._raw(frame)
+        if not self.impute:
+            for col in self.columns:
+                rows = raw.index[raw[col].isna()]
+                if len(rows):
+                    raise DataError(
+                        f"column {col!r} has no value in row(s) "
+                        f"{', '.join(map(str, rows[:5].tolist()))}: the model was trained "
+                        "without missing values (the dataset's missing: impute would fill them); "
+                        "give a value")
+        if self.unknown != "error":
+            return
+        for col, known in self.known_categories().items():
+            values = raw[col]
+            unseen = values[values.notna() & ~values.isin(known)]
+            if len(unseen):
+                raise DataError(
+                    f"column {col!r} holds {unseen.iloc[0]!r} in row {unseen.index[0]}"
+                    f"{f' (and {len(unseen) - 1} more rows)' if len(unseen) > 1 else ''}, a "
+                    f"category the model never saw (it knows {', '.join(known)}). Fix: correct "
+                    "the value, or declare the dataset's unknown: ignore to predict such rows "
+                    "with that column's one-hot part all zeros")
 
     def fit(self, frame: pd.DataFrame) -> TablePreprocessor:
         """Learn each fitted column's statistics from the training rows ``frame``."""
@@ -187,7 +235,7 @@ class TablePreprocessor:
         """The whole transform, settings and fitted statistics, as JSON (no code)."""
         return SavedTransform(
             numeric=self.numeric, categorical=self.categorical, impute=self.impute,
-            ranges=self.ranges, categories=self.categories,
+            ranges=self.ranges, categories=self.categories, unknown=self.unknown,
             fitted=self.state).model_dump_json()
 
     @classmethod
@@ -202,7 +250,7 @@ class TablePreprocessor:
                             f"problem(s), first: {exc.errors()[0]['msg']}); prepare or log "
                             "it again with this dpfair") from None
         pre = cls(saved.numeric, saved.categorical, impute=saved.impute, ranges=saved.ranges,
-                  categories=saved.categories)
+                  categories=saved.categories, unknown=saved.unknown)
         num, _, cat, _ = pre._groups()
         need = {"mean": num, "scale": num, "levels": cat,
                 **({"median": num, "mode": cat} if saved.impute else {})}
@@ -264,4 +312,5 @@ class SavedTransform(BaseModel):
     impute: bool
     ranges: dict[str, tuple[float, float]]
     categories: dict[str, list[str]]
+    unknown: Literal["error", "ignore"] = "error"
     fitted: FittedState
