@@ -130,7 +130,9 @@ def test_noise_for_epsilon_round_trip():
     sigma = acc.noise_for_epsilon(2.27, dpsgd, delta)
     assert acc.epsilon(dpsgd(sigma), delta) <= 2.27
     assert acc.epsilon(dpsgd(sigma * 0.999), delta) > 2.27
-    assert sigma == pytest.approx(1.0, abs=0.01)
+    # Esipova's σ = 1 gives 2.27 under RDP; the PLD figure meets 2.27 with less noise
+    assert acc._rdp_noise(2.27, dpsgd, delta) == pytest.approx(1.0, abs=0.01)
+    assert 0.85 < sigma < 0.97
 
     def scaling(s: float) -> dp_event.DpEvent:  # Esipova's σ1 = 10 σ2
         return acc.run_event(with_counts(s, 10 * s), q, steps)
