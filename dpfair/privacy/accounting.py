@@ -396,17 +396,20 @@ def noise_for_epsilon(
         if lo < math.log(1e-6):
             return math.exp(hi)
         g_lo = gap(lo)
-    # bracket [lo, hi] with gap(lo) > 0 >= gap(hi): false position and bisection alternate
-    for i in range(200):
-        if hi - lo <= rtol or -g_hi <= 1e-6 * target_epsilon:
-            break
-        mid = (lo + hi) / 2 if i % 2 else lo + (hi - lo) * g_lo / (g_lo - g_hi)
+    # bracket [lo, hi] with gap(lo) > 0 >= gap(hi): Illinois false position, which keeps it
+    side, slack = 0, -g_hi  # slack: target − ε at hi (g_hi is halved by Illinois steps)
+    while hi - lo > rtol and slack > 1e-6 * target_epsilon:
+        mid = lo + (hi - lo) * g_lo / (g_lo - g_hi)
         mid = min(max(mid, lo + rtol / 4), hi - rtol / 4)
         g_mid = gap(mid)
         if g_mid <= 0:
-            hi, g_hi = mid, g_mid
+            hi, g_hi, slack = mid, g_mid, -g_mid
+            g_lo = g_lo / 2 if side == -1 else g_lo
+            side = -1
         else:
             lo, g_lo = mid, g_mid
+            g_hi = g_hi / 2 if side == 1 else g_hi
+            side = 1
     return math.exp(hi)  # eps(σ) <= target at the returned σ
 
 
