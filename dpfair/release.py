@@ -122,8 +122,7 @@ class MethodRelease:
     #: ε for the test rows (None: exact, not covered)
     test_releases: tuple[MetricsRelease, ...] = ()
     epsilon_test: float | None = None
-    #: which accountant gave ``epsilon_run``, ``epsilon_search`` and ``epsilon``
-    #: (:data:`dpfair.privacy.accounting.ACCOUNTANTS`)
+    #: the accountants of ``epsilon_run``, ``epsilon_search``, ``epsilon`` (``ACCOUNTANTS``)
     accountant_run: str = accounting.ACCOUNTANT_NONE
     accountant_search: str | None = None
     accountant: str = accounting.ACCOUNTANT_NONE
@@ -203,6 +202,9 @@ class ReleasePlan:
     #: which accountant gave ``epsilon_total`` and ``epsilon_test_total``
     accountant_total: str = accounting.ACCOUNTANT_NONE
     accountant_test: str | None = None
+    #: budget-first planning (:mod:`dpfair.release_budget`): the methods' noise × noise_scale
+    noise_scale: float | None = None
+    noise_kept: tuple[str, ...] = ()
 
     @property
     def test_noisy(self) -> bool:
@@ -252,17 +254,11 @@ class ReleasePlan:
 
     def accountants(self) -> str:
         """Which accountant gave each figure, as one phrase."""
-        parts = []
-        for m in self.methods.values():
-            if not m.has_epsilon:
-                continue
-            search = (f", search {m.accountant_search}" if m.accountant_search is not None
-                      else "")
-            parts.append(f"{m.label}: one run {m.accountant_run}{search}, composed "
-                         f"{m.accountant}")
-        parts.append(f"total: {self.accountant_total}")
-        if self.accountant_test is not None:
-            parts.append(f"test split: {self.accountant_test}")
+        parts = [f"{m.label}: one run {m.accountant_run}"
+                 + (f", search {m.accountant_search}" if m.accountant_search else "")
+                 + f", composed {m.accountant}" for m in self.methods.values() if m.has_epsilon]
+        parts += [f"total: {self.accountant_total}"] + (
+            [f"test split: {self.accountant_test}"] if self.accountant_test else [])
         return "; ".join(parts)
 
     def test_note(self) -> str:
@@ -298,6 +294,10 @@ class ReleasePlan:
             lines.append(f"test split (noisy test metrics, other rows): {per}; composed: ε "
                          f"{_fmt(self.epsilon_test_total)} at δ = {self.test_delta:g} "
                          f"({self.accountant_test})")
+        if self.noise_scale is not None:
+            kept = f"; kept as configured: {', '.join(self.noise_kept)}" if self.noise_kept else ""
+            lines.append(f"budget-first: every noise multiplier of the other private methods "
+                         f"(training σ, count σ, score σ) × {self.noise_scale:.4g}{kept}")
         if self.reproducible:
             lines.append(f"reproducible: {REPLAYABLE_NOISE}")
         return lines
@@ -380,16 +380,11 @@ def method_release(
     if not release.has_epsilon:
         return release
     run = max((accounting.spend(e, delta) for e in run_events), key=lambda sp: sp.epsilon)
-    found = (None if search is None
-             else accounting.spend(search.event or dp_event.NonPrivateDpEvent(), delta))
+    found = search and accounting.spend(search.event or dp_event.NonPrivateDpEvent(), delta)
     total = accounting.spend(release.event, delta)
-    return replace(
-        release,
-        epsilon_run=run.epsilon, accountant_run=run.accountant,
-        epsilon_search=None if found is None else found.epsilon,
-        accountant_search=None if found is None else found.accountant,
-        epsilon=total.epsilon, accountant=total.accountant,
-    )
+    return replace(release, epsilon_run=run.epsilon, accountant_run=run.accountant,
+                   epsilon_search=found and found.epsilon, epsilon=total.epsilon,
+                   accountant_search=found and found.accountant, accountant=total.accountant)
 
 
 def _test_delta(releases: Sequence[MetricsRelease]) -> float:
