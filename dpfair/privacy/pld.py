@@ -65,7 +65,7 @@ def pld(event: dp_event.DpEvent) -> pld_lib.PrivacyLossDistribution | None:
 def _pld_cached(key: str) -> pld_lib.PrivacyLossDistribution | None:
     from dpfair.privacy.accounting import event_from_json, reduced
 
-    return _walk(reduced(event_from_json(key)))
+    return _walk(reduced(event_from_json(key)), cached=True)
 
 
 def _identity() -> pld_lib.PrivacyLossDistribution:
@@ -90,8 +90,14 @@ def _gaussian(sigma: float, q: float = 1.0) -> pld_lib.PrivacyLossDistribution |
         value_discretization_interval=DISCRETIZATION)
 
 
-def _walk(event: dp_event.DpEvent) -> pld_lib.PrivacyLossDistribution | None:
+def _walk(event: dp_event.DpEvent, cached: bool = False
+          ) -> pld_lib.PrivacyLossDistribution | None:
+    """PLD of ``event``; a search or a ``MaxOf`` inside a composition goes through the cache
+    (the same search is in a method's total, the run's total and the ledger's)."""
     from dpfair.privacy.accounting import MaxOfDpEvent
+
+    if not cached and isinstance(event, (MaxOfDpEvent, dp_event.RepeatAndSelectDpEvent)):
+        return _pld_cached(_key(event))
 
     if isinstance(event, dp_event.NoOpDpEvent):
         return _identity()
@@ -152,10 +158,19 @@ def profile_pld(delta_of: object) -> pld_lib.PrivacyLossDistribution:
 def _from_profile(eps: np.ndarray, delta: np.ndarray) -> pld_lib.PrivacyLossDistribution:
     """Connect-the-dots PLD whose δ at each grid ε is ``delta`` (Doroshenko et al., Alg. 1).
 
-    Grid points past the first whose δ is 0 are dropped (they would carry no mass)."""
-    keep = np.arange(len(eps)) <= int(np.argmax(delta <= 0)) if np.any(delta <= 0) else slice(None)
-    rounded = np.rint(eps[keep] / DISCRETIZATION).astype(int)
-    pmf = pld_pmf.create_pmf_pessimistic_connect_dots(DISCRETIZATION, rounded, delta[keep])
+    ``delta`` bounds both neighbouring directions at ε >= 0, so at -ε the hockey-stick
+    divergence is at most ``1 - e^-ε + e^-ε δ(ε)`` (the other direction at ε): the grid is
+    mirrored to negative losses with those values, which makes the PLD a dominating pair at
+    every ε, as composition needs. Points past the first whose δ is 0 carry no mass."""
+    if np.any(delta <= 0):
+        last = int(np.argmax(delta <= 0))
+        eps, delta = eps[: last + 1], delta[: last + 1]
+    neg = -eps[:0:-1]
+    delta_neg = -np.expm1(neg) + np.exp(neg) * delta[:0:-1]
+    grid = np.concatenate([neg, eps])
+    values = np.minimum.accumulate(np.clip(np.concatenate([delta_neg, delta]), 0.0, 1.0))
+    rounded = np.rint(grid / DISCRETIZATION).astype(int)
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots(DISCRETIZATION, rounded, values)
     return pld_lib.PrivacyLossDistribution(pmf)
 
 
