@@ -122,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, arm in arms.items():
         lines.append(f"* {name}: " + ", ".join(f"seed {s}: {100 * min(r):.2f}"
                                                for s, r in zip(SEEDS, arm["groups"], strict=True)))
+    (r_name, r_arm), (t_name, t_arm) = arms.items()
+    r_worst = [min(r) for r in r_arm["groups"]]
+    t_worst = [min(r) for r in t_arm["groups"]]
+    diff = 100 * (statistics.mean(t_worst) - statistics.mean(r_worst))
+    spread = 100 * max(statistics.stdev(r_worst), statistics.stdev(t_worst))
+    lines += ["", f"Reading: at the same total ε the tightest accountant needs "
+              f"{1 - t_arm['sigma'] / r_arm['sigma']:.0%} less noise than RDP alone; the mean "
+              f"worst-group accuracy differs by {diff:+.2f} points ("
+              + ("within" if abs(diff) <= 2 * spread else "beyond")
+              + f" twice the larger seed-to-seed s.d., {spread:.2f}). The RDP-calibrated "
+              f"release in fact spends only ε {r_arm['tight'].epsilon:.3f} of the 3 by the "
+              "tightest valid accountant."]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

@@ -61,7 +61,7 @@ def pld(event: dp_event.DpEvent) -> pld_lib.PrivacyLossDistribution | None:
     return _pld_cached(_key(event))
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=64)  # a PLD holds up to ~1e5 floats
 def _pld_cached(key: str) -> pld_lib.PrivacyLossDistribution | None:
     from dpfair.privacy.accounting import event_from_json, reduced
 
