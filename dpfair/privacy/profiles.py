@@ -48,7 +48,8 @@ _U_LOG, _U_LIN = 200, 1000
 @dataclass(frozen=True)
 class Rounds:
     """The law of K: ``tnb`` (η > -1, mean μ; Papernot & Steinke Definition 1), ``poisson``
-    (mean μ) or ``binomial`` (n trials of probability p; Koskela et al. Section 4)."""
+    (mean μ) or ``binomial`` (n trials of probability p, as Koskela et al. propose). With
+    K = 0 (Poisson, binomial) nothing is released whatever the data: it adds no δ at ε >= 0."""
 
     kind: str
     mean: float = 1.0
