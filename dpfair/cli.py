@@ -1,7 +1,6 @@
 """``dpfair`` command line (typer). One sub-app per area; new areas add a sub-app or a command.
 
-    dpfair data list
-    dpfair data prepare NAME [--params params.yaml] [--out data/prepared]
+    dpfair data list      dpfair data prepare NAME [--params params.yaml] [--out DIR]
     dpfair train --method M [--seed S]     dpfair tune --method M [--workers N]
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
@@ -464,14 +463,16 @@ def audit_cmd(
     config, dataset, result = audit_from_params(p, section)
     table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
                         f"canaries, confidence {result.confidence:.0%}")
-    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=", "mu >=",
-                "claimed epsilon"):
+    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=",
+                "joint epsilon >=", "mu >=", "certifiable <=", "claimed epsilon"):
         table.add_column(col, justify="left" if col == "group" else "right")
     for g in result.groups:
         claimed = "—" if g.epsilon_claimed is None else f"{g.epsilon_claimed:.3f}"
         table.add_row(g.group, str(g.canaries), str(g.included), f"{g.correct} / {g.guesses}",
-                      f"{g.epsilon_lower_bound:.3f}", f"{g.mu_lower_bound:.3f}", claimed)
+                      f"{g.epsilon_lower_bound:.3f}", f"{g.joint_lower_bound:.3f}",
+                      f"{g.mu_lower_bound:.3f}", f"{g.max_certifiable:.2f}", claimed)
     console.print(table)
+    console.print("\n".join(result.statement()))
     console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
                   "bound: above the claim shows a bug, below it proves nothing")
     if section.track:

@@ -1,7 +1,7 @@
 """The CLI's standalone commands, ``dpfair train`` and ``dpfair tune``: one method in an MLflow
-run of its own (no parent), logged like a pipeline's final run or search, and recorded first in
-the data source's privacy ledger (:mod:`dpfair.source_ledger`), refused over
-``budget.lifetime_epsilon`` before anything trains."""
+run of its own (no parent), logged like a pipeline's final run or search, through the privacy
+gate first (:mod:`dpfair.ledger.gate`): ``budget.*`` exactly as a pipeline run, then the
+lifetime budget of the people in the data, before anything trains."""
 
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cel
   table already publishes: no training-set counts, and no ε for a release without a DP
   guarantee (the non-private reference, heuristic methods): such a method has none. With noisy
   test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test split's
-  ε, a different set of rows).
+  ε, a different set of rows); with exact ones, ``test_metrics`` says that no ε covers them.
+  A method without an ε carries its label instead (``privacy``: heuristic or non-private
+  reference), and a replayable run its ``note``, as in MLflow.
 - ``group_accuracy.csv``: test accuracy (%) per method and group (the named pair and the worst
   group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
@@ -28,6 +30,9 @@ import pandas as pd
 
 from dpfair.errors import DataError
 from dpfair.release import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+
+#: exact test metrics, as the results table and MLflow say: no ε covers them
+TEST_METRICS_LABEL = "exact: not covered by ε (held-out test rows)"
 
 WORST = "acc_worst_group"  # the table's worst-group column (more than two groups)
 COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the pair's
@@ -97,6 +102,8 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
     }
     if row["note"]:
         metrics["note"] = row["note"]
+    if number(row[EPSILON_RUN]) is None and str(row[EPSILON_RUN]).strip() not in ("", "-"):
+        metrics["privacy"] = str(row[EPSILON_RUN])  # no ε: the label MLflow shows too
     return {k: v for k, v in metrics.items() if v is not None}
 
 
@@ -114,6 +121,8 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
                        if str(i).startswith(TOTAL_ROW)]
         if test_totals and test_totals[0] is not None:
             metrics["epsilon_test_total"] = test_totals[0]
+    else:
+        metrics["test_metrics"] = TEST_METRICS_LABEL
     metrics["methods"] = methods
     groups = pd.DataFrame(
         [{"method": m, "group": g, "method_group": f"{m} · {g}", "accuracy": acc}

@@ -57,6 +57,7 @@ __all__ = [
     "EPSILON_TEST",
     "HEURISTIC",
     "NONPRIVATE_REFERENCE",
+    "NO_NOISE",
     "PRIVATE_LEDGER_STATUS",
     "SECRET_NOISE",
     "TEST_METRICS_NOTE",
@@ -85,6 +86,8 @@ TEST_METRICS_NOTE = (
 PRIVATE_LEDGER_STATUS = (
     "private working state: not for release; releasing it voids the ε of the search"
 )
+#: How the non-private reference's noise is labelled: it has none.
+NO_NOISE = "none: the non-private reference trains without clipping or noise"
 #: How a run with secret randomness (the default) is labelled; see REPLAYABLE_NOISE.
 SECRET_NOISE = "secret: batches and noise drawn from OS entropy that is never stored"
 _NOT_TUNED = "not tuned"
@@ -306,7 +309,7 @@ class ReleasePlan:
 def ledger_event(training: dp_event.DpEvent | None, test: dp_event.DpEvent | None
                  ) -> dp_event.DpEvent:
     """The event a release adds to the data source's cumulative ledger
-    (:mod:`dpfair.source_ledger`): its private training releases and its noisy test-metric
+    (:mod:`dpfair.ledger`): its private training releases and its noisy test-metric
     releases, composed. Within one run the test rows are other people than the training rows,
     so the run's own table keeps them on separate lines; across releases they are not: a later
     version of the source, or another split seed, may put today's test rows into training, so

@@ -80,7 +80,8 @@ class EpochLogger:
 
 
 def epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
-    """DPSGD-F's per-group ε (Xu 5.2) as a table: group name, ε at the run's δ."""
+    """DPSGD-F's per-group ε (:mod:`dpfair.privacy.group_accounting`: each group's own steps
+    accounted) as a table: group name, ε at the run's δ."""
     return pd.DataFrame({"group": dataset.group_names, "epsilon": result.group_epsilons,
                          "delta": result.delta}).set_index("group")
 

@@ -179,7 +179,7 @@ class BudgetSection(BaseModel):
     without a DP guarantee (a heuristic method such as FairLens, the non-private reference)
     have no ε to count, so they are refused unless allowed here. Over time, every run's
     release is recorded per data source in ``ledger`` and held to ``lifetime_epsilon``
-    (:mod:`dpfair.source_ledger`).
+    (:mod:`dpfair.ledger`).
     """
 
     model_config = _STRICT

@@ -1,10 +1,11 @@
 """The Optuna study of a search: its storage, its samplers, creating it and reopening it.
 
-Storage (``TuningConfig.storage``): None → SQLite file ``optuna.db`` in the working directory
-(one process); ``"journal:PATH"`` → ``JournalStorage(JournalFileBackend(PATH))`` for several
-processes on one machine; ``"postgresql://..."`` (or any SQLAlchemy URL) → ``RDBStorage`` for
-several machines (run ``tune`` with the same URL and study name on each machine). RDB storages
-get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
+Storage (``TuningConfig.storage``): None → SQLite file ``optuna.db`` in the project root (a
+relative SQLite path too: :func:`dpfair.workspace.project_root`, also from a DVC temporary
+workspace; one process); ``"journal:PATH"`` → ``JournalStorage(JournalFileBackend(PATH))``
+for several processes on one machine; ``"postgresql://..."`` (or any SQLAlchemy URL) →
+``RDBStorage`` for several machines (run ``tune`` with the same URL and study name on each
+machine). RDB storages get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
 
 Samplers. Each run draws every hyperparameter uniformly, with replacement, from its
 categorical list (a ``RandomSampler`` over ``CategoricalDistribution``). The sampler of worker
@@ -46,6 +47,7 @@ from dpfair.errors import TuningError
 from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
+from dpfair.workspace import durable_path, durable_sqlite_uri
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial, TrialState
@@ -76,7 +78,8 @@ _SQLITE_DEFAULT = "optuna.db"
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
     """The Optuna storage of ``cfg.storage`` and a printable description of it."""
-    url = cfg.storage or f"sqlite:///{os.path.abspath(_SQLITE_DEFAULT)}"
+    url = (durable_sqlite_uri(cfg.storage) if cfg.storage
+           else f"sqlite:///{durable_path(_SQLITE_DEFAULT)}")
     check_storage(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend

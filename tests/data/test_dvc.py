@@ -188,7 +188,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
                           "epsilon_released"}
     assert 0.0 <= dpsgd["worst_group_accuracy"] <= 100.0
     assert 0.0 < dpsgd["epsilon_run"] <= dpsgd["epsilon_released"] == metrics["epsilon_total"]
-    assert set(reference) == {"worst_group_accuracy"}  # no ε without a DP guarantee
+    assert set(reference) == {"worst_group_accuracy", "privacy"}  # a label, no ε
     assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
 
     plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
@@ -196,6 +196,26 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     groups = {(row["method"], row["group"]) for row in
               plots["evaluation/group_accuracy.csv"][0]["content"]["data"]["values"]}
     assert ("dpsgd", "minority") in groups and ("nonprivate", "majority") in groups
+
+    # a temporary experiment runs in a copy under .dvc/tmp/exps that DVC deletes: its MLflow
+    # runs and its privacy spend land in the project's stores, not in the copy
+    from dpfair.ledger import SourceLedger
+
+    ledger = SourceLedger(".dpfair/ledger.sqlite", repo)
+    assert len(ledger.releases()) == 1
+    _dvc(repo, "exp", "run", "--temp", "evaluate", "-S", "experiment.seeds=[1]",
+         PREFECT_HOME=str(tmp_path / "prefect"))
+    releases = ledger.releases()
+    assert len(releases) == 2 and releases[1].status == "released"
+    assert releases[1].accounts == releases[0].accounts  # the same people: they compose
+    assert ledger.spent("synthetic", releases[1].version, releases[1].delta) > releases[0].epsilon
+    import sqlite3
+
+    with sqlite3.connect(repo / "mlflow.db") as db:
+        pipelines = db.execute("select count(*) from tags where key = 'dpfair.stage' and "
+                               "value = 'pipeline'").fetchone()[0]
+    assert pipelines == 2
+    _git(repo, "checkout", "--", "params.yaml")
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["experiment"]["train"]["epochs"] = 3
@@ -208,7 +228,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
     """The evaluate stage's numbers are the table's: worst group (the acc_worst_group column,
     else the lower of the pair), the largest cost gap, ε only for methods with a guarantee."""
-    from dpfair.dvc_outputs import write_outputs
+    from dpfair.dvc_outputs import TEST_METRICS_LABEL, write_outputs
     from dpfair.release import (
         EPSILON_METHOD,
         EPSILON_RUN,
@@ -230,11 +250,13 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     table.to_csv(tmp_path / "results.csv")
     paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
     metrics = json.loads(paths["metrics.json"].read_text())
-    assert metrics == {"epsilon_total": 5.62, "methods": {
-        "nonprivate": {"worst_group_accuracy": 89.5},
+    # the labels MLflow shows travel with the numbers: no ε, replayable noise, exact tests
+    assert metrics == {"epsilon_total": 5.62, "test_metrics": TEST_METRICS_LABEL, "methods": {
+        "nonprivate": {"worst_group_accuracy": 89.5, "privacy": NONPRIVATE_REFERENCE},
         "dpsgd": {"worst_group_accuracy": 60.5, "largest_cost_gap": 25.0, "epsilon_run": 2.81,
                   "epsilon_released": 5.62, "note": "replayable noise"},
-        "fairlens": {"worst_group_accuracy": 69.0, "largest_cost_gap": 15.0}}}
+        "fairlens": {"worst_group_accuracy": 69.0, "largest_cost_gap": 15.0,
+                     "privacy": HEURISTIC}}}
     groups = pd.read_csv(paths["group_accuracy.csv"])
     assert len(groups) == 9 and set(groups["group"]) == {"2", "8", "worst group"}
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])
