@@ -96,7 +96,8 @@ def test_a_union_after_a_disjoint_version_is_charged_to_both_accounts(tmp_path):
         _gate(tmp_path, lifetime_epsilon=limit).reserve(v3, small, DELTA)
     third = gate.reserve(v3, small, DELTA)
     assert set(third.accounts) == {*first.accounts, *second.accounts}
-    assert gate.spent(v1, DELTA) == pytest.approx(_eps(big, small), rel=1e-4)  # v1's people paid twice
+    # v1's people paid twice
+    assert gate.spent(v1, DELTA) == pytest.approx(_eps(big, small), rel=1e-4)
 
 
 def test_a_false_disjoint_declaration_is_refused(tmp_path):
