@@ -96,6 +96,10 @@ def test_new_study_has_the_v1_attrs(tmp_path):
     attrs, want = dict(study.user_attrs), dict(EXPECTED["study_user_attrs"])
     for key in ("dpfair.epsilon_training", "dpfair.epsilon_search"):  # RDP's in the fixture
         assert attrs.pop(key) < want.pop(key)  # the tightest valid figure is below
+    # added since v1: the secret seed of the configuration draws (the seed itself in a
+    # reproducible study, as here) and the study's random id (its identity in the ledger)
+    assert attrs.pop("dpfair.config_seed") == v1_settings(tmp_path / "new.db")["seed"]
+    assert len(attrs.pop("dpfair.study_uid")) == 32
     assert attrs == want  # fingerprint, K, event
 
 
