@@ -25,7 +25,9 @@ study's own timestamps.
     .venv/bin/python benchmarks/tuning_bench.py            # the recorded run (~5 min)
     .venv/bin/python benchmarks/tuning_bench.py --help
 
-Writes benchmarks/results/tuning.md (``--out`` to change).
+Writes benchmarks/results/tuning.md (``--out`` to change). ``--accounting-only`` rewrites only
+its accounting section (:func:`accounting_section`: each setting's search ε under RDP alone
+and under the tightest valid accountant, no training).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from dpfair.data import load_dataset
+from dpfair.privacy import accounting
 from dpfair.training import TrainConfig
-from dpfair.tuning import TuningConfig, TuningResult, draw_k, tune
+from dpfair.tuning import TuningConfig, TuningResult, draw_k, planned_run_event, search_event, tune
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = ROOT / "results" / "tuning.md"
@@ -288,6 +291,48 @@ def _grid_size(space: dict[str, list[Any]]) -> int:
     return n
 
 
+ACCOUNTING_HEADING = "## Accounting: the search's ε under RDP and under the tightest accountant"
+
+
+def accounting_section(dataset: Any, train_base: dict[str, Any], args: argparse.Namespace
+                       ) -> str:
+    """Each method's search at this file's setting (and a few other laws of K): ε of the
+    search (``RepeatAndSelectDpEvent(run ∘ score, μ, η)``) by RDP alone (Papernot & Steinke)
+    and by :func:`dpfair.privacy.accounting.spend` (the privacy-profile bound of Koskela et
+    al. on the run's PLD, or RDP where smaller), at ``args.delta``."""
+    rows = ["| method | law of K | ε one run: RDP | ε one run: tightest | ε search: RDP | "
+            "ε search: tightest | tightest / RDP | accountant |",
+            "|---|---|---:|---:|---:|---:|---:|---|"]
+    laws = [("tnb", args.eta, args.mu), ("tnb", 0.0, args.mu), ("poisson", 0.0, args.mu),
+            ("tnb", 1.0, 3.0)]
+    for method in METHODS:
+        base = TrainConfig.model_validate({**train_base, "method": METHODS[method]})
+        run = planned_run_event(base, dataset)
+        for mode, eta, mu in laws:
+            cfg = TuningConfig(mode=mode, eta=eta, mu=mu, score_privacy="noisy")
+            event = search_event(cfg, run)
+            rdp, tight = accounting.rdp_epsilon(event, args.delta), accounting.spend(event,
+                                                                                     args.delta)
+            law = f"TNB η={eta:g} μ={mu:g}" if mode == "tnb" else f"Poisson μ={mu:g}"
+            rows.append(f"| {method} | {law} | {accounting.rdp_epsilon(run, args.delta):.3f} | "
+                        f"{accounting.epsilon(run, args.delta):.3f} | {rdp:.3f} | "
+                        f"{tight.epsilon:.3f} | {tight.epsilon / rdp:.3f} | {tight.accountant} |")
+    return "\n".join([
+        ACCOUNTING_HEADING, "",
+        f"Computed by `benchmarks/tuning_bench.py --accounting-only` on "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC from the planned events of this file's "
+        f"setting (σ = {args.sigma:g}, batch {args.batch_size}, {args.epochs} epochs, noisy "
+        f"score σ_score = 10, δ = {args.delta:g}); no training. The first row of each method is "
+        "the search recorded above; the others change only the law of K.", "", *rows, ""])
+
+
+def _replace_accounting(path: Path, section: str) -> str:
+    """``path``'s text with its accounting section replaced by ``section`` (or appended)."""
+    text = path.read_text() if path.exists() else ""
+    head = text.split(ACCOUNTING_HEADING)[0].rstrip("\n")
+    return (head + "\n\n" if head else "") + section
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
@@ -300,6 +345,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mu", type=float, default=10.0, help="mean number of runs")
     p.add_argument("--seed", type=int, default=14, help="tuning seed (draws K and every config)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--accounting-only", action="store_true",
+                   help="rewrite only the accounting section (no search is run)")
     return p.parse_args(argv)
 
 
@@ -323,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         "device": "cpu",
         "progress": False,
     }
+    if args.accounting_only:
+        args.out.write_text(_replace_accounting(
+            args.out, accounting_section(dataset, train_base, args)))
+        print(f"wrote the accounting section of {args.out}")
+        return 0
     k = draw_k(
         TuningConfig(mode="tnb", eta=args.eta, mu=args.mu, seed=args.seed, reproducible=True), 1
     )
@@ -349,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         "n_train": f"{len(dataset.train):,}",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(records, args, meta))
+    args.out.write_text(report(records, args, meta) + "\n"
+                        + accounting_section(dataset, train_base, args))
     print(f"wrote {args.out} ({total:.0f} s)")
     return 0
 

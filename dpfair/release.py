@@ -4,10 +4,12 @@ Per method a run releases its search (a tuned method: the selected configuration
 ``tuning.release: all_trials`` every trial, its score and K) and, on each seed, a trained model
 with its test metrics. All of them are computed from the same training data, so they compose:
 a method's release is ``ComposedDpEvent([search, run_1, ..., run_S])`` and the run's total is
-the composition of every method's release, evaluated by the accountant
-(:func:`dpfair.privacy.accounting.epsilon`), never a sum of epsilons. The events are known
-before anything trains (``make_plan`` for a final run, the search's ``prepare``), so the
-spend is planned, itemised and checked against ``budget`` first (:func:`check_budget`).
+the composition of every method's release, evaluated by the tightest valid accountant
+(:func:`dpfair.privacy.accounting.spend`: PLD, with the privacy-profile bound of a search, or
+RDP, whichever is smaller; each figure names its accountant), never a sum of epsilons. The
+events are known before anything trains (``make_plan`` for a final run, the search's
+``prepare``), so the spend is planned, itemised and checked against ``budget`` first
+(:func:`check_budget`).
 
 A tuned method's final runs train the selected configuration, which the search releases, so
 their event must hold whichever configuration is selected: it is the search's per-run bound
@@ -123,6 +125,10 @@ class MethodRelease:
     #: ε for the test rows (None: exact, not covered)
     test_releases: tuple[MetricsRelease, ...] = ()
     epsilon_test: float | None = None
+    #: the accountants of ``epsilon_run``, ``epsilon_search``, ``epsilon`` (``ACCOUNTANTS``)
+    accountant_run: str = accounting.ACCOUNTANT_NONE
+    accountant_search: str | None = None
+    accountant: str = accounting.ACCOUNTANT_NONE
 
     @property
     def test_noisy(self) -> bool:
@@ -177,9 +183,9 @@ class MethodRelease:
             return (f"{HEURISTIC} (privacy_guarantee 'heuristic': its sensitivity is not "
                     "bounded by its clip norm): no ε is reported and it is not in the total")
         seeds = ", ".join(str(s) for s in self.seeds)
-        return (f"epsilon: this training run alone, at its delta; epsilon_method_release: "
-                f"{EPSILON_METHOD} (search: {self.tuning}; seeds {seeds}{self.retrained}) at "
-                f"δ = {self.delta:g}")
+        return (f"epsilon: this training run alone, at its delta ({self.accountant_run}); "
+                f"epsilon_method_release: {EPSILON_METHOD} (search: {self.tuning}; seeds "
+                f"{seeds}{self.retrained}) at δ = {self.delta:g} ({self.accountant})")
 
 
 @dataclass(frozen=True)
@@ -196,6 +202,12 @@ class ReleasePlan:
     test_event_total: dp_event.DpEvent | None = None
     epsilon_test_total: float | None = None
     test_delta: float | None = None
+    #: which accountant gave ``epsilon_total`` and ``epsilon_test_total``
+    accountant_total: str = accounting.ACCOUNTANT_NONE
+    accountant_test: str | None = None
+    #: budget-first planning (:mod:`dpfair.release_budget`): the methods' noise × noise_scale
+    noise_scale: float | None = None
+    noise_kept: tuple[str, ...] = ()
 
     @property
     def test_noisy(self) -> bool:
@@ -231,8 +243,9 @@ class ReleasePlan:
         notes = [
             f"Privacy: '{EPSILON_RUN}' is the ε of one final model; "
             f"'{EPSILON_METHOD}' composes the method's search with its final models on seeds "
-            f"{seeds}; the last row composes every private release of this run (RDP "
-            f"accountant, not a sum of epsilons). Every ε is at δ = {self.delta:g}.",
+            f"{seeds}; the last row composes every private release of this run (not a sum of "
+            f"epsilons). Every ε is at δ = {self.delta:g} and is the tightest valid figure of "
+            f"two accountants, PLD and RDP; accountants: {self.accountants()}.",
             *(f"{m.label}: {m.epsilon_note}" for m in self.without_guarantee),
             *(f"{m.label}: resumed run{m.retrained}" for m in self.methods.values()
               if m.retrained),
@@ -241,6 +254,15 @@ class ReleasePlan:
         if self.reproducible:
             notes.append(f"Reproducible run: {REPLAYABLE_NOISE}.")
         return notes
+
+    def accountants(self) -> str:
+        """Which accountant gave each figure, as one phrase."""
+        parts = [f"{m.label}: one run {m.accountant_run}"
+                 + (f", search {m.accountant_search}" if m.accountant_search else "")
+                 + f", composed {m.accountant}" for m in self.methods.values() if m.has_epsilon]
+        parts += [f"total: {self.accountant_total}"] + (
+            [f"test split: {self.accountant_test}"] if self.accountant_test else [])
+        return "; ".join(parts)
 
     def test_note(self) -> str:
         """What the test metrics are: exact (:data:`TEST_METRICS_NOTE`) or noisy, with the
@@ -262,17 +284,23 @@ class ReleasePlan:
             if not m.has_epsilon:
                 lines.append(f"{m.label}: {m.no_epsilon_label} (no ε; not in the total)")
                 continue
-            search = (f"search ε {_fmt(m.epsilon_search)} ({m.tuning}); "
+            search = (f"search ε {_fmt(m.epsilon_search)} ({m.tuning}; {m.accountant_search}); "
                       if m.epsilon_search is not None else "not tuned; ")
             seeds = ", ".join(str(s) for s in m.seeds)
             lines.append(f"{m.label}: {search}seeds {seeds}: ε {_fmt(m.epsilon_run)} each "
-                         f"(one training run){m.retrained}; composed: ε {_fmt(m.epsilon)}")
+                         f"(one training run; {m.accountant_run}){m.retrained}; composed: ε "
+                         f"{_fmt(m.epsilon)} ({m.accountant})")
         lines.append(f"total, composition of every private release: ε {_fmt(self.epsilon_total)} "
-                     f"at δ = {self.delta:g}")
+                     f"at δ = {self.delta:g} ({self.accountant_total})")
         if self.test_noisy:
             per = "; ".join(f"{m.label} {_fmt(m.epsilon_test)}" for m in self.methods.values())
             lines.append(f"test split (noisy test metrics, other rows): {per}; composed: ε "
-                         f"{_fmt(self.epsilon_test_total)} at δ = {self.test_delta:g}")
+                         f"{_fmt(self.epsilon_test_total)} at δ = {self.test_delta:g} "
+                         f"({self.accountant_test})")
+        if self.noise_scale is not None:
+            kept = f"; kept as configured: {', '.join(self.noise_kept)}" if self.noise_kept else ""
+            lines.append(f"budget-first: every noise multiplier of the other private methods "
+                         f"(training σ, count σ, score σ) × {self.noise_scale:.4g}{kept}")
         if self.reproducible:
             lines.append(f"reproducible: {REPLAYABLE_NOISE}")
         return lines
@@ -354,13 +382,12 @@ def method_release(
             release.test_event, _test_delta(release.test_releases)))
     if not release.has_epsilon:
         return release
-    return replace(
-        release,
-        epsilon_run=max(accounting.epsilon(e, delta) for e in run_events),
-        epsilon_search=None if search is None else accounting.epsilon(
-            search.event or dp_event.NonPrivateDpEvent(), delta),
-        epsilon=accounting.epsilon(release.event, delta),
-    )
+    run = max((accounting.spend(e, delta) for e in run_events), key=lambda sp: sp.epsilon)
+    found = search and accounting.spend(search.event or dp_event.NonPrivateDpEvent(), delta)
+    total = accounting.spend(release.event, delta)
+    return replace(release, epsilon_run=run.epsilon, accountant_run=run.accountant,
+                   epsilon_search=found and found.epsilon, epsilon=total.epsilon,
+                   accountant_search=found and found.accountant, accountant=total.accountant)
 
 
 def _test_delta(releases: Sequence[MetricsRelease]) -> float:
@@ -373,16 +400,18 @@ def release_plan(methods: Sequence[MethodRelease], delta: float) -> ReleasePlan:
     the test split's line when every method's test metrics are noisy (module docstring)."""
     private = [m.event for m in methods if m.has_epsilon]
     total = dp_event.ComposedDpEvent(private)
-    eps = accounting.epsilon(total, delta) if private else 0.0
+    spent = accounting.spend(total, delta) if private else None
     plan = ReleasePlan(methods={m.label: m for m in methods}, delta=delta, event_total=total,
-                       epsilon_total=eps)
+                       epsilon_total=spent.epsilon if spent else 0.0,
+                       accountant_total=spent.accountant if spent else accounting.ACCOUNTANT_NONE)
     tests = [m.test_event for m in methods]
     if not methods or any(e is None for e in tests):
         return plan
     test_total = dp_event.ComposedDpEvent(tests)
     test_delta = _test_delta([t for m in methods for t in m.test_releases])
+    test_spent = accounting.spend(test_total, test_delta)
     return replace(plan, test_event_total=test_total, test_delta=test_delta,
-                   epsilon_test_total=accounting.epsilon(test_total, test_delta))
+                   epsilon_test_total=test_spent.epsilon, accountant_test=test_spent.accountant)
 
 
 def check_budget(plan: ReleasePlan, budget: BudgetSection) -> None:

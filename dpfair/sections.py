@@ -215,6 +215,15 @@ class BudgetSection(BaseModel):
         description="experts only: accept budget.delta >= 1/n_train (checked once the data is "
         "loaded; such a δ allows releasing training examples outright)",
     )
+    calibrate_noise: bool = Field(
+        False, description="budget-first planning: multiply every noise multiplier (training "
+        "σ, count σ, score σ) by the one factor that makes the run total meet budget.epsilon "
+        "(needs it); the plan shows the factor and each part's ε (dpfair.release_budget)"
+    )
+    keep_noise: list[str] = Field(
+        default_factory=list, description="methods whose noise stays as configured when "
+        "calibrate_noise is on (the others scale to meet the budget)"
+    )
     test_epsilon: PositiveFloat | None = Field(
         None, allow_inf_nan=False, description="the most ε the run's noisy test metrics may "
         "release about the test split, all methods and seeds composed (None: no limit)"
@@ -245,6 +254,15 @@ class BudgetSection(BaseModel):
         False, description="a data version not seen before holds only new people: it starts "
         "its own account in the ledger (set it for that run only)"
     )
+
+    @model_validator(mode="after")
+    def _calibration_needs_a_total(self) -> BudgetSection:
+        if self.calibrate_noise and self.epsilon is None:
+            raise ValueError("budget.calibrate_noise needs budget.epsilon, the total ε the "
+                             "noise is calibrated to meet: set it, or turn calibrate_noise off")
+        if self.keep_noise and not self.calibrate_noise:
+            raise ValueError("budget.keep_noise applies only with budget.calibrate_noise: true")
+        return self
 
 
 class ScheduleSection(BaseModel):

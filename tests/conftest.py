@@ -67,6 +67,24 @@ def requires_dataset(*datasets: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(bool(missing) and not os.environ.get("CI"), reason=reason)
 
 
+def epsilon_oracle(*events: object, delta: float) -> float:
+    """ε of ``events`` composed, by dp_accounting's own accountants called directly: the smaller
+    of RDP and PLD (pessimistic, value_discretization_interval 1e-3; a step's Gaussians on one
+    batch written as one, ``accounting.reduced``), both valid upper bounds. It is what
+    ``dpfair.privacy.accounting.epsilon`` reports for events without a search, to 1e-4 (PLDs
+    composed in another order round differently): compare with ``rel=1e-4``."""
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
+    from dpfair.privacy.accounting import reduced
+
+    rdp, pld = RdpAccountant(), PLDAccountant(value_discretization_interval=1e-3)
+    for event in events:
+        rdp.compose(event)
+        pld.compose(reduced(event))
+    return min(rdp.get_epsilon(delta), pld.get_epsilon(delta))
+
+
 # ------------------------------------------------------------------ PostgreSQL server
 
 

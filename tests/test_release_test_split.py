@@ -1,8 +1,9 @@
 """The test split's line of a run's release (noisy test metrics): every method and seed
 evaluates the same test rows, so its ε is the accountant's composition of all of their
-noisy releases (oracle: dp_accounting's RDP accountant), kept apart from the training ε; the
-budget refuses an over-spend; a small pipeline carries the label into the results table and
-MLflow. Default (exact) outputs keep saying that ε does not cover the test metrics."""
+noisy releases (oracle: the smaller of dp_accounting's RDP and PLD accountants), kept apart
+from the training ε; the budget refuses an over-spend; a small pipeline carries the label
+into the results table and MLflow. Default (exact) outputs keep saying that ε does not cover
+the test metrics."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import math
 
 import pytest
 from dp_accounting import dp_event
+from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
 from dpfair.errors import ConfigError, PrivacyError
+from dpfair.privacy.accounting import reduced
 from dpfair.release import (
     EPSILON_METHOD,
     EPSILON_RUN,
@@ -44,10 +47,14 @@ def _release(label: str, method: dict, test: dict | None, seeds=(0, 1), epochs: 
 
 
 def _oracle(events: list[dp_event.DpEvent], delta: float) -> float:
-    accountant = RdpAccountant()
+    """The smaller of two valid upper bounds, RDP and PLD (a step's Gaussians on one batch
+    written as one, ``reduced``), composed by dp_accounting itself; compared to 1e-4, since PLDs
+    composed in another order round differently."""
+    rdp, pld = RdpAccountant(), PLDAccountant(value_discretization_interval=1e-3)
     for event in events:
-        accountant.compose(event)
-    return accountant.get_epsilon(delta)
+        rdp.compose(event)
+        pld.compose(reduced(event))
+    return min(rdp.get_epsilon(delta), pld.get_epsilon(delta))
 
 
 NOISY = {"release": "noisy", "epsilon": 0.5, "delta": TEST_DELTA}
@@ -62,12 +69,12 @@ def test_test_split_total_is_the_composition_of_every_method_and_seed():
                  for m in (ref, dpsgd, lens) for t in m.test_releases
                  for _ in range(t.releases)]
     assert len(gaussians) == 2 * 3 + 2 * 5 + 3 * 3  # one per evaluated epoch of every run
-    assert plan.epsilon_test_total == pytest.approx(_oracle(gaussians, TEST_DELTA), rel=1e-9)
+    assert plan.epsilon_test_total == pytest.approx(_oracle(gaussians, TEST_DELTA), rel=1e-4)
     assert plan.test_delta == TEST_DELTA
     # per method: its seeds composed, whatever its training guarantee (no training row here)
     assert lens.epsilon_test == pytest.approx(
         _oracle([dp_event.GaussianDpEvent(lens.test_releases[0].noise_multiplier)] * 9,
-                TEST_DELTA), rel=1e-9)
+                TEST_DELTA), rel=1e-4)
     assert ref.epsilon_test is not None and math.isfinite(ref.epsilon_test)
     # every run alone reaches its target; composed, more; never the sum of epsilons
     assert all(t.epsilon == pytest.approx(0.5, rel=1e-3) for t in dpsgd.test_releases)
@@ -117,25 +124,25 @@ def test_the_source_ledger_records_the_noisy_test_releases_too(tmp_path):
     tests = [dp_event.GaussianDpEvent(t.noise_multiplier) for m in (dpsgd, lens)
              for t in m.test_releases for _ in range(t.releases)]
     expected = _oracle([plan.event_total, *tests], DELTA)
-    assert release.epsilon == pytest.approx(expected, rel=1e-9)
+    assert release.epsilon == pytest.approx(expected, rel=1e-4)
     assert release.epsilon > plan.epsilon_total  # more than the training alone
-    assert ledger.spent("loans", "v2", DELTA) == pytest.approx(expected, rel=1e-9)
+    assert ledger.spent("loans", "v2", DELTA) == pytest.approx(expected, rel=1e-4)
     # a heuristic method's training is a label; its noisy test release still counts
     assert release.without_guarantee == ("fairlens: heuristic — no DP guarantee",)
     assert accounting_epsilon(lens.ledger_event) == pytest.approx(
-        _oracle(tests[len(tests) // 2:], DELTA), rel=1e-9)
+        _oracle(tests[len(tests) // 2:], DELTA), rel=1e-4)
     # exact test metrics: the ledger records the training releases alone
     exact = release_plan([_release("dpsgd", {"name": "dpsgd", "C": 1.0}, None)], DELTA)
     alone = PrivacyGate(BudgetSection(ledger=str(tmp_path / "exact.sqlite"))).admit(
         exact, data).release
-    assert alone.epsilon == pytest.approx(_oracle([exact.event_total], DELTA), rel=1e-9)
+    assert alone.epsilon == pytest.approx(_oracle([exact.event_total], DELTA), rel=1e-4)
     # a resumed run's retrain of dpsgd seed 1 adds that run and its test evaluations
     retry = retry_event(plan, {("dpsgd", 1): 1, ("fairlens", 0): 1})
     per_run = dpsgd.test_releases[1]
     assert accounting_epsilon(retry) == pytest.approx(_oracle(
         [dpsgd.run_events[1], *[dp_event.GaussianDpEvent(per_run.noise_multiplier)] *
          per_run.releases, *[dp_event.GaussianDpEvent(lens.test_releases[0].noise_multiplier)] *
-         lens.test_releases[0].releases], DELTA), rel=1e-9)
+         lens.test_releases[0].releases], DELTA), rel=1e-4)
 
 
 def accounting_epsilon(event: dp_event.DpEvent) -> float:
@@ -273,4 +280,4 @@ def test_train_command_prints_the_noisy_label_and_no_count(tmp_path, monkeypatch
     data = load_dataset("synthetic", {"n": 400})
     plan = make_plan(config, len(data.train), data.n_groups, len(data.test))
     assert recorded.epsilon == pytest.approx(_oracle([plan.event, plan.test.event], 1e-5),
-                                             rel=1e-9)
+                                             rel=1e-4)

@@ -226,17 +226,20 @@ def test_nothing_in_the_result_replays_the_noise(monkeypatch: pytest.MonkeyPatch
     """Re-running with every field of the result's config reproduces neither the model nor
     the trajectory, and no value of the result is one of the secret seeds."""
     ds = gaussian_tabular()
-    drawn: list[int] = []
-    randbits = loop_module.secrets.randbits
+    states: list[bytes] = []
+    reseed = loop_module.reseed_secretly
 
-    def spy(k: int) -> int:
-        drawn.append(randbits(k))
-        return drawn[-1]
+    def spy(generator: torch.Generator) -> None:
+        reseed(generator)
+        states.append(generator.get_state().numpy().tobytes())
 
-    monkeypatch.setattr(loop_module.secrets, "randbits", spy)
+    monkeypatch.setattr(loop_module, "reseed_secretly", spy)
     cfg = config(METHODS["dpsgd_f"], {"name": "mlp", "hidden": [8]}, steps=12, seed=7)
     result = train(cfg, ds)
-    assert len(drawn) == result.steps and len(set(drawn)) == len(drawn)  # one seed a step
+    assert len(states) == result.steps and len(set(states)) == len(states)  # a state a step
+    # the first state words of every step: none of them is a value of the result
+    drawn = [int.from_bytes(state[24 + 8 * i:32 + 8 * i], "little")
+             for state in states for i in range(4)]
     values = _values(result)
     assert not set(drawn) & {v for v in values if isinstance(v, int)}
     assert not any(str(seed) in v for seed in drawn for v in values if isinstance(v, str))

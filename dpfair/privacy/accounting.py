@@ -35,6 +35,7 @@ serialised like the built-in events):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -47,21 +48,38 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_accountant
 from scipy import optimize
 
 from dpfair.errors import PrivacyError
+from dpfair.privacy import pld
 from dpfair.privacy.repeat_select import repeat_and_select_curve, tnb_gamma, tnb_mean
 
 DEFAULT_ORDERS: tuple[float, ...] = tuple(rdp_accountant.DEFAULT_RDP_ORDERS)
 
+ACCOUNTANT_PLD = "PLD (dp_accounting, pessimistic)"
+ACCOUNTANT_PROFILE = ("PLD with the privacy profile of the search (Koskela, Redberg & Wang "
+                      "2024)")
+ACCOUNTANT_RDP = "RDP (dp_accounting)"
+ACCOUNTANT_NONE = "none (no DP guarantee)"
+#: every accountant name a report can show
+ACCOUNTANTS = (ACCOUNTANT_PLD, ACCOUNTANT_PROFILE, ACCOUNTANT_RDP, ACCOUNTANT_NONE)
+
 __all__ = [
+    "ACCOUNTANTS",
+    "ACCOUNTANT_NONE",
+    "ACCOUNTANT_PLD",
+    "ACCOUNTANT_PROFILE",
+    "ACCOUNTANT_RDP",
     "DEFAULT_ORDERS",
     "MaxOfDpEvent",
+    "Spend",
     "epsilon",
     "event_from_json",
     "event_to_json",
     "noise_for_epsilon",
     "rdp_curve",
+    "rdp_epsilon",
     "reduced",
     "run_event",
     "score_release_event",
+    "spend",
     "steps_for_epochs",
     "tnb_gamma",
     "tnb_mean",
@@ -191,14 +209,11 @@ def rdp_curve(event: dp_event.DpEvent, orders: Sequence[float] | None = None) ->
     raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover
 
 
-def epsilon(
+def rdp_epsilon(
     event: dp_event.DpEvent, delta: float, orders: Sequence[float] | None = None
 ) -> float:
-    """Epsilon of ``event`` at ``delta`` (RDP accountant); ``NonPrivateDpEvent`` gives ``inf``."""
-    if not 0 <= delta < 1:
-        raise PrivacyError(f"delta must be in [0, 1), got {delta}")
-    if not isinstance(event, dp_event.DpEvent):
-        raise PrivacyError(f"not a DpEvent: {event!r} (non-private is NonPrivateDpEvent)")
+    """Epsilon of ``event`` at ``delta`` from the RDP accountant (plus the extensions)."""
+    _check(event, delta)
     orders_arr = np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=np.float64)
     if not _needs_own_walk(event):
         acc = rdp_accountant.RdpAccountant(list(orders_arr))
@@ -208,6 +223,76 @@ def epsilon(
         return float(acc.get_epsilon(delta))
     rdp = rdp_curve(event, orders_arr)
     return float(rdp_accountant.compute_epsilon(orders_arr, rdp, delta)[0])
+
+
+def _check(event: dp_event.DpEvent, delta: float) -> None:
+    if not 0 <= delta < 1:
+        raise PrivacyError(f"delta must be in [0, 1), got {delta}")
+    if not isinstance(event, dp_event.DpEvent):
+        raise PrivacyError(f"not a DpEvent: {event!r} (non-private is NonPrivateDpEvent)")
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class Spend:
+    """An ε at a δ and the accountant that gave it (one of :data:`ACCOUNTANTS`)."""
+
+    epsilon: float
+    delta: float
+    accountant: str
+
+
+def _has_selection(event: dp_event.DpEvent) -> bool:
+    if isinstance(event, dp_event.RepeatAndSelectDpEvent):
+        return True
+    if isinstance(event, (dp_event.SelfComposedDpEvent, dp_event.PoissonSampledDpEvent)):
+        return _has_selection(event.event)
+    if isinstance(event, (dp_event.ComposedDpEvent, MaxOfDpEvent)):
+        return any(_has_selection(e) for e in event.events)
+    return False
+
+
+def spend(event: dp_event.DpEvent, delta: float) -> Spend:
+    """The tightest valid ε of ``event`` at ``delta`` and its accountant's name.
+
+    Both accountants give upper bounds, so the smaller is valid: dp_accounting's PLD
+    (pessimistic, :mod:`dpfair.privacy.pld`; with the privacy-profile bound of a search,
+    :mod:`dpfair.privacy.profiles`) and RDP (:func:`rdp_epsilon`; Papernot & Steinke for a
+    search). An event the PLD cannot represent is RDP's alone. Cached by the event's JSON.
+    """
+    _check(event, delta)
+    return _spend(event_to_json(event), float(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def _spend(key: str, delta: float) -> Spend:
+    event = event_from_json(key)
+    if isinstance(event, dp_event.NonPrivateDpEvent):
+        return Spend(math.inf, delta, ACCOUNTANT_NONE)
+    try:
+        rdp = rdp_epsilon(event, delta)
+    except PrivacyError:
+        rdp = math.inf
+    try:
+        via_pld = pld.pld_epsilon(event, delta)
+    except pld.UnsupportedEvent:
+        via_pld = math.inf
+    if via_pld < rdp:
+        name = ACCOUNTANT_PROFILE if _has_selection(event) else ACCOUNTANT_PLD
+        return Spend(via_pld, delta, name)
+    if math.isinf(rdp):
+        return Spend(math.inf, delta, ACCOUNTANT_NONE)
+    return Spend(rdp, delta, ACCOUNTANT_RDP)
+
+
+def epsilon(
+    event: dp_event.DpEvent, delta: float, orders: Sequence[float] | None = None
+) -> float:
+    """Epsilon of ``event`` at ``delta``: the tightest valid figure (:func:`spend`); with
+    ``orders``, the RDP accountant's at those orders (:func:`rdp_epsilon`).
+    ``NonPrivateDpEvent`` gives ``inf``."""
+    if orders is not None:
+        return rdp_epsilon(event, delta, orders)
+    return spend(event, delta).epsilon
 
 
 # -------------------------------------------------------------------------------- JSON ledger
@@ -280,21 +365,60 @@ def event_from_json(s: str) -> dp_event.DpEvent:
 
 
 def noise_for_epsilon(
-    target_epsilon: float, make_event: Callable[[float], dp_event.DpEvent], delta: float
+    target_epsilon: float, make_event: Callable[[float], dp_event.DpEvent], delta: float,
+    rtol: float = 2e-5,
 ) -> float:
-    """Smallest σ (to 1e-6 relative) whose run event ``make_event(σ)`` reaches
-    ``target_epsilon`` at ``delta``.
+    """Smallest σ (to ``rtol`` relative) whose run event ``make_event(σ)`` reaches
+    ``target_epsilon`` at ``delta`` by the tightest valid accountant (:func:`epsilon`).
 
     ``make_event`` maps the gradient noise multiplier to the run's event (e.g. the method built
     at σ, its :meth:`~dpfair.privacy.methods.Method.step_event`, wrapped by :func:`run_event`);
     its ε must fall as σ grows. A release whose noise does not grow with σ (a fixed count
-    noise) bounds ε from below: a target under that floor is a :class:`PrivacyError`.
+    noise) bounds ε from below: a target under that floor is a :class:`PrivacyError`. The σ
+    that meets the target under RDP alone (cheap) brackets the search from above, since the
+    returned figure is never above RDP's; bisection in log σ keeps ε(σ) <= target at the
+    returned σ.
     """
     if not target_epsilon > 0:
         raise PrivacyError(f"target_epsilon must be > 0, got {target_epsilon}")
+    hi = math.log(_rdp_noise(target_epsilon, make_event, delta))
+    if math.exp(hi) <= 1e-6:
+        return math.exp(hi)
+
+    def gap(log_sigma: float) -> float:
+        return epsilon(make_event(math.exp(log_sigma)), delta) - target_epsilon
+
+    g_hi, lo = gap(hi), hi - 0.3
+    g_lo = gap(lo)
+    while g_lo <= 0:
+        hi, g_hi, lo = lo, g_lo, lo - 0.3
+        if lo < math.log(1e-6):
+            return math.exp(hi)
+        g_lo = gap(lo)
+    # bracket [lo, hi] with gap(lo) > 0 >= gap(hi): Illinois false position, which keeps it
+    side, slack = 0, -g_hi  # slack: target − ε at hi (g_hi is halved by Illinois steps)
+    while hi - lo > rtol and slack > 1e-6 * target_epsilon:
+        mid = lo + (hi - lo) * g_lo / (g_lo - g_hi)
+        mid = min(max(mid, lo + rtol / 4), hi - rtol / 4)
+        g_mid = gap(mid)
+        if g_mid <= 0:
+            hi, g_hi, slack = mid, g_mid, -g_mid
+            g_lo = g_lo / 2 if side == -1 else g_lo
+            side = -1
+        else:
+            lo, g_lo = mid, g_mid
+            g_hi = g_hi / 2 if side == 1 else g_hi
+            side = 1
+    return math.exp(hi)  # eps(σ) <= target at the returned σ
+
+
+def _rdp_noise(
+    target_epsilon: float, make_event: Callable[[float], dp_event.DpEvent], delta: float
+) -> float:
+    """Smallest σ (to 1e-6 relative) meeting ``target_epsilon`` under RDP alone."""
 
     def eps_of(log_sigma: float) -> float:
-        return epsilon(make_event(math.exp(log_sigma)), delta)
+        return rdp_epsilon(make_event(math.exp(log_sigma)), delta)
 
     lo, hi = math.log(0.1), math.log(10.0)
     while eps_of(lo) <= target_epsilon:
@@ -309,9 +433,9 @@ def noise_for_epsilon(
                 f"{math.exp(hi):.3g} the run still has epsilon {eps_of(hi):.4g} (a release whose "
                 "noise does not grow with sigma, e.g. a fixed count noise, sets that floor)"
             )
-    root = optimize.brentq(lambda ls: eps_of(ls) - target_epsilon, lo, hi, xtol=1e-8)
+    root = optimize.brentq(lambda ls: eps_of(ls) - target_epsilon, lo, hi, xtol=1e-7)
     # brentq may land on either side of the root: step up until the target is met
-    log_sigma = min(root + 1e-8, hi)
+    log_sigma = min(root + 1e-7, hi)
     while eps_of(log_sigma) > target_epsilon and log_sigma < hi:
-        log_sigma = min(log_sigma + 1e-7, hi)
-    return math.exp(log_sigma)  # eps(σ) <= target at the returned σ
+        log_sigma = min(log_sigma + 1e-6, hi)
+    return math.exp(log_sigma)

@@ -20,7 +20,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
 from dp_accounting import dp_event
 
 from dpfair.privacy import accounting
@@ -73,13 +72,25 @@ def combine_run_events(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
     items = list(distinct.values())
     if len(items) == 1:
         return items[0]
-    curves = [accounting.rdp_curve(e) for e in items]
-    keep = []
-    for i, ci in enumerate(curves):
-        dominated = any(
-            j != i and np.all(cj >= ci) and (np.any(cj > ci) or j < i)
-            for j, cj in enumerate(curves)
-        )
-        if not dominated:
-            keep.append(items[i])
+    keep = [e for i, e in enumerate(items)
+            if not any(j != i and _dominates(f, e) for j, f in enumerate(items))]
     return keep[0] if len(keep) == 1 else accounting.MaxOfDpEvent(keep)
+
+
+def _shape(event: dp_event.DpEvent) -> tuple[float, float, int] | None:
+    """(q, σ, steps) of ``SelfComposed(PoissonSampled(q, Gaussian(σ)), steps)``, else None."""
+    if not isinstance(event, dp_event.SelfComposedDpEvent):
+        return None
+    inner = event.event
+    if not (isinstance(inner, dp_event.PoissonSampledDpEvent)
+            and isinstance(inner.event, dp_event.GaussianDpEvent)):
+        return None
+    return inner.sampling_probability, inner.event.noise_multiplier, event.count
+
+
+def _dominates(a: dp_event.DpEvent, b: dp_event.DpEvent) -> bool:
+    """Whether ``b`` is a post-processing of ``a`` (module doc); distinct events only."""
+    sa, sb = _shape(a), _shape(b)
+    if sa is None or sb is None:
+        return False
+    return sa[0] >= sb[0] and sa[1] <= sb[1] and sa[2] >= sb[2]

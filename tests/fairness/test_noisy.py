@@ -8,6 +8,7 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
+from scipy.stats import norm
 
 from dpfair.fairness.noisy import (
     SENSITIVITY,
@@ -16,6 +17,7 @@ from dpfair.fairness.noisy import (
     release_event,
 )
 from dpfair.privacy import accounting
+from tests.conftest import epsilon_oracle
 
 
 def _data(n: int = 400, seed: int = 0):
@@ -32,12 +34,21 @@ def test_epsilon_is_the_composed_gaussian_of_dp_accounting():
     ours = accounting.epsilon(release_event(z, releases), delta)
     acc = rdp.RdpAccountant()
     acc.compose(dp_accounting.GaussianDpEvent(z), releases)
-    assert ours == pytest.approx(acc.get_epsilon(delta), rel=1e-6)
+    assert ours == pytest.approx(epsilon_oracle(release_event(z, releases), delta=delta),
+                                 rel=1e-4)
+    assert ours < acc.get_epsilon(delta)  # PLD, below RDP
     # closed form of the Gaussian's RDP: R * alpha / (2 z^2), converted at the best order
     orders = np.linspace(1.5, 200, 4000)
     closed = min(releases * a / (2 * z * z) + math.log1p(-1 / a)
                  - (math.log(delta) + math.log(a)) / (a - 1) for a in orders)
-    assert ours == pytest.approx(closed, rel=2e-2)
+    assert ours < closed
+    # exact: R Gaussians of noise z are one of noise z / sqrt(R) (Balle & Wang 2018, Thm. 8)
+    s = z / math.sqrt(releases)
+
+    def exact_delta(eps: float) -> float:
+        return float(norm.cdf(0.5 / s - eps * s) - math.exp(eps) * norm.cdf(-0.5 / s - eps * s))
+
+    assert exact_delta(ours) <= delta < exact_delta(ours * 0.99)
 
 
 def test_calibrate_reaches_the_target():

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 from dp_accounting import dp_event
-from dp_accounting.rdp import RdpAccountant
 from mlflow import MlflowClient
 
 from dpfair.config import ConfigError, load_params
@@ -29,6 +28,7 @@ from dpfair.release import (
 )
 from dpfair.tracking import TrackingConfig, experiment_id, read_results
 from dpfair.training import make_plan
+from tests.conftest import epsilon_oracle
 from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, make_workspace
 
 pytestmark = pytest.mark.slow
@@ -39,9 +39,7 @@ def _runs(client: MlflowClient, experiment_id: str) -> list:
 
 
 def _oracle(event: dp_event.DpEvent, delta: float) -> float:
-    accountant = RdpAccountant()
-    accountant.compose(event)
-    return accountant.get_epsilon(delta)
+    return epsilon_oracle(event, delta=delta)
 
 
 def _artifact_event(client: MlflowClient, run_id: str, name: str, tmp: Path) -> dp_event.DpEvent:
@@ -151,8 +149,8 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     released += [_artifact_event(client, r.info.run_id, "dp_event.json", tmp_path)
                  for r in finals if r.data.tags["dpfair.method"] != "nonprivate"]
     total = _oracle(dp_event.ComposedDpEvent(released), delta)
-    assert parent.data.metrics["epsilon_total"] == pytest.approx(total, rel=1e-6)
-    assert out["release"]["epsilon_total"] == pytest.approx(total, rel=1e-6)
+    assert parent.data.metrics["epsilon_total"] == pytest.approx(total, rel=1e-4)
+    assert out["release"]["epsilon_total"] == pytest.approx(total, rel=1e-4)
     assert "not covered: non-private reference" in parent.data.tags["dpfair.epsilon_total"]
     assert TEST_METRICS_NOTE in parent.data.tags["mlflow.note.content"]
     for r in dpsgd:
@@ -213,7 +211,7 @@ def test_all_trials_release_and_heuristic_methods(prefect_harness, tmp_path, rep
         dp_event.ComposedDpEvent([run_event, dp_event.GaussianDpEvent(cfg.sigma_score)]), k)
     delta = base.delta
     assert tune_run.data.metrics["epsilon_search"] == pytest.approx(_oracle(k_runs, delta),
-                                                                    rel=1e-6)
+                                                                    rel=1e-4)
     assert f"all {k} trials released" in tune_run.data.tags["dpfair.epsilon_search"]
     # FairLens: no ε metric, a tag saying why, the label in the table
     lens = [r for r in runs if r.data.tags.get("dpfair.method") == "fairlens"]

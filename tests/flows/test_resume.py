@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from dp_accounting import dp_event
-from dp_accounting.rdp import RdpAccountant
 from mlflow import MlflowClient
 
 from dpfair.config import load_params
@@ -23,15 +22,14 @@ from dpfair.privacy import accounting
 from dpfair.resume import find_resumable
 from dpfair.tracking import read_results
 from dpfair.training import make_plan
+from tests.conftest import epsilon_oracle
 from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, final_runs, make_workspace
 
 pytestmark = pytest.mark.slow
 
 
 def _oracle(event: dp_event.DpEvent, delta: float) -> float:
-    accountant = RdpAccountant()
-    accountant.compose(event)
-    return accountant.get_epsilon(delta)
+    return epsilon_oracle(event, delta=delta)
 
 
 def _counting(monkeypatch, module, name: str) -> list:
@@ -98,12 +96,12 @@ def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_
     delta = out["release"]["delta"]
     event = _run_event(params_path, "dpsgd_global", 0)
     assert out["release"]["methods"]["dpsgd_global"]["epsilon"] == pytest.approx(
-        _oracle(dp_event.SelfComposedDpEvent(event, 4), delta), rel=1e-6)
+        _oracle(dp_event.SelfComposedDpEvent(event, 4), delta), rel=1e-4)
     first, resumed = SourceLedger(params.budget.ledger, tmp_path).releases("synthetic")
     assert first.status == "failed" and resumed.status == "released"  # failed: it counts
     assert resumed.context["resumes"] == crashed.info.run_id
     assert resumed.epsilon == pytest.approx(
-        _oracle(dp_event.SelfComposedDpEvent(event, 2), delta), rel=1e-6)
+        _oracle(dp_event.SelfComposedDpEvent(event, 2), delta), rel=1e-4)
     assert "2 crashed attempt(s) retrained" in parent.data.tags["mlflow.note.content"]
     # a finished run is not resumed: the next rerun would start afresh
     exp_id = out["experiment_id"]

@@ -27,7 +27,8 @@ def _reduced(z):
 
 def test_top_bound_throughout_is_the_runs_epsilon():
     steps = 300
-    run = acc.epsilon(acc.reduced(acc.run_event(dp_event.ComposedDpEvent(
+    # group ε is an RDP figure: compared with the run's ε under RDP
+    run = acc.rdp_epsilon(acc.reduced(acc.run_event(dp_event.ComposedDpEvent(
         [dp_event.GaussianDpEvent(SIGMA), dp_event.GaussianDpEvent(SIGMA1)]), Q, steps)), DELTA)
     out = ga.group_epsilons(SIGMA, SIGMA1, Q, [[2.0, 2.0]] * steps, DELTA)
     for e in out:  # multipliers rounded down: never below, at most the grid's rounding above

@@ -132,12 +132,16 @@ def test_default_orders_and_fixed_mode():
     )
     rdp = accounting.rdp_curve(per_run, orders)  # plain RDP accountant, no tuning code
     want = oracle_tnb(orders, rdp, 1.0, 10.0, delta)
-    assert search_eps(q, sigma, steps, ss, "tnb", 1.0, 10.0, delta, None) == pytest.approx(
+    assert search_eps(q, sigma, steps, ss, "tnb", 1.0, 10.0, delta, orders) == pytest.approx(
         want, rel=1e-6
     )
+    # the default figure is the tightest valid one: the privacy profile's, below RDP's
+    assert search_eps(q, sigma, steps, ss, "tnb", 1.0, 10.0, delta, None) < want
     c = tuning.TuningConfig(mode="fixed", n_runs=7, sigma_score=ss)
     ev = tuning.search_event(c, accounting.run_event(dp_event.GaussianDpEvent(sigma), q, steps))
-    assert accounting.epsilon(ev, delta) == pytest.approx(oracle_to_eps(orders, 7 * rdp, delta))
+    assert accounting.rdp_epsilon(ev, delta) == pytest.approx(
+        oracle_to_eps(orders, 7 * rdp, delta))
+    assert accounting.epsilon(ev, delta) < accounting.rdp_epsilon(ev, delta)  # PLD
     # grid: no guarantee
     assert tuning.search_event(tuning.TuningConfig(mode="grid"), per_run) is None
 

@@ -15,6 +15,7 @@ import optuna
 import pytest
 
 from dpfair.errors import TuningError
+from dpfair.privacy import accounting
 from dpfair.tuning import prepare, tune
 from dpfair.tuning.ledger import ledger_row
 from tests.tuning.conftest import (
@@ -66,8 +67,17 @@ def test_v1_study_resumes_with_the_same_k_and_ledger(tmp_path):
     assert res.best_trial == want["best_trial"] and res.best_params == want["best_params"]
     assert res.best_score == pytest.approx(want["best_score"], rel=1e-9)
     assert res.event_json == want["event_json"] and res.run_event_json == want["run_event_json"]
-    assert res.epsilon_search == pytest.approx(want["epsilon_search"], rel=1e-12)
-    assert res.epsilon_training == pytest.approx(want["epsilon_training"], rel=1e-12)
+    # the fixture's ε are RDP's (the accountant of the code that wrote it): the same events
+    # give them again under RDP, and the tightest valid figure now reported is below
+    search = accounting.event_from_json(res.event_json)
+    run = accounting.event_from_json(res.run_event_json)
+    delta = BASE["delta"]  # the search's δ: the base run's (tuning.delta unset)
+    assert accounting.rdp_epsilon(search, delta) == pytest.approx(want["epsilon_search"],
+                                                                  rel=1e-12)
+    assert accounting.rdp_epsilon(run, delta) == pytest.approx(want["epsilon_training"],
+                                                               rel=1e-12)
+    assert res.epsilon_search == accounting.epsilon(search, delta) < want["epsilon_search"]
+    assert res.epsilon_training == accounting.epsilon(run, delta) < want["epsilon_training"]
     study = optuna.load_study(study_name="v1", storage=f"sqlite:///{db}")
     assert study.user_attrs == EXPECTED["study_user_attrs"]
 
@@ -83,7 +93,14 @@ def test_new_study_has_the_v1_attrs(tmp_path):
     )
     assert job.k == EXPECTED["K"]
     study = optuna.load_study(study_name="v1", storage=f"sqlite:///{tmp_path / 'new.db'}")
-    assert study.user_attrs == EXPECTED["study_user_attrs"]  # fingerprint, K, epsilons, event
+    attrs, want = dict(study.user_attrs), dict(EXPECTED["study_user_attrs"])
+    for key in ("dpfair.epsilon_training", "dpfair.epsilon_search"):  # RDP's in the fixture
+        assert attrs.pop(key) < want.pop(key)  # the tightest valid figure is below
+    # added since v1: the secret seed of the configuration draws (the seed itself in a
+    # reproducible study, as here) and the study's random id (its identity in the ledger)
+    assert attrs.pop("dpfair.config_seed") == v1_settings(tmp_path / "new.db")["seed"]
+    assert len(attrs.pop("dpfair.study_uid")) == 32
+    assert attrs == want  # fingerprint, K, event
 
 
 def test_fingerprint_marks_only_secret_randomness(tmp_path):
