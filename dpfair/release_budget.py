@@ -1,4 +1,4 @@
-"""Budget-first planning of a release: ``budget.calibrate_noise`` (DESIGN.md section 5).
+"""Budget-first planning of a release: ``budget.calibrate_noise``.
 
 Given the release's shape (each method's search, final runs on every seed; the noisy test
 metrics have their own budget and are not part of it), :func:`budget_first` finds the one
