@@ -314,10 +314,12 @@ class GhostClipping(PerSampleGradients):
             self._layers += model_layer_grads(per_layer)
             self._calls = per_layer if self.keeps_calls else {}
             squares = [layer.sq_norms() for layer in self._layers]
-            norms = functools.reduce(torch.add, squares) if squares else (
-                self._params[0].new_zeros(batch)
-            )
-            norms = norms.sqrt()
+            if len(squares) > 2:  # one stack and one sum, not a sum per layer
+                norms = torch.stack(squares).sum(0).sqrt()
+            elif squares:
+                norms = functools.reduce(torch.add, squares).sqrt()
+            else:
+                norms = self._params[0].new_zeros(batch)
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
         # The norms are >= 0 or NaN, so their sum is finite only if every one is (one reduction;
         # a sum overflowing on finite norms only takes the masking path, exact as well).

@@ -9,12 +9,15 @@ ghost norm ``|a|^2 |d|^2`` of a Linear applied once per sample (:class:`_DenseGr
 ``T x T`` Gram trick or the materialised per-sample gradient (:class:`_LayerGrads`), a
 convolution's per-sample weight by kernel taps (:class:`_ConvGrads`), an embedding's sparse
 row scatter (:class:`EmbeddingGrads`), or the small LayerNorm/GroupNorm parameters
-materialised (:class:`PerSampleLayer`). Materialised per-sample gradients only live while a
-layer's norms are formed (in chunks of samples, :data:`CHUNK_ELEMENTS`): the weighted sum is
-one contraction of the kept factors. :func:`balance_factors` keeps factors whose squares over- or
-underflow in range by exact powers of two (see the engine's module docstring, "Overflow");
-:func:`model_layer_grads` makes that check once for all dense layers of a model (a small MLP's
-step is dominated by such per-layer bookkeeping) and per layer only when it fails.
+materialised (:class:`PerSampleLayer`). Materialised per-sample gradients (and a convolution's
+im2col patches) only live while a layer's norms are formed, in chunks of samples sized to the
+device's memory budget (:func:`engine_budget`); the route per layer is the one of least
+estimated time (:func:`gram_route`: flops, memory traffic and kernel launches, not flops
+alone). The weighted sum is one contraction of the kept factors. :func:`balance_factors`
+keeps factors whose squares over- or underflow in range by exact powers of two (see the
+engine's module docstring, "Overflow"); :func:`model_layer_grads` makes that check once for
+the weight factors of all layers of a model (per-layer bookkeeping is what a small model's
+step launches most) and per layer only when it fails.
 Layers not listed here get their per-sample gradients one layer at a time by
 :mod:`dpfair.privacy.layer_fallback`; :func:`materialise_reason` says which and why.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +37,31 @@ GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Small layers the fast path materialises per sample, from the same input and output gradient.
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm)
 FAST_LAYERS = GHOST_LAYERS + PER_SAMPLE_LAYERS + (nn.Embedding,)
-#: At most this many elements of materialised per-sample gradients exist at once (per layer).
-CHUNK_ELEMENTS = 1 << 24
+#: Bytes of per-sample intermediates one layer may hold at once on a device whose free memory
+#: is not known (the CPU); on a GPU a quarter of its free memory (:func:`engine_budget`).
+CPU_ENGINE_MEMORY = 1 << 29
+
+
+def engine_budget(device: torch.device) -> int:
+    """Bytes one layer's per-sample intermediates (a chunk of per-sample gradients or Gram
+    matrices, with its im2col patches) may take: a quarter of a GPU's free memory (one query
+    per step), else :data:`CPU_ENGINE_MEMORY`."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 4
+    return CPU_ENGINE_MEMORY
+
+
+@dataclass(frozen=True)
+class _Device:
+    """Rough per-device rates for :func:`gram_route`: flop/s, elements moved per second and
+    seconds per kernel launch (a GPU step of small layers is launch-bound)."""
+
+    flops: float
+    elements: float
+    launch: float
+
+
+_RATES = {"cuda": _Device(2e13, 2.5e11, 5e-6), "cpu": _Device(3e10, 1e9, 2e-6)}
 
 
 def materialise_reason(module: nn.Module) -> str | None:
@@ -57,11 +84,32 @@ def materialise_reason(module: nn.Module) -> str | None:
         "materialised by vmap of the layer alone"
 
 
-def _chunks(batch: int, per_sample: int) -> list[slice]:
-    """Slices of the batch holding at most :data:`CHUNK_ELEMENTS` elements of per-sample
-    tensors of ``per_sample`` elements each (at least one sample)."""
-    step = max(1, CHUNK_ELEMENTS // max(per_sample, 1))
+def _chunks(batch: int, per_sample: int, budget: int) -> list[slice]:
+    """Slices of the batch whose per-sample intermediates (``per_sample`` bytes each) fit in
+    ``budget`` bytes (at least one sample per slice)."""
+    step = max(1, budget // max(per_sample, 1))
     return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
+
+
+def gram_route(
+    b: int, t: int, d_in: int, d_out: int, itemsize: int, device: torch.device, budget: int
+) -> bool:
+    """Whether the ``T x T`` Gram trick beats materialising per-sample gradients for the
+    squared norms of ``g_i = sum_t d_t a_t^T`` (``a``: ``T x d_in``, ``d``: ``T x d_out`` per
+    sample), by estimated time on ``device``: flops, elements moved and kernel launches, the
+    latter once per chunk (each route's chunks fill ``budget``). Materialising: one batched
+    matmul (``2 T d_in d_out`` flops) and the norm of its ``d_in d_out`` result; Gram: two
+    ``T x T`` products and their inner product."""
+    rate = _RATES.get(device.type, _RATES["cuda"])
+
+    def seconds(flops: int, moved: int, kernels: int, held: int) -> float:
+        chunks = math.ceil(b / max(1, budget // max(held * itemsize, 1)))
+        return b * (flops / rate.flops + moved / rate.elements) + chunks * kernels * rate.launch
+
+    inputs = t * (d_in + d_out)
+    full = seconds(2 * t * d_in * d_out, inputs + 2 * d_in * d_out, 3, d_in * d_out)
+    gram = seconds(2 * t * t * (d_in + d_out + 1), inputs + 6 * t * t, 5, 3 * t * t)
+    return gram < full
 
 
 def mask_rows(t: Tensor, keep: Tensor | None) -> Tensor:
@@ -115,42 +163,52 @@ class _DenseGrads:
             into[self.bias].addmv_(mask_rows(self.d, keep).T, w)
 
 
+def _factor_sq_norms(a: Tensor, d: Tensor, gram: bool) -> Tensor:
+    """Per-sample ``|sum_t d_t a_t^T|^2`` for ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``:
+    the Gram trick ``<a a^T, d d^T>`` or the norm of the materialised gradient (one batched
+    matmul each way)."""
+    if gram:  # B T^2 (d_in + d_out) flops
+        aa = torch.einsum("btgi,bsgi->bgts", a, a)
+        dd = torch.einsum("btgo,bsgo->bgts", d, d)
+        return torch.linalg.vecdot(aa.flatten(1), dd.flatten(1))
+    return row_sq_norms(torch.einsum("btgo,btgi->bgoi", d, a))  # B T d_in d_out flops
+
+
 class _LayerGrads:
     """A Linear layer on inputs with extra dimensions ``(B, T, d)``, or called several times:
     its per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``.
 
     ``a``: ``(B, T, 1, d_in)``, ``d``: ``(B, T, 1, d_out)`` (:func:`layer_factors`'s layout). The
-    weight's factors are kept (balanced, :func:`balance_factors`); its squared
-    norms come from the Gram trick or from per-sample gradients materialised a chunk of samples
-    at a time, whichever is cheaper, and the weighted sum is one contraction of the factors.
+    weight's factors are kept (balanced, :func:`balance_factors`); its squared norms come from
+    the Gram trick or from per-sample gradients materialised a chunk of samples at a time,
+    whichever :func:`gram_route` expects faster, and the weighted sum is one contraction of the
+    factors.
     """
 
-    def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
-        self.module, self.batch_size = module, a.shape[0]
+    def __init__(
+        self, module: nn.Linear, a: Tensor, d: Tensor, budget: int, normal: bool | None = None
+    ) -> None:
+        self.module, self.batch_size, self.budget = module, a.shape[0], budget
         has_bias = module.bias is not None and module.bias.requires_grad
         self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
         self.a: Tensor | None = None
         self.d: Tensor | None = None
-        self.gram = gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1])
+        _, t, _, d_in = a.shape
+        self.gram = gram_route(
+            len(a), t, d_in, d.shape[-1], a.element_size(), a.device, budget
+        )
         if module.weight.requires_grad:
-            self.a, self.d, _, _ = balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
+            self.a, self.d, _, _ = _balanced(a, d, normal)
 
     def sq_norms(self) -> Tensor:
-        sq = self.module.weight.new_zeros(self.batch_size)
-        if self.bias_grad is not None:
-            sq = sq + row_sq_norms(self.bias_grad)
-        if self.a is None or self.d is None:
-            return sq
-        if self.gram:  # B T^2 (d_in + d_out) flops
-            aa = torch.einsum("btgi,bsgi->bgts", self.a, self.a)
-            dd = torch.einsum("btgo,bsgo->bgts", self.d, self.d)
-            return sq + (aa * dd).sum((1, 2, 3))
-        _, _, g, d_in = self.a.shape  # materialise, a chunk at a time: B T d_in d_out flops
-        parts = [
-            row_sq_norms(torch.einsum("btgo,btgi->bgoi", self.d[c], self.a[c]))
-            for c in _chunks(self.batch_size, g * d_in * self.d.shape[-1])
-        ]
-        return sq + torch.cat(parts)
+        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
+        if self.a is not None and self.d is not None:
+            a, d = self.a, self.d
+            t, g, d_in, d_out = a.shape[1], a.shape[2], a.shape[3], d.shape[3]
+            held = 3 * t * t if self.gram else g * d_in * d_out
+            chunks = _chunks(self.batch_size, held * a.element_size(), self.budget)
+            parts.append(_cat([_factor_sq_norms(a[c], d[c], self.gram) for c in chunks]))
+        return _total(parts)
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -171,65 +229,87 @@ class _LayerGrads:
 
 class _ConvGrads:
     """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
-    come, a chunk of samples at a time, from the per-sample weight gradients (one batched
-    matmul per kernel tap, :func:`_conv_tap_grads`) or, where there are few positions, from
-    the Gram trick over im2col patches (:func:`layer_factors`), whichever is cheaper; neither the
-    per-sample gradients nor the patches outlive their chunk. The weighted sum is one
+    come a chunk of samples at a time from the im2col patches of the chunk (one strided copy
+    of its padded input, :func:`layer_factors`): materialised per-sample weight gradients (one
+    batched matmul for all kernel taps) or, where there are few positions, the Gram trick,
+    whichever :func:`gram_route` expects faster; neither the patches nor the per-sample
+    gradients outlive their chunk, whose size the memory budget sets. The weighted sum is one
     convolution weight-gradient of the ``w``-scaled output gradients
-    (``torch.nn.grad.conv2d_weight``)."""
+    (``torch.nn.grad.conv2d_weight``, padding inside it where the module pads with zeros)."""
 
-    def __init__(self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]]) -> None:
-        self.module, self.batch_size = module, calls[0][0].shape[0]
+    def __init__(
+        self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], budget: int,
+        normal: bool | None = None,
+    ) -> None:
+        self.module, self.batch_size, self.budget = module, calls[0][0].shape[0], budget
         self.calls: list[tuple[Tensor, Tensor]] = []
-        self.gram = not _conv_materialises(module, calls[0][1])
         self.bias_grad = None
         if module.bias is not None and module.bias.requires_grad:
-            self.bias_grad = sum(grad.sum((2, 3)) for _, grad in calls)
+            self.bias_grad = functools.reduce(torch.add, [grad.sum((2, 3)) for _, grad in calls])
         if module.weight.requires_grad:
-            for inp, grad in calls:
-                a, d, _, _ = balance_factors(inp, grad, row_sq_norms(inp), row_sq_norms(grad))
-                self.calls.append((a, d))
+            self.calls = [_balanced(inp, grad, normal)[:2] for inp, grad in calls]
+        c_out, c_in_g, kh, kw = module.weight.shape
+        self.t = sum(grad.shape[-1] * grad.shape[-2] for _, grad in calls)
+        self.k, self.o = c_in_g * kh * kw, c_out // module.groups
+        inp = calls[0][0]
+        self.gram = gram_route(
+            self.batch_size, self.t, self.k, self.o, inp.element_size(), inp.device, budget
+        )
 
     def _chunk_sq(self, c: slice) -> Tensor:
-        m = self.module
-        if self.gram:
-            factors = [layer_factors(m, a[c], d[c]) for a, d in self.calls]
-            a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-            aa = torch.einsum("btgi,bsgi->bgts", a, a)
-            dd = torch.einsum("btgo,bsgo->bgts", d, d)
-            return (aa * dd).sum((1, 2, 3))
-        taps = sum(_conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls)
-        return torch.linalg.vector_norm(taps, dim=(0, 2)).square()  # type: ignore[arg-type]
+        factors = [layer_factors(self.module, a[c], d[c]) for a, d in self.calls]
+        a, d = factors[0] if len(factors) == 1 else (
+            torch.cat(t, 1) for t in zip(*factors, strict=True)  # calls are positions
+        )
+        return _factor_sq_norms(a, d, self.gram)
 
     def sq_norms(self) -> Tensor:
         w = self.module.weight
-        sq = w.new_zeros(self.batch_size)
-        if self.bias_grad is not None:
-            sq = sq + row_sq_norms(self.bias_grad)  # type: ignore[arg-type]
-        if not self.calls:
-            return sq
-        a, d = self.calls[0]
-        positions = len(self.calls) * d.shape[-1] * d.shape[-2]
-        per_sample = (
-            positions * (a.shape[1] * w.shape[-1] * w.shape[-2] + positions)
-            if self.gram else 2 * w.numel()
-        )
-        return sq + torch.cat([self._chunk_sq(c) for c in _chunks(self.batch_size, per_sample)])
+        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
+        if self.calls:
+            a = self.calls[0][0]
+            held = self.t * self.k * self.module.groups + a[0].numel() + (
+                3 * self.t * self.t * self.module.groups if self.gram else w.numel()
+            )
+            chunks = _chunks(self.batch_size, held * a.element_size(), self.budget)
+            parts.append(_cat([self._chunk_sq(c) for c in chunks]))
+        return _total(parts)
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
         m, w = self.module, in_dtype(weights, self.module.weight.dtype)
+        inner_pad = m.padding_mode == "zeros" and not isinstance(m.padding, str)
         for a, d in self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
+            a = mask_rows(a, keep)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
-                padded_input(m, mask_rows(a, keep)), m.weight.shape, dw,
-                stride=m.stride, padding=0, dilation=m.dilation, groups=m.groups,
+                a if inner_pad else padded_input(m, a), m.weight.shape, dw, stride=m.stride,
+                padding=m.padding if inner_pad else 0, dilation=m.dilation, groups=m.groups,
             ))
         if self.bias_grad is not None:
             bias = into[m.bias]  # type: ignore[index]
             bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _total(parts: list[Tensor]) -> Tensor:
+    """The sum of a layer's per-sample squared norms (a trainable weight or bias gives one)."""
+    return functools.reduce(torch.add, parts)
+
+
+def _balanced(
+    a: Tensor, d: Tensor, normal: bool | None
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """:func:`balance_factors` of ``a`` and ``d``, skipped (no norms formed) when ``normal``
+    says a check over the whole model passed."""
+    if normal:
+        return a, d, None, None
+    return balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
 
 
 class EmbeddingGrads:
@@ -273,7 +353,7 @@ def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
 def row_sq_norms(t: Tensor) -> Tensor:
     """Per-sample squared norm over all but the batch axis."""
     flat = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
-    return torch.linalg.vecdot(flat, flat)
+    return torch.linalg.vector_norm(flat, dim=1).square()  # no B x n temporary, as vecdot has
 
 
 def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -371,44 +451,6 @@ def padded_input(module: nn.Conv2d, inp: Tensor) -> Tensor:
     return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
 
 
-def _conv_tap_grads(module: nn.Conv2d, padded: Tensor, grad_out: Tensor) -> Tensor:
-    """Per-sample weight gradients of a convolution in tap-major layout
-    ``(kh kw, B, G c_in c_out)``, one batched matmul per kernel tap:
-    ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col; only their norms are
-    used, so the layout is the matmuls'). ``padded``: the input padded as the module pads it.
-
-    With stride 1 each tap reads the padded input in place: the output gradient is laid out on
-    the padded width (zeros in the ``w_pad - w_out`` extra columns), so tap ``(u, v)`` is the
-    flat window starting at ``u dh w_pad + v dw``, with no copy of the input per tap."""
-    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
-    b, g = padded.shape[0], module.groups
-    c_in, c_out = padded.shape[1] // g, grad_out.shape[1] // g
-    h_out, w_out = grad_out.shape[-2:]
-    out = grad_out.new_empty(kh * kw, b * g, c_in, c_out)
-    d = grad_out.reshape(b * g, c_out, h_out, w_out)
-    if (sh, sw) == (1, 1):
-        w_pad = padded.shape[-1]
-        flat = padded.reshape(b * g, c_in, -1)
-        span = (h_out - 1) * w_pad + w_out
-        wide = d.new_zeros(b * g, c_out, h_out, w_pad)
-        wide[..., :w_out] = d
-        d = wide.reshape(b * g, c_out, -1)[:, :, :span].transpose(1, 2)
-        for u in range(kh):
-            for v in range(kw):
-                start = u * dh * w_pad + v * dw
-                torch.bmm(flat[:, :, start : start + span], d, out=out[u * kw + v])
-    else:
-        d = d.reshape(b * g, c_out, h_out * w_out).transpose(1, 2)
-        for u in range(kh):
-            for v in range(kw):
-                tap = padded[
-                    :, :, u * dh : u * dh + sh * (h_out - 1) + 1 : sh,
-                    v * dw : v * dw + sw * (w_out - 1) + 1 : sw,
-                ]
-                torch.bmm(tap.reshape(b * g, c_in, h_out * w_out), d, out=out[u * kw + v])
-    return out.view(kh * kw, b, -1)
-
-
 class PerSampleLayer:
     """A small layer's materialised per-sample gradients ``{param: (B, *shape)}``."""
 
@@ -416,7 +458,7 @@ class PerSampleLayer:
         self.grads = grads
 
     def sq_norms(self) -> Tensor:
-        return sum(row_sq_norms(g) for g in self.grads.values())  # type: ignore[return-value]
+        return functools.reduce(torch.add, [row_sq_norms(g) for g in self.grads.values()])
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -446,53 +488,70 @@ def norm_layer_grads(
     return grads
 
 
-def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
-    """Whether materialising beats the Gram trick for this convolution's weight."""
-    t = grad_out.shape[-2] * grad_out.shape[-1]
-    d_in = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-    return not gram_is_cheaper(t, d_in, module.out_channels // module.groups)
-
-
 def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
     """A Linear called once on ``(B, d_in)`` inputs (:class:`_DenseGrads`)."""
     return len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2
 
 
-def model_layer_grads(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]) -> list[LayerGrads]:
+def _balanced_weight(module: nn.Module) -> bool:
+    """Whether the layer keeps balanced weight factors (a trainable Linear or Conv2d weight)."""
+    return isinstance(module, GHOST_LAYERS) and module.weight.requires_grad
+
+
+def model_layer_grads(
+    per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]], budget: int | None = None
+) -> list[LayerGrads]:
     """:func:`layer_grads` of every layer, in order, with one overflow check
-    (:func:`all_normal`) for the factors of all dense layers together: when it passes, none of
-    them needs :func:`balance_factors`'s rescaling; otherwise each layer makes its own check."""
+    (:func:`all_normal`) for the weight factors of all Linear and Conv2d layers together: when
+    it passes, none of them needs :func:`balance_factors`'s rescaling; otherwise each layer
+    makes its own check. ``budget``: bytes of per-sample intermediates per layer (default
+    :func:`engine_budget` of the factors' device)."""
     dense: dict[nn.Module, tuple[Tensor | None, Tensor]] = {}
+    checked: list[Tensor] = []
     for module, calls in per_layer.items():
         if _is_dense(module, calls):
             a, d = calls[0]
             dense[module] = (row_sq_norms(a) if module.weight.requires_grad else None,
                              row_sq_norms(d))
-    checked = [sq for module, pair in dense.items() if module.weight.requires_grad for sq in pair]
-    normal = all_normal(checked) if checked else None  # type: ignore[arg-type]
+            checked += dense[module] if module.weight.requires_grad else []  # type: ignore[arg-type]
+        elif _balanced_weight(module):
+            checked += [row_sq_norms(t) for call in calls for t in call]
+    normal = all_normal(checked) if checked else None
+    if budget is None and per_layer:
+        budget = engine_budget(next(iter(per_layer.values()))[0][1].device)
     return [
         _DenseGrads(module, *calls[0], dense[module], normal or None)  # type: ignore[arg-type]
-        if module in dense else layer_grads(module, calls)
+        if module in dense else layer_grads(module, calls, budget, normal or None)
         for module, calls in per_layer.items()
     ]
 
 
-def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerGrads:
-    """One layer's per-sample gradients from its (input, output gradient) per call."""
+def layer_grads(
+    module: nn.Module, calls: list[tuple[Tensor, Tensor]], budget: int | None = None,
+    normal: bool | None = None,
+) -> LayerGrads:
+    """One layer's per-sample gradients from its (input, output gradient) per call.
+    ``budget``: as for :func:`model_layer_grads`; ``normal``: whether its factors' squared norms
+    are known to be normal numbers (``None``: check them here)."""
+    if budget is None:
+        budget = engine_budget(calls[0][1].device)
     if isinstance(module, nn.Embedding):
         return EmbeddingGrads(module, calls)
     if isinstance(module, nn.Conv2d):
-        return _ConvGrads(module, calls)
+        return _ConvGrads(module, calls, budget, normal)
     if isinstance(module, GHOST_LAYERS):
         if _is_dense(module, calls):
-            return _DenseGrads(module, *calls[0])
+            return _DenseGrads(module, *calls[0], normal=normal)
         factors = [layer_factors(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:
-            return _LayerGrads(module, *factors[0])
+            return _LayerGrads(module, *factors[0], budget, normal)
         a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-        return _LayerGrads(module, a, d)
+        return _LayerGrads(module, a, d, budget, normal)
     per_call = [norm_layer_grads(module, inp, grad) for inp, grad in calls]
-    return PerSampleLayer({p: sum(c[p] for c in per_call) for p in per_call[0]})
+    if len(per_call) == 1:
+        return PerSampleLayer(per_call[0])
+    return PerSampleLayer({p: functools.reduce(torch.add, [c[p] for c in per_call])
+                           for p in per_call[0]})
 
 
 #: What :func:`layer_grads` returns for one layer.
