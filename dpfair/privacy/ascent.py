@@ -234,7 +234,7 @@ class _NormShift(_Shift):
     ) -> None:
         super().__init__(scale, still)
         self.module = module
-        per_call = [norm_layer_grads(module, a, d) for a, d in calls]
+        per_call = [norm_layer_grads(module, a, d).grads for a, d in calls]
         self.grads = {  # s_i times the per-sample gradient, per affine parameter
             name: scale.view(-1, *([1] * p.dim())) * sum(c[p] for c in per_call)
             for name, p in (("weight", module.weight), ("bias", module.bias))

@@ -92,4 +92,4 @@ def vmap_layer_grads(
                 "did not reproduce its batched output (randomness such as dropout inside it, or "
                 "a batch axis that is not the first); use engine='materialized'"
             )
-    return PerSampleLayer({trained[n]: g for n, g in per_sample.items()})
+    return PerSampleLayer.of({trained[n]: g for n, g in per_sample.items()})

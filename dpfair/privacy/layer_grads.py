@@ -352,8 +352,17 @@ def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
 
 def row_sq_norms(t: Tensor) -> Tensor:
     """Per-sample squared norm over all but the batch axis."""
-    flat = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
-    return torch.linalg.vector_norm(flat, dim=1).square()  # no B x n temporary, as vecdot has
+    return _row_norms(t).square()
+
+
+def _row_norms(t: Tensor) -> Tensor:
+    """Per-sample norm over all but the batch axis (one reduction, no ``B x n`` temporary as
+    ``vecdot`` has)."""
+    return torch.linalg.vector_norm(t if t.dim() == 2 else t.reshape(t.shape[0], -1), dim=1)
+
+
+def _same_dtype(tensors: list[Tensor]) -> bool:
+    return all(t.dtype == tensors[0].dtype for t in tensors)
 
 
 def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -447,45 +456,93 @@ def layer_factors(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Ten
 
 def padded_input(module: nn.Conv2d, inp: Tensor) -> Tensor:
     """The input padded exactly as the module pads it ('same', non-zero padding modes)."""
+    if not any(module._reversed_padding_repeated_twice):
+        return inp
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
     return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
 
 
 class PerSampleLayer:
-    """A small layer's materialised per-sample gradients ``{param: (B, *shape)}``."""
+    """A small layer's materialised per-sample gradients: one ``(B, N)`` matrix whose columns
+    run over its trainable ``params`` in order, each flattened."""
 
-    def __init__(self, grads: dict[nn.Parameter, Tensor]) -> None:
-        self.grads = grads
+    def __init__(self, params: list[nn.Parameter], flat: Tensor) -> None:
+        self.params, self.flat = params, flat
+
+    @classmethod
+    def of(cls, grads: dict[nn.Parameter, Tensor]) -> PerSampleLayer:
+        """From per-parameter per-sample gradients ``{param: (B, *shape)}``."""
+        flat = [g.reshape(len(g), -1) for g in grads.values()]
+        return cls(list(grads), _cat1(flat))
+
+    @property
+    def grads(self) -> dict[nn.Parameter, Tensor]:
+        """``{param: (B, *shape)}``, views of the matrix."""
+        parts = self.flat.split([p.numel() for p in self.params], 1)
+        return {p: g.view(-1, *p.shape) for p, g in zip(self.params, parts, strict=True)}
 
     def sq_norms(self) -> Tensor:
-        return functools.reduce(torch.add, [row_sq_norms(g) for g in self.grads.values()])
+        return row_sq_norms(self.flat)
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
-        for p, g in self.grads.items():
-            per_sample = mask_rows(g, keep).reshape(len(g), -1)
-            into[p].view(-1).addmv_(per_sample.T, in_dtype(weights, g.dtype))
+        """Adds ``sum_i w_i g_i``: one matrix-vector product where the targets lie side by side
+        in one buffer (the step's noise), else one per parameter."""
+        per_sample, w = mask_rows(self.flat, keep), in_dtype(weights, self.flat.dtype)
+        joint = _joint_view([into[p] for p in self.params], self.flat.dtype)
+        if joint is not None:
+            joint.addmv_(per_sample.T, w)
+            return
+        parts = per_sample.split([p.numel() for p in self.params], 1)
+        for p, g in zip(self.params, parts, strict=True):
+            into[p].view(-1).addmv_(g.T, w)
+
+
+def _joint_view(targets: list[Tensor], dtype: torch.dtype) -> Tensor | None:
+    """One flat view over ``targets`` where they are contiguous tensors of ``dtype`` laid out
+    one after the other in one storage, else ``None``."""
+    first = targets[0]
+    offset = first.storage_offset()
+    for t in targets:
+        if not t.is_contiguous() or t.dtype != dtype or t.storage_offset() != offset or (
+            t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+        ):
+            return None
+        offset += t.numel()
+    return first.as_strided((offset - first.storage_offset(),), (1,))
+
+
+def _cat1(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
 def norm_layer_grads(
     module: nn.LayerNorm | nn.GroupNorm, inp: Tensor, grad_out: Tensor
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of a LayerNorm's or GroupNorm's affine parameters."""
+) -> PerSampleLayer:
+    """Per-sample gradients of a LayerNorm's or GroupNorm's affine parameters (weight, then
+    bias): ``sum x_hat d`` and ``sum d`` over the positions, ``x_hat`` the input normalised
+    without the affine part, formed together in one reduction."""
     b = inp.shape[0]
     if isinstance(module, nn.LayerNorm):
         normalised = F.layer_norm(inp, module.normalized_shape, eps=module.eps)
-        shape = (b, -1, *module.normalized_shape)
+        axis = inp.dim() - len(module.normalized_shape)  # the affine part's first axis
     else:
         normalised = F.group_norm(inp, module.num_groups, eps=module.eps)
-        shape = (b, module.num_channels, -1)
-    dims = 1 if isinstance(module, nn.LayerNorm) else 2
-    grads = {}
+        axis = 1
+    params, parts = [], []
     if module.weight is not None and module.weight.requires_grad:
-        grads[module.weight] = (normalised * grad_out).reshape(shape).sum(dims)
+        params.append(module.weight)
+        parts.append(normalised * grad_out)
     if module.bias is not None and module.bias.requires_grad:
-        grads[module.bias] = grad_out.reshape(shape).sum(dims)
-    return grads
+        params.append(module.bias)
+        parts.append(grad_out)
+    joint = parts[0] if len(parts) == 1 else torch.cat(parts, axis)
+    if isinstance(module, nn.LayerNorm):  # sum over the positions before the affine axes
+        flat = joint.reshape(b, math.prod(joint.shape[1:axis]), -1).sum(1)
+    else:  # sum over the positions after the channels
+        flat = joint.reshape(b, joint.shape[1], -1).sum(2)
+    return PerSampleLayer(params, flat)
 
 
 def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
@@ -508,6 +565,7 @@ def model_layer_grads(
     :func:`engine_budget` of the factors' device)."""
     dense: dict[nn.Module, tuple[Tensor | None, Tensor]] = {}
     checked: list[Tensor] = []
+    norms: list[Tensor] = []  # of the other layers' factors: one square for all of them
     for module, calls in per_layer.items():
         if _is_dense(module, calls):
             a, d = calls[0]
@@ -515,7 +573,9 @@ def model_layer_grads(
                              row_sq_norms(d))
             checked += dense[module] if module.weight.requires_grad else []  # type: ignore[arg-type]
         elif _balanced_weight(module):
-            checked += [row_sq_norms(t) for call in calls for t in call]
+            norms += [_row_norms(t) for call in calls for t in call]
+    if norms:
+        checked += [_cat(norms).square()] if _same_dtype(norms) else [n.square() for n in norms]
     normal = all_normal(checked) if checked else None
     if budget is None and per_layer:
         budget = engine_budget(next(iter(per_layer.values()))[0][1].device)
@@ -548,10 +608,8 @@ def layer_grads(
         a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
         return _LayerGrads(module, a, d, budget, normal)
     per_call = [norm_layer_grads(module, inp, grad) for inp, grad in calls]
-    if len(per_call) == 1:
-        return PerSampleLayer(per_call[0])
-    return PerSampleLayer({p: functools.reduce(torch.add, [c[p] for c in per_call])
-                           for p in per_call[0]})
+    flat = functools.reduce(torch.add, [c.flat for c in per_call])
+    return PerSampleLayer(per_call[0].params, flat)
 
 
 #: What :func:`layer_grads` returns for one layer.
