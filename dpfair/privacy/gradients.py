@@ -43,19 +43,27 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from dpfair.privacy.layer_fallback import output_tensors, vmap_layer_grads
+from dpfair.privacy.layer_fallback import (
+    LayerPlan,
+    batch_free_calls,
+    output_tensors,
+    plan_layers,
+    vmap_layer_grads,
+)
 from dpfair.privacy.layer_grads import (
     LayerGrads,
+    all_normal,
+    engine_budget,
+    in_dtype,
     mask_rows,
-    materialise_reason,
     model_layer_grads,
+    tap_sq_norms,
 )
 
 log = logging.getLogger(__name__)
@@ -121,72 +129,6 @@ class PerSampleGradients(ABC):
 # --------------------------------------------------------------------------- fast path
 
 
-@dataclass(frozen=True)
-class LayerPlan:
-    """Which modules the fast path serves by a rule (``fast``) and which by ``vmap`` of the
-    layer alone (``slow``: module, its name and why), for one model."""
-
-    fast: list[nn.Module]
-    slow: list[tuple[str, nn.Module, str]]
-
-    @functools.cached_property
-    def fast_ids(self) -> frozenset[int]:
-        """``id`` of every fast layer."""
-        return frozenset(id(m) for m in self.fast)
-
-
-def plan_layers(model: nn.Module) -> LayerPlan:
-    """Splits the modules owning trainable parameters into fast layers and fallback units (a
-    module the fast path has no rule for, with its whole subtree; see
-    :func:`dpfair.privacy.layer_grads.materialise_reason`)."""
-    fast: list[nn.Module] = []
-    slow: list[tuple[str, nn.Module, str]] = []
-
-    def visit(name: str, module: nn.Module) -> None:
-        if any(p.requires_grad for p in module.parameters(recurse=False)):
-            reason = materialise_reason(module)
-            if reason is not None:
-                slow.append((name or "model", module, reason))
-                return
-            fast.append(module)
-        for child, sub in module.named_children():
-            visit(f"{name}.{child}" if name else child, sub)
-
-    visit("", model)
-    return LayerPlan(fast, slow)
-
-
-def batch_free_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> list[str]:
-    """Names of the planned layers some call of which does not carry the batch axis first
-    (a position embedding of ``arange(T)`` broadcast over the batch): their output gradient is
-    a sum over samples, so hooks cannot give per-sample gradients. Found from the output sizes
-    of two probe forwards, on batches of 1 and 2 copies of the first sample (a batch axis
-    doubles), without gradients and leaving the random number generators as they were."""
-    names = {id(m): n or "model" for n, m in model.named_modules()}
-    sizes: dict[int, list[int]] = {}
-
-    def record(module: nn.Module, args: tuple, output: Any) -> None:
-        first = output_tensors(output)[0]
-        sizes.setdefault(id(module), []).append(first.shape[0] if first.dim() else 0)
-
-    modules = plan.fast + [m for _, m, _ in plan.slow]
-    handles = [m.register_forward_hook(record) for m in modules]
-    devices = [x.device] if x.device.type == "cuda" else []
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            model(x[:1])
-            model(torch.cat([x[:1], x[:1]]))
-    finally:
-        for h in handles:
-            h.remove()
-    found = []
-    for key, seen in sizes.items():
-        half = len(seen) // 2
-        if seen[:half] != [1] * half or seen[half:] != [2] * half:
-            found.append(names[key])
-    return found
-
-
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, Tensor) else value
 
@@ -213,8 +155,10 @@ class GhostClipping(PerSampleGradients):
     #: in ``_calls``, for a subclass's second pass (:class:`dpfair.privacy.ascent.AscentGhost`).
     keeps_calls = False
 
-    def __init__(self, clone_outputs: bool = False) -> None:
-        self.clone_outputs = clone_outputs
+    def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
+        self.clone_outputs, self.low_memory = clone_outputs, low_memory
+        self._held = 0  # bytes of the last step's layer output gradients
+        self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
         self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers: list[LayerGrads] = []
         self._params: list[nn.Parameter] = []
@@ -261,8 +205,12 @@ class GhostClipping(PerSampleGradients):
             norms = whole.compute(model, loss_fn, x, y, groups)
             self.losses = whole.losses
             return norms
+        self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
+        sink = _NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
+            plan, x) else None
+        rng = _rng_state(x.device) if sink is not None else None
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             outs = output_tensors(output)
@@ -270,6 +218,8 @@ class GhostClipping(PerSampleGradients):
                 module, tuple(_detached(a) for a in args),
                 {k: _detached(v) for k, v in kwargs.items()}, outs, [o._version for o in outs],
             ))
+            if sink is not None:  # only fast layers, one tensor out: norms in the backward
+                return _Tap.apply(output, sink.anchor, sink, len(calls) - 1)
             if not self.clone_outputs:
                 return output
             if isinstance(output, Tensor):
@@ -286,6 +236,19 @@ class GhostClipping(PerSampleGradients):
         losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
+        self._held = sum(o.numel() * o.element_size() for o in targets)
+        if sink is not None and len({id(c[0]) for c in calls}) == len(calls):
+            norms = sink.norms(losses, x.shape[0])
+            if norms is not None:
+                self._graph, self._all_finite = losses, True
+                return norms
+            with torch.random.fork_rng(devices=_cuda(x.device)):  # as the first forward drew
+                _set_rng_state(rng, x.device)  # type: ignore[arg-type]
+                self.low_memory, low = False, self.low_memory
+                try:
+                    return self.compute(model, loss_fn, x, y, groups)
+                finally:
+                    self.low_memory = low
         found = iter(torch.autograd.grad(losses.sum(), targets, allow_unused=True))
         fast, batch = plan.fast_ids, x.shape[0]
         per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
@@ -326,6 +289,19 @@ class GhostClipping(PerSampleGradients):
         self._all_finite = math.isfinite(norms.sum())
         return norms
 
+    def _low_memory(self, plan: LayerPlan, x: Tensor) -> bool:
+        """Whether this step forms its norms inside the backward pass and its weighted sum by a
+        second one (:class:`_NormSink`): where ``low_memory`` says so, or (``None``) where the
+        last step's layer output gradients took more than :func:`engine_budget`; never for a
+        model with fallback layers, in-place activations or a subclass's second pass, nor
+        under autocast (the second backward would run in bfloat16, not at the norms'
+        precision)."""
+        if self.low_memory is False or self.keeps_calls or self.clone_outputs or plan.slow:
+            return False
+        if torch.is_autocast_enabled(x.device.type):
+            return False
+        return bool(self.low_memory) or self._held > engine_budget(x.device)
+
     def _whole_model(self) -> Materialized | None:
         """The materialised engine serving the whole model, where some layer runs without the
         batch axis (found once per model by :func:`batch_free_calls`)."""
@@ -341,10 +317,98 @@ class GhostClipping(PerSampleGradients):
         if whole is not None:
             whole.add_weighted_grad(weights, into)
             return
+        if self._graph is not None:  # one more backward, through the retained graph
+            grads = torch.autograd.grad(
+                self._graph, self._params, in_dtype(weights, self._graph.dtype),
+                retain_graph=True, allow_unused=True,
+            )
+            pairs = [(o, g) for o, g in zip(into, grads, strict=True) if g is not None]
+            if pairs:
+                torch._foreach_add_([o for o, _ in pairs], [g for _, g in pairs])
+            return
         keep = None if self._all_finite else weights != 0
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
             layer.add_weighted(weights, keep, targets)
+
+
+class _Tap(torch.autograd.Function):
+    """The identity on a layer's output, whose backward hands the output gradient to a
+    :class:`_NormSink` (while it is active). ``anchor`` ties every tap to one leaf, so that one
+    backward to it reaches every tap and computes no parameter gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, anchor: Tensor, sink: _NormSink, index: int) -> Tensor:
+        ctx.sink, ctx.index = sink, index
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        ctx.sink.take(ctx.index, grad)
+        return grad, None, None, None
+
+
+class _NormSink:
+    """The low-memory path's first backward: each fast layer's squared norms are formed as its
+    output gradient arrives (:func:`dpfair.privacy.layer_grads.tap_sq_norms`) and the gradient
+    is dropped, so at most one layer's output gradient is held, as in Opacus's ghost clipping.
+    The weighted sum is then ``grad(sum_i w_i l_i)``, a second backward through the retained
+    graph: the same per-sample gradients (samples do not interact), in the parameters' dtype.
+    The factors are not rescaled here: :meth:`norms` returns ``None`` where a factor's squared
+    norm is not a normal number or a norm is not finite, and the engine then takes the factor
+    path (which rescales and masks) on a replay of the same forward."""
+
+    def __init__(self, calls: list, dtype: torch.dtype, device: torch.device) -> None:
+        self.calls, self.dtype, self.budget = calls, dtype, engine_budget(device)
+        self.anchor = torch.zeros((), device=device, requires_grad=True)
+        self.active = False
+        self.squares: list[Tensor] = []
+        self.checked: list[Tensor] = []
+
+    def take(self, index: int, grad: Tensor) -> None:
+        if self.active:
+            module, args = self.calls[index][:2]
+            sq, checked = tap_sq_norms(
+                module, _cast(args[0], self.dtype), _cast(grad, self.dtype), self.budget
+            )
+            self.squares.append(sq)
+            self.checked += checked
+
+    def norms(self, losses: Tensor, batch: int) -> Tensor | None:
+        """The per-sample norms from one backward to the taps (the graph retained), or
+        ``None`` where the factor path must form them (class docstring)."""
+        for module, _, _, outs, versions in self.calls:
+            if outs[0].dim() == 0 or outs[0].shape[0] != batch:
+                raise RuntimeError(f"{module} ran on an input without the batch axis")
+            if outs[0]._version != versions[0]:
+                return None  # the factor path raises the error
+        self.active = True
+        try:
+            torch.autograd.grad(losses.sum(), self.anchor, retain_graph=True, allow_unused=True)
+        finally:
+            self.active = False
+        if not self.squares:
+            return losses.new_zeros(batch, dtype=self.dtype)
+        norms = torch.stack(self.squares).sum(0).sqrt()
+        if not math.isfinite(norms.sum()) or (self.checked and not all_normal(self.checked)):
+            return None
+        return norms
+
+
+def _cuda(device: torch.device) -> list[torch.device]:
+    return [device] if device.type == "cuda" else []
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """The global generators' state a forward pass draws from (dropout)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 def _autocast_off(device_type: str) -> AbstractContextManager:

@@ -40,7 +40,14 @@ import torch
 from torch import Tensor, nn
 
 from dpfair.errors import ConfigError
-from dpfair.privacy.gradients import EngineKind, LossFn, trainable_parameters
+from dpfair.privacy.gradients import (
+    EngineKind,
+    LossFn,
+    _cuda,
+    _rng_state,
+    _set_rng_state,
+    trainable_parameters,
+)
 from dpfair.privacy.layer_grads import in_dtype
 from dpfair.privacy.methods.base import Method, State
 
@@ -198,22 +205,6 @@ class PrivateStep:
             loss.backward()
             total += float(loss.detach())
         return StepInfo(0.0, self.method.state(), total)
-
-
-def _cuda(device: torch.device) -> list[torch.device]:
-    return [device] if device.type == "cuda" else []
-
-
-def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
-    """The global generators' state a forward pass draws from (dropout)."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
 
 
 def _shrink(first: Tensor, again: Tensor) -> Tensor:
