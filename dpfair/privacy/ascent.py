@@ -42,12 +42,16 @@ from dpfair.privacy.gradients import (
 from dpfair.privacy.layer_grads import (
     EmbeddingGrads,
     balance_factors,
-    gram_is_cheaper,
     layer_factors,
     norm_layer_grads,
     padded_input,
     row_sq_norms,
 )
+
+
+def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
+    """Gram trick (``B T^2 (d_in + d_out)`` flops) vs materialising (``B T d_in d_out``)."""
+    return t * (d_in + d_out) < d_in * d_out
 
 
 def ascent_scale(lam: float, norm: Tensor) -> Tensor:

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from dpfair.privacy.factors import cast_float, engine_budget, in_dtype, mask_rows
 from dpfair.privacy.layer_fallback import (
     LayerPlan,
     batch_free_calls,
@@ -56,14 +57,13 @@ from dpfair.privacy.layer_fallback import (
     plan_layers,
     vmap_layer_grads,
 )
-from dpfair.privacy.layer_grads import (
-    LayerGrads,
-    all_normal,
-    engine_budget,
-    in_dtype,
-    mask_rows,
-    model_layer_grads,
-    tap_sq_norms,
+from dpfair.privacy.layer_grads import LayerGrads, model_layer_grads
+from dpfair.privacy.low_memory import (
+    NormSink,
+    Tap,
+    cuda_devices,
+    rng_state,
+    set_rng_state,
 )
 
 log = logging.getLogger(__name__)
@@ -208,9 +208,9 @@ class GhostClipping(PerSampleGradients):
         self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
-        sink = _NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
+        sink = NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
             plan, x) else None
-        rng = _rng_state(x.device) if sink is not None else None
+        rng = rng_state(x.device) if sink is not None else None
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             outs = output_tensors(output)
@@ -219,7 +219,7 @@ class GhostClipping(PerSampleGradients):
                 {k: _detached(v) for k, v in kwargs.items()}, outs, [o._version for o in outs],
             ))
             if sink is not None:  # only fast layers, one tensor out: norms in the backward
-                return _Tap.apply(output, sink.anchor, sink, len(calls) - 1)
+                return Tap.apply(output, sink.anchor, sink, len(calls) - 1)
             if not self.clone_outputs:
                 return output
             if isinstance(output, Tensor):
@@ -242,8 +242,8 @@ class GhostClipping(PerSampleGradients):
             if norms is not None:
                 self._graph, self._all_finite = losses, True
                 return norms
-            with torch.random.fork_rng(devices=_cuda(x.device)):  # as the first forward drew
-                _set_rng_state(rng, x.device)  # type: ignore[arg-type]
+            with torch.random.fork_rng(devices=cuda_devices(x.device)):  # as the first forward drew
+                set_rng_state(rng, x.device)  # type: ignore[arg-type]
                 self.low_memory, low = False, self.low_memory
                 try:
                     return self.compute(model, loss_fn, x, y, groups)
@@ -261,17 +261,17 @@ class GhostClipping(PerSampleGradients):
                         f"the output of {module} was modified in place after the layer ran; "
                         "use GhostClipping(clone_outputs=True) or an out-of-place activation"
                     )
-                grads = [_cast(next(found), dtype) if o.requires_grad else None for o in outs]
+                grads = [cast_float(next(found), dtype) if o.requires_grad else None for o in outs]
                 if outs[0].dim() == 0 or outs[0].shape[0] != batch:
                     raise RuntimeError(f"{module} ran on an input without the batch axis")
                 if id(module) in fast:
                     grad = torch.zeros_like(outs[0], dtype=dtype) if grads[0] is None else grads[0]
-                    per_layer.setdefault(module, []).append((_cast(args[0], dtype), grad))
+                    per_layer.setdefault(module, []).append((cast_float(args[0], dtype), grad))
                 else:
                     self._layers.append(vmap_layer_grads(
-                        module, tuple(_cast(a, dtype) for a in args),
-                        {k: _cast(v, dtype) for k, v in kwargs.items()},
-                        [_cast(o.detach(), dtype) for o in outs], grads,
+                        module, tuple(cast_float(a, dtype) for a in args),
+                        {k: cast_float(v, dtype) for k, v in kwargs.items()},
+                        [cast_float(o.detach(), dtype) for o in outs], grads,
                         tolerance=1e-4 if outs[0].dtype == dtype else 5e-2,
                     ))
             self._layers += model_layer_grads(per_layer)
@@ -291,11 +291,11 @@ class GhostClipping(PerSampleGradients):
 
     def _low_memory(self, plan: LayerPlan, x: Tensor) -> bool:
         """Whether this step forms its norms inside the backward pass and its weighted sum by a
-        second one (:class:`_NormSink`): where ``low_memory`` says so, or (``None``) where the
-        last step's layer output gradients took more than :func:`engine_budget`; never for a
-        model with fallback layers, in-place activations or a subclass's second pass, nor
-        under autocast (the second backward would run in bfloat16, not at the norms'
-        precision)."""
+        second one (:mod:`dpfair.privacy.low_memory`): where ``low_memory`` says so, or
+        (``None``) where the last step's layer output gradients took more than
+        :func:`engine_budget`; never for a model with fallback layers, in-place activations or a
+        subclass's second pass, nor under autocast (the second backward would run in bfloat16,
+        not at the norms' precision)."""
         if self.low_memory is False or self.keeps_calls or self.clone_outputs or plan.slow:
             return False
         if torch.is_autocast_enabled(x.device.type):
@@ -332,100 +332,12 @@ class GhostClipping(PerSampleGradients):
             layer.add_weighted(weights, keep, targets)
 
 
-class _Tap(torch.autograd.Function):
-    """The identity on a layer's output, whose backward hands the output gradient to a
-    :class:`_NormSink` (while it is active). ``anchor`` ties every tap to one leaf, so that one
-    backward to it reaches every tap and computes no parameter gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, out: Tensor, anchor: Tensor, sink: _NormSink, index: int) -> Tensor:
-        ctx.sink, ctx.index = sink, index
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        ctx.sink.take(ctx.index, grad)
-        return grad, None, None, None
-
-
-class _NormSink:
-    """The low-memory path's first backward: each fast layer's squared norms are formed as its
-    output gradient arrives (:func:`dpfair.privacy.layer_grads.tap_sq_norms`) and the gradient
-    is dropped, so at most one layer's output gradient is held, as in Opacus's ghost clipping.
-    The weighted sum is then ``grad(sum_i w_i l_i)``, a second backward through the retained
-    graph: the same per-sample gradients (samples do not interact), in the parameters' dtype.
-    The factors are not rescaled here: :meth:`norms` returns ``None`` where a factor's squared
-    norm is not a normal number or a norm is not finite, and the engine then takes the factor
-    path (which rescales and masks) on a replay of the same forward."""
-
-    def __init__(self, calls: list, dtype: torch.dtype, device: torch.device) -> None:
-        self.calls, self.dtype, self.budget = calls, dtype, engine_budget(device)
-        self.anchor = torch.zeros((), device=device, requires_grad=True)
-        self.active = False
-        self.squares: list[Tensor] = []
-        self.checked: list[Tensor] = []
-
-    def take(self, index: int, grad: Tensor) -> None:
-        if self.active:
-            module, args = self.calls[index][:2]
-            sq, checked = tap_sq_norms(
-                module, _cast(args[0], self.dtype), _cast(grad, self.dtype), self.budget
-            )
-            self.squares.append(sq)
-            self.checked += checked
-
-    def norms(self, losses: Tensor, batch: int) -> Tensor | None:
-        """The per-sample norms from one backward to the taps (the graph retained), or
-        ``None`` where the factor path must form them (class docstring)."""
-        for module, _, _, outs, versions in self.calls:
-            if outs[0].dim() == 0 or outs[0].shape[0] != batch:
-                raise RuntimeError(f"{module} ran on an input without the batch axis")
-            if outs[0]._version != versions[0]:
-                return None  # the factor path raises the error
-        self.active = True
-        try:
-            torch.autograd.grad(losses.sum(), self.anchor, retain_graph=True, allow_unused=True)
-        finally:
-            self.active = False
-        if not self.squares:
-            return losses.new_zeros(batch, dtype=self.dtype)
-        norms = torch.stack(self.squares).sum(0).sqrt()
-        if not math.isfinite(norms.sum()) or (self.checked and not all_normal(self.checked)):
-            return None
-        return norms
-
-
-def _cuda(device: torch.device) -> list[torch.device]:
-    return [device] if device.type == "cuda" else []
-
-
-def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
-    """The global generators' state a forward pass draws from (dropout)."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
-
-
 def _autocast_off(device_type: str) -> AbstractContextManager:
     """Leaves autocast for the norms and sums, where it is on (entering it costs a step of a
     small model more than the check)."""
     if torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
     return nullcontext()
-
-
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    """A floating tensor in ``dtype`` (autocast's bf16 activations and output gradients are
-    widened, so norms and the weighted sum are formed from the same tensors in full precision);
-    anything else unchanged."""
-    if isinstance(value, Tensor) and value.is_floating_point() and value.dtype != dtype:
-        return value.to(dtype)
-    return value
 
 
 def _clone(value: Any) -> Any:

@@ -26,44 +26,30 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from dpfair.privacy.factors import (
+    all_normal,
+    balance_factors,
+    balanced,
+    chunks,
+    engine_budget,
+    gram_route,
+    in_dtype,
+    mask_rows,
+    row_norms,
+    row_sq_norms,
+    same_dtype,
+)
 
 #: Layers whose per-sample gradient norms the fast path computes without materialising them.
 GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Small layers the fast path materialises per sample, from the same input and output gradient.
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm)
 FAST_LAYERS = GHOST_LAYERS + PER_SAMPLE_LAYERS + (nn.Embedding,)
-#: Bytes of per-sample intermediates one layer may hold at once on a device whose free memory
-#: is not known (the CPU); on a GPU a quarter of its free memory (:func:`engine_budget`).
-CPU_ENGINE_MEMORY = 1 << 29
-
-
-def engine_budget(device: torch.device) -> int:
-    """Bytes one layer's per-sample intermediates (a chunk of per-sample gradients or Gram
-    matrices, with its im2col patches) may take: a quarter of a GPU's free memory (one query
-    per step), else :data:`CPU_ENGINE_MEMORY`."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] // 4
-    return CPU_ENGINE_MEMORY
-
-
-@dataclass(frozen=True)
-class _Device:
-    """Rough per-device rates for :func:`gram_route`: flop/s, elements moved per second and
-    seconds per kernel launch (a GPU step of small layers is launch-bound)."""
-
-    flops: float
-    elements: float
-    launch: float
-
-
-_RATES = {"cuda": _Device(2e13, 2.5e11, 5e-6), "cpu": _Device(3e10, 1e9, 2e-6)}
-
-
 def materialise_reason(module: nn.Module) -> str | None:
     """``None`` when the fast path handles this leaf module's own parameters (or it has none),
     else why its per-sample gradients are materialised, layer by layer."""
@@ -82,39 +68,6 @@ def materialise_reason(module: nn.Module) -> str | None:
         return None
     return f"{name}: no ghost-norm rule for this layer type; its per-sample gradients are " \
         "materialised by vmap of the layer alone"
-
-
-def _chunks(batch: int, per_sample: int, budget: int) -> list[slice]:
-    """Slices of the batch whose per-sample intermediates (``per_sample`` bytes each) fit in
-    ``budget`` bytes (at least one sample per slice)."""
-    step = max(1, budget // max(per_sample, 1))
-    return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
-
-
-def gram_route(
-    b: int, t: int, d_in: int, d_out: int, itemsize: int, device: torch.device, budget: int
-) -> bool:
-    """Whether the ``T x T`` Gram trick beats materialising per-sample gradients for the
-    squared norms of ``g_i = sum_t d_t a_t^T`` (``a``: ``T x d_in``, ``d``: ``T x d_out`` per
-    sample), by estimated time on ``device``: flops, elements moved and kernel launches, the
-    latter once per chunk (each route's chunks fill ``budget``). Materialising: one batched
-    matmul (``2 T d_in d_out`` flops) and the norm of its ``d_in d_out`` result; Gram: two
-    ``T x T`` products and their inner product."""
-    rate = _RATES.get(device.type, _RATES["cuda"])
-
-    def seconds(flops: int, moved: int, kernels: int, held: int) -> float:
-        chunks = math.ceil(b / max(1, budget // max(held * itemsize, 1)))
-        return b * (flops / rate.flops + moved / rate.elements) + chunks * kernels * rate.launch
-
-    inputs = t * (d_in + d_out)
-    full = seconds(2 * t * d_in * d_out, inputs + 2 * d_in * d_out, 3, d_in * d_out)
-    gram = seconds(2 * t * t * (d_in + d_out + 1), inputs + 6 * t * t, 5, 3 * t * t)
-    return gram < full
-
-
-def mask_rows(t: Tensor, keep: Tensor | None) -> Tensor:
-    """Zero the rows outside ``keep``, so that a non-finite sample cannot turn a sum into NaN."""
-    return t if keep is None else torch.where(keep.view(-1, *([1] * (t.dim() - 1))), t, 0)
 
 
 class _DenseGrads:
@@ -198,7 +151,7 @@ class _LayerGrads:
             len(a), t, d_in, d.shape[-1], a.element_size(), a.device, budget
         )
         if module.weight.requires_grad:
-            self.a, self.d, _, _ = _balanced(a, d, normal)
+            self.a, self.d, _, _ = balanced(a, d, normal)
 
     def sq_norms(self) -> Tensor:
         parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
@@ -206,8 +159,8 @@ class _LayerGrads:
             a, d = self.a, self.d
             t, g, d_in, d_out = a.shape[1], a.shape[2], a.shape[3], d.shape[3]
             held = 3 * t * t if self.gram else g * d_in * d_out
-            chunks = _chunks(self.batch_size, held * a.element_size(), self.budget)
-            parts.append(_cat([_factor_sq_norms(a[c], d[c], self.gram) for c in chunks]))
+            slices = chunks(self.batch_size, held * a.element_size(), self.budget)
+            parts.append(_cat([_factor_sq_norms(a[c], d[c], self.gram) for c in slices]))
         return _total(parts)
 
     def add_weighted(
@@ -247,7 +200,7 @@ class _ConvGrads:
         if module.bias is not None and module.bias.requires_grad:
             self.bias_grad = functools.reduce(torch.add, [grad.sum((2, 3)) for _, grad in calls])
         if module.weight.requires_grad:
-            self.calls = [_balanced(inp, grad, normal)[:2] for inp, grad in calls]
+            self.calls = [balanced(inp, grad, normal)[:2] for inp, grad in calls]
         c_out, c_in_g, kh, kw = module.weight.shape
         self.t = sum(grad.shape[-1] * grad.shape[-2] for _, grad in calls)
         self.k, self.o = c_in_g * kh * kw, c_out // module.groups
@@ -271,8 +224,8 @@ class _ConvGrads:
             held = self.t * self.k * self.module.groups + a[0].numel() + (
                 3 * self.t * self.t * self.module.groups if self.gram else w.numel()
             )
-            chunks = _chunks(self.batch_size, held * a.element_size(), self.budget)
-            parts.append(_cat([self._chunk_sq(c) for c in chunks]))
+            slices = chunks(self.batch_size, held * a.element_size(), self.budget)
+            parts.append(_cat([self._chunk_sq(c) for c in slices]))
         return _total(parts)
 
     def add_weighted(
@@ -300,16 +253,6 @@ def _cat(parts: list[Tensor]) -> Tensor:
 def _total(parts: list[Tensor]) -> Tensor:
     """The sum of a layer's per-sample squared norms (a trainable weight or bias gives one)."""
     return functools.reduce(torch.add, parts)
-
-
-def _balanced(
-    a: Tensor, d: Tensor, normal: bool | None
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """:func:`balance_factors` of ``a`` and ``d``, skipped (no norms formed) when ``normal``
-    says a check over the whole model passed."""
-    if normal:
-        return a, d, None, None
-    return balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
 
 
 class EmbeddingGrads:
@@ -343,92 +286,6 @@ class EmbeddingGrads:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
         dw = mask_rows(self.d, keep) * in_dtype(weights, self.d.dtype).view(-1, 1, 1)
         into[self.module.weight].index_add_(0, self.ids.flatten(), dw.reshape(-1, dw.shape[-1]))
-
-
-def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
-    """Gram trick (``B T^2 (d_in + d_out)`` flops) vs materialising (``B T d_in d_out``)."""
-    return t * (d_in + d_out) < d_in * d_out
-
-
-def row_sq_norms(t: Tensor) -> Tensor:
-    """Per-sample squared norm over all but the batch axis."""
-    return _row_norms(t).square()
-
-
-def _row_norms(t: Tensor) -> Tensor:
-    """Per-sample norm over all but the batch axis (one reduction, no ``B x n`` temporary as
-    ``vecdot`` has)."""
-    return torch.linalg.vector_norm(t if t.dim() == 2 else t.reshape(t.shape[0], -1), dim=1)
-
-
-def _same_dtype(tensors: list[Tensor]) -> bool:
-    return all(t.dtype == tensors[0].dtype for t in tensors)
-
-
-def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``t`` in ``dtype`` (no call at all where it is already)."""
-    return t if t.dtype == dtype else t.to(dtype)
-
-
-@functools.cache
-def _powers_of_two(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, int]:
-    """``2^j`` for ``j = -lim .. lim``, exact in ``dtype`` (``2^lim``: its largest power of 2)."""
-    lim = math.frexp(torch.finfo(dtype).max)[1] - 1
-    powers = [math.ldexp(1.0, j) for j in range(-lim, lim + 1)]
-    return torch.tensor(powers, dtype=dtype, device=device), lim
-
-
-def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
-    """Per sample, the binary exponent ``e`` of the largest entry (``max |t_i|`` lies in
-    ``[2^(e-1), 2^e)``) and whether the sample is all zero."""
-    mantissa, exponent = torch.frexp(t.flatten(1).abs().amax(1))  # vector_norm(inf): slow on CPU
-    return exponent, mantissa == 0
-
-
-def all_normal(squares: list[Tensor]) -> bool:
-    """Whether every entry of ``squares`` is a normal number of its dtype: neither zero,
-    subnormal, infinite nor NaN. One reduction (NaN propagates through it) and one read, for
-    any number of tensors of one dtype."""
-    if any(sq.dtype != squares[0].dtype for sq in squares):
-        return all(all_normal([sq]) for sq in squares)  # each in its own range
-    flat = torch.cat(squares) if len(squares) > 1 else squares[0]
-    if flat.numel() == 0:
-        return True
-    lo, hi = torch.stack(torch.aminmax(flat)).tolist()  # one device sync
-    info = torch.finfo(flat.dtype)
-    return info.tiny <= lo and hi <= info.max
-
-
-def balance_factors(
-    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor, normal: bool | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(a, d, |a_i|^2, |d_i|^2)`` for the factors of per-sample gradients
-    ``g_i = sum_t d_t a_t^T``, given their squared norms, rescaled where products could overflow.
-
-    Unchanged when every ``|a_i|^2`` and ``|d_i|^2`` is a normal number (one check): their
-    products then overflow or underflow only where ``|g_i|^2`` does. Otherwise (a huge input, a
-    saturated or dead layer) ``(a_i 2^-k_i, d_i 2^k_i)`` for each sample, ``k_i`` half the gap
-    between the binary exponents of the largest entries of ``a_i`` and ``d_i`` (a zero factor
-    leaves the other scaled to about 1). ``g_i`` is unchanged (scaling by a power of two is
-    exact) and both factors now have about the magnitude ``sqrt(max_jk |d_j a_k|)``: squared
-    norms, Gram products and their products overflow or underflow only where ``|g_i|^2`` does,
-    and the weighted sum's ``w_i a`` or ``w_i d`` stays near ``s / sqrt(|g_i|)`` for a weight
-    ``w_i = s / |g_i|``. ``normal``: the outcome of that check if the caller made it
-    already (:func:`all_normal` of ``sq_a`` and ``sq_d``, e.g. for several layers at once).
-    """
-    if normal is None:
-        normal = all_normal([sq_a, sq_d])
-    if normal:
-        return a, d, sq_a, sq_d
-    e_a, zero_a = _exponents(a)
-    e_d, zero_d = _exponents(d)
-    e_a = torch.where(zero_a, -e_d, e_a)
-    e_d = torch.where(zero_d, -e_a, e_d)
-    powers, lim = _powers_of_two(a.dtype, a.device)
-    k = torch.div(e_a - e_d, 2, rounding_mode="floor").clamp_(-lim, lim)
-    shape = (-1,) + (1,) * (a.dim() - 1)
-    a, d = a * powers[lim - k].view(shape), d * powers[lim + k].view(shape)
-    return a, d, row_sq_norms(a), row_sq_norms(d)
 
 
 def layer_factors(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
@@ -573,9 +430,9 @@ def model_layer_grads(
                              row_sq_norms(d))
             checked += dense[module] if module.weight.requires_grad else []  # type: ignore[arg-type]
         elif _balanced_weight(module):
-            norms += [_row_norms(t) for call in calls for t in call]
+            norms += [row_norms(t) for call in calls for t in call]
     if norms:
-        checked += [_cat(norms).square()] if _same_dtype(norms) else [n.square() for n in norms]
+        checked += [_cat(norms).square()] if same_dtype(norms) else [n.square() for n in norms]
     normal = all_normal(checked) if checked else None
     if budget is None and per_layer:
         budget = engine_budget(next(iter(per_layer.values()))[0][1].device)
@@ -628,5 +485,5 @@ def tap_sq_norms(
         squares = (row_sq_norms(a) if trained else None, row_sq_norms(d))
         layer = _DenseGrads(module, a, d, squares, normal=True)  # type: ignore[arg-type]
         return layer.sq_norms(), list(squares) if trained else []  # type: ignore[arg-type]
-    checked = [_row_norms(a).square(), _row_norms(d).square()] if _balanced_weight(module) else []
+    checked = [row_norms(a).square(), row_norms(d).square()] if _balanced_weight(module) else []
     return layer_grads(module, calls, budget, normal=True).sq_norms(), checked

@@ -40,15 +40,9 @@ import torch
 from torch import Tensor, nn
 
 from dpfair.errors import ConfigError
-from dpfair.privacy.gradients import (
-    EngineKind,
-    LossFn,
-    _cuda,
-    _rng_state,
-    _set_rng_state,
-    trainable_parameters,
-)
+from dpfair.privacy.gradients import EngineKind, LossFn, trainable_parameters
 from dpfair.privacy.layer_grads import in_dtype
+from dpfair.privacy.low_memory import cuda_devices, rng_state, set_rng_state
 from dpfair.privacy.methods.base import Method, State
 
 
@@ -148,7 +142,7 @@ class PrivateStep:
         parts = [(x, y, g)] if whole else [(x[c], y[c], g[c]) for c in chunks]
         rng_states, norms, loss_sum = [], [], 0.0
         for part in parts:
-            rng_states.append(None if whole else _rng_state(x.device))
+            rng_states.append(None if whole else rng_state(x.device))
             with self._precision(x.device):
                 norms.append(self.engine.compute(self.model, self.loss_fn, *part))
             loss_sum += float(self.engine.losses.sum())
@@ -159,8 +153,8 @@ class PrivateStep:
         for k in reversed(range(len(chunks))):  # the last chunk's state is still held
             w = weights if whole else weights[chunks[k]]
             if k != len(chunks) - 1:
-                with torch.random.fork_rng(devices=_cuda(x.device)):
-                    _set_rng_state(rng_states[k], x.device)  # type: ignore[arg-type]
+                with torch.random.fork_rng(devices=cuda_devices(x.device)):
+                    set_rng_state(rng_states[k], x.device)  # type: ignore[arg-type]
                     with self._precision(x.device):
                         again = self.engine.compute(self.model, self.loss_fn, *parts[k])
                 w = w * _shrink(norms[k], again)
