@@ -11,14 +11,15 @@
 :class:`~dpfair.data.GroupedDataset` and calls :func:`dpfair.training.train` with the module:
 the same validation, plan (σ calibrated to ``target_epsilon`` by
 :func:`~dpfair.training.make_plan`), model check
-(:func:`~dpfair.privacy.model_check.check_model`), secret randomness and accounting as
-``dpfair train``.
+(:func:`~dpfair.privacy.model_check.check_model`), privacy gate (``budget``, the lifetime
+ledger: :mod:`dpfair.ledger.gate`), secret randomness and accounting as ``dpfair train``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,13 @@ from dpfair.data.dataset import GroupedDataset
 from dpfair.data.options import HoldoutOptions
 from dpfair.data.splits import train_val_test
 from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
+from dpfair.ledger import PrivacyGate
+from dpfair.models import check_output_shape
 from dpfair.privacy.methods import registered_methods
-from dpfair.training import TrainConfig, TrainResult, train
+from dpfair.privacy.model_check import check_model
+from dpfair.release import method_release, release_plan
+from dpfair.sections import BudgetSection
+from dpfair.training import TrainConfig, TrainResult, make_plan, train
 
 #: Epochs when neither ``epochs`` nor ``steps`` is given.
 DEFAULT_EPOCHS = 10
@@ -70,6 +76,9 @@ def fit(
     validation_fraction: float | None = None,
     split_seed: int | None = None,
     data_options: Mapping[str, Any] | None = None,
+    budget: BudgetSection | Mapping[str, Any] | None = None,
+    root: str | Path | None = None,
+    source: str = "dpfair.api.fit",
     **options: Any,
 ) -> FitResult:
     """Train a copy of ``model`` on ``data`` with ``method``; ``model`` itself is left as is.
@@ -95,6 +104,13 @@ def fit(
             ``epochs`` is :data:`DEFAULT_EPOCHS` when neither it nor ``steps`` is given).
         seed: the initialisation seed (unused here: the module comes initialised) and, with
             ``reproducible=True``, the batches and noise.
+        budget: the privacy budget, as params.yaml's ``budget`` section (a mapping or a
+            ``BudgetSection``; None: its defaults, which refuse a method without a proven
+            guarantee). The run passes the privacy gate like every dpfair command: checked
+            against ``budget``, then charged in the privacy ledger ``budget.ledger`` (by
+            default ``.dpfair/ledger.sqlite`` under ``root``, the working directory's project:
+            the one file ``fit`` writes) on the people in ``data``, whatever ``source`` names
+            them, and refused over ``budget.lifetime_epsilon`` before anything trains.
         **options: any other ``TrainConfig`` field (``momentum``, ``optimizer``, ``device``,
             ``engine``, ``progress``, ...); every other name is a hyperparameter of the method
             (e.g. ``C``, the clip bound of ``dpsgd``).
@@ -119,12 +135,34 @@ def fit(
         test_fraction=test_fraction, validation_fraction=validation_fraction,
         split_seed=split_seed, data_options=data_options,
     )
-    result = train(config, dataset, model=model)
+    check_output_shape(model, dataset.input_shape, dataset.n_classes)
+    check_model(model, dataset.input_shape, private=config.method.is_private)
+    section = _budget(budget)
+    delta = section.delta or config.delta
+    plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
+    release = method_release(method, config.method.privacy_guarantee, [seed], [plan.event], None,
+                             config.reproducible, delta, [plan.test])
+    gate = PrivacyGate(section, root)
+    data = gate.identify(source, dataset)
+    with gate.admit(release_plan([release], delta), data, command="dpfair.api.fit",
+                    method=method) as spend:
+        spend.may_release()
+        result = train(config, dataset, model=model)
     return FitResult(
         **{f.name: getattr(result, f.name) for f in fields(result)},
         class_names=list(dataset.class_names), group_names=list(dataset.group_names),
         preprocessor=dataset.preprocessor,
     )
+
+
+def _budget(budget: BudgetSection | Mapping[str, Any] | None) -> BudgetSection:
+    if isinstance(budget, BudgetSection):
+        return budget
+    try:
+        return BudgetSection.model_validate(dict(budget or {}))
+    except ValidationError as exc:
+        raise ConfigError("fit: budget: " + format_validation_error(exc, BudgetSection)
+                          .replace("\n", "\n  ")) from None
 
 
 def _config(method: str, options: dict[str, Any], **given: Any) -> TrainConfig:

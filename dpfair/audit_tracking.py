@@ -1,14 +1,14 @@
 """``dpfair audit`` from params.yaml, and the audit's MLflow run (adapter layer: the audit
 package itself never imports mlflow).
 
-The audit run is a diagnostic, not a release: tag ``dpfair.stage=audit`` (never ``final``,
-so nothing selects or registers it), no model is logged, and its canary scores concern
-canaries, mislabelled ones made from real training records: like the test metrics, it is
-not covered by any run's ε; the privacy ledger records it by that label. Logged: per group
-the ε and μ-GDP lower bounds, the canaries (and how many were included), the guesses behind
-the bound and the claimed ε (a heuristic method logs none: its ``dpfair.epsilon`` tag says
-why); the confidence, β and δ; the table as ``audit/audit.json``; the score histograms as
-``audit/scores.png``.
+The audit run is a diagnostic of a training run on the private data: tag
+``dpfair.stage=audit`` (never ``final``, so nothing selects or registers it) and no model is
+logged, but its bounds and score histograms are computed from that training, so the audit
+passes the privacy gate and is charged the training run's event (:func:`audit_from_params`).
+Logged: per group the ε and μ-GDP lower bounds, the canaries (and how many were included), the
+guesses behind the bound and the claimed ε (a heuristic method logs none: its
+``dpfair.epsilon`` tag says why); the confidence, β and δ; the table as ``audit/audit.json``;
+the score histograms as ``audit/scores.png``.
 """
 
 from __future__ import annotations
@@ -18,15 +18,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dp_accounting import dp_event
-
 from dpfair.audit import AuditResult, AuditSection, audit
 from dpfair.audit.plot import score_figure
-from dpfair.commands import ledger_spending
+from dpfair.checks import check_trainable
+from dpfair.commands import open_gate
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.errors import ConfigError, did_you_mean
-from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, SECRET_NOISE
+from dpfair.release import (
+    HEURISTIC,
+    NONPRIVATE_REFERENCE,
+    SECRET_NOISE,
+    method_release,
+    release_plan,
+)
 from dpfair.tracking import (
     TrackingConfig,
     experiment_id,
@@ -37,10 +42,11 @@ from dpfair.tracking import (
     run,
     set_tags,
 )
-from dpfair.training import REPLAYABLE_NOISE, TrainConfig
+from dpfair.training import REPLAYABLE_NOISE, TrainConfig, make_plan
 
-AUDIT_NOTE = ("audit diagnostic, not a release: canary scores (mislabelled canaries reuse "
-              "training records), not covered by any ε; no model logged")
+AUDIT_NOTE = ("audit diagnostic of a training run on the private data: its bounds and "
+              "score histograms are charged that run's event in the privacy ledger; no model "
+              "is logged")
 
 
 def audit_config(params: Params, section: AuditSection) -> TrainConfig:
@@ -57,15 +63,28 @@ def audit_config(params: Params, section: AuditSection) -> TrainConfig:
 
 def audit_from_params(params: Params, section: AuditSection, root: str | Path = "."
                       ) -> tuple[TrainConfig, GroupedDataset, AuditResult]:
-    """Load ``experiment.dataset`` and audit :func:`audit_config`'s configuration. The audit
-    is recorded in the data source's privacy ledger (``budget.ledger`` under ``root``) as a
-    release without guarantee (:data:`AUDIT_NOTE`): its canary scores use training records."""
+    """Load ``experiment.dataset`` and audit :func:`audit_config`'s configuration, through the
+    privacy gate like every release: the audit publishes bounds and a score histogram
+    computed from a training run on the data (its model is never released), so it is charged
+    that run's event, checked against ``budget.*`` (a σ whose ε exceeds ``budget.epsilon`` is
+    refused before anything trains) and the lifetime budget. The event is planned at the
+    smallest training set the canaries can leave (``mislabel`` canaries replace their
+    originals), which has the largest sampling rate: an upper bound on the run's."""
     config = audit_config(params, section)
     name = params.experiment.dataset
     dataset = load_dataset(name, params.dataset(name))
-    with ledger_spending(params, root, dp_event.NoOpDpEvent(), config.delta,
-                         f"audit of {section.method}: {AUDIT_NOTE}", command="dpfair audit",
-                         method=section.method):
+    check_trainable(config, dataset)
+    replaced = section.canaries * len(section.groups or dataset.group_names)
+    n_min = len(dataset.train) - (replaced if section.kind == "mislabel" else 0)
+    delta = params.budget.delta or config.delta
+    plan = make_plan(config, max(n_min, 1), dataset.n_groups, len(dataset.test))
+    release = method_release(f"audit of {section.method}", config.method.privacy_guarantee,
+                             [config.seed], [plan.event], None, config.reproducible, delta,
+                             [plan.test])
+    gate, data = open_gate(params, dataset, root)
+    with gate.admit(release_plan([release], delta), data, command="dpfair audit",
+                    method=section.method) as spend:
+        spend.may_release()
         return config, dataset, audit(config, dataset, section)
 
 

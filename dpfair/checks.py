@@ -8,6 +8,8 @@ value of its search space at once, so no search opens a study while another meth
 are still wrong:
 
 * ``experiment.pair`` names groups of the dataset (did-you-mean);
+* every method's model builds on the data's input shape and passes the model check (no layer
+  that mixes samples, e.g. BatchNorm): :func:`check_trainable`;
 * a feature transform fitted on the training rows (exact statistics in every released model)
   only with ``budget.allow_fitted_preprocessing`` (:func:`check_preprocessing`);
 * every batch size, given or searched, is at most n
@@ -25,7 +27,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpfair.errors import BudgetExceededError, ConfigError, PrivacyError, did_you_mean
+from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting
+from dpfair.privacy.model_check import check_model
 from dpfair.training import TrainConfig, make_plan
 from dpfair.training.plan import check_batch_size, check_delta
 from dpfair.tuning.job import grid_points, make_config
@@ -34,7 +38,7 @@ if TYPE_CHECKING:
     from dpfair.config import Params
     from dpfair.data import GroupedDataset
 
-__all__ = ["check_against_data", "check_preprocessing"]
+__all__ = ["check_against_data", "check_preprocessing", "check_trainable"]
 
 REFERENCE = "nonprivate"
 
@@ -51,6 +55,7 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
                     key="budget.delta", opt_out="budget.allow_large_delta")
     for label in [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]:
         base = exp.train_config(label, exp.seeds[0])
+        check_trainable(base, dataset)
         space = params.tuning.spaces.get(label, {})
         check_batch_size(base.batch_size, n_train, key="experiment.train.batch_size")
         if base.test_metrics.release == "noisy":
@@ -66,6 +71,18 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
         configs = [make_config(base.method, base, point, seed=0, reproducible=False)
                    for point in grid_points(space)]
         _check_one_run(params, label, configs, n_train, dataset.n_groups)
+
+
+def check_trainable(config: TrainConfig, dataset: GroupedDataset) -> None:
+    """The model of ``config`` builds on the dataset's input shape, gives one logit per class
+    and keeps no state across samples (BatchNorm: :func:`~dpfair.privacy.model_check.
+    check_model`): checked before the privacy gate reserves anything, so a refused model costs
+    no privacy and no search."""
+    if config.model is None:  # a module given to train(), checked where it is given
+        return
+    model = build_model(config.model, dataset.input_shape, dataset.n_classes)
+    check_output_shape(model, dataset.input_shape, dataset.n_classes)
+    check_model(model, dataset.input_shape, private=config.method.is_private)
 
 
 def check_preprocessing(params: Params, dataset: GroupedDataset) -> None:

@@ -31,7 +31,6 @@ from dpfair.release import (
     MethodRelease,
     ReleasePlan,
     SearchRelease,
-    check_budget,
     method_release,
     release_plan,
     search_release,
@@ -117,8 +116,8 @@ class TuneRecord:
 
 def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str],
                  extra_runs: Mapping[tuple[str, int], int] | None = None) -> ReleasePlan:
-    """Everything the run will release, with its ε, checked against ``params.budget``: a
-    :class:`~dpfair.errors.PrivacyError` itemising the spend before anything trains.
+    """Everything the run will release, with its ε, after every check that needs the data:
+    the privacy gate (:mod:`dpfair.ledger.gate`) then checks it against ``params.budget``.
 
     A tuned method's search is prepared here (:func:`dpfair.tuning.prepare`, in study
     ``studies[label]``): its events, and K, drawn once and kept in the study, which
@@ -169,9 +168,7 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
         tests = [*per_seed_test, *(per_seed_test[exp.seeds.index(seed)] for seed in extra)]
         releases.append(method_release(label, base.method.privacy_guarantee, exp.seeds,
                                        events, search, base.reproducible, delta, tests))
-    plan = release_plan(releases, delta)
-    check_budget(plan, params.budget)
-    return plan
+    return release_plan(releases, delta)
 
 
 def _check_planned(result: TuningResult, cfg: TuningConfig, release: MethodRelease,
@@ -207,12 +204,14 @@ def tune_method(
     base = exp.train_config(label, exp.seeds[0])
     cfg = params.tuning.config(label, study_name)
     mode = params.tuning.release
+    # the search runs before its MLflow run opens: no published timestamps span the trials,
+    # whose number is K (private unless tuning.release: all_trials)
+    result: TuningResult = tune(base.method, base, dataset, cfg)
+    search = _check_planned(result, cfg, release, mode)
     with run(tracking, experiment_id, run_name(dataset.name, f"tune {label}"),
              parent_run_id=parent_run_id,
              tags={"dpfair.stage": "tuning", "dpfair.method": label,
                    "dpfair.release": mode}) as tune_run_id:
-        result: TuningResult = tune(base.method, base, dataset, cfg)
-        search = _check_planned(result, cfg, release, mode)
         log_search(tracking, experiment_id, tune_run_id, label, cfg, result, search, release,
                    mode)
         best = result.best_config

@@ -278,7 +278,7 @@ class ReleasePlan:
 def ledger_event(training: dp_event.DpEvent | None, test: dp_event.DpEvent | None
                  ) -> dp_event.DpEvent:
     """The event a release adds to the data source's cumulative ledger
-    (:mod:`dpfair.source_ledger`): its private training releases and its noisy test-metric
+    (:mod:`dpfair.ledger`): its private training releases and its noisy test-metric
     releases, composed. Within one run the test rows are other people than the training rows,
     so the run's own table keeps them on separate lines; across releases they are not: a later
     version of the source, or another split seed, may put today's test rows into training, so

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
     from dpfair.config import Params
+    from dpfair.ledger import SourceLedger
     from dpfair.release import ReleasePlan
-    from dpfair.source_ledger import SourceLedger
 
 __all__ = ["FINGERPRINT_TAG", "STUDY_TAG", "Resumable", "find_resumable", "fingerprint",
            "retry_event"]

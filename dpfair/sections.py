@@ -179,7 +179,7 @@ class BudgetSection(BaseModel):
     without a DP guarantee (a heuristic method such as FairLens, the non-private reference)
     have no ε to count, so they are refused unless allowed here. Over time, every run's
     release is recorded per data source in ``ledger`` and held to ``lifetime_epsilon``
-    (:mod:`dpfair.source_ledger`).
+    (:mod:`dpfair.ledger`).
     """
 
     model_config = _STRICT
@@ -212,12 +212,14 @@ class BudgetSection(BaseModel):
     )
     lifetime_epsilon: PositiveFloat | None = Field(
         None, description="the most ε all runs over time may release on one data source's "
-        "people, composed (dpfair/source_ledger.py; None: no limit, still recorded)"
+        "people, composed (None: no limit, still recorded)"
     )
     ledger: str = Field(
-        ".dpfair/privacy_ledger.json",
-        description="the privacy ledger file of every release per data source (relative to "
-        "the project root); it must outlive the runs: never delete it",
+        ".dpfair/ledger.sqlite", min_length=1,
+        description="the privacy ledger of every release on the people of the data: a SQLite "
+        "file (relative to the project root, also from DVC's temporary workspaces) or an "
+        "SQLAlchemy URL of a database server shared by a team (e.g. "
+        "postgresql+psycopg2://user@host/dpfair); it must outlive the runs: never delete it",
     )
     disjoint_from_previous: bool = Field(
         False, description="a data version not seen before holds only new people: it starts "

@@ -11,6 +11,8 @@ import os
 
 from pydantic import BaseModel, ConfigDict
 
+from dpfair.workspace import durable_sqlite_uri
+
 DEFAULT_PARAMS = "params.yaml"
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -25,4 +27,6 @@ class TrackingConfig(BaseModel):
     experiment_prefix: str = "dpfair"
 
     def resolved_uri(self) -> str:
-        return os.environ.get("MLFLOW_TRACKING_URI") or self.uri
+        """The tracking URI; a relative SQLite file is the project's, also from a DVC
+        temporary workspace (:func:`dpfair.workspace.durable_sqlite_uri`)."""
+        return durable_sqlite_uri(os.environ.get("MLFLOW_TRACKING_URI") or self.uri)

@@ -54,6 +54,7 @@ from mlflow.utils.mlflow_tags import (
 
 from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
+from dpfair.workspace import durable_path
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
 #: The experiment tag MLflow 3's UI reads to open an experiment on its runs (model training),
@@ -77,7 +78,7 @@ def experiment_id(cfg: TrackingConfig, dataset: str) -> str:
     if found is None:
         location = cfg.artifact_root
         if "://" not in location:
-            location = Path(location).resolve().as_uri()
+            location = durable_path(location).resolve().as_uri()  # not in a DVC temp copy
         try:
             return mlf.create_experiment(name, artifact_location=f"{location}/{name}",
                                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})

@@ -3,10 +3,10 @@ seeds -> report.
 
 ``run_experiment`` validates params.yaml before anything runs, then starts the flow with the
 task runner that params.yaml asks for. The flow plans everything the run will release and
-checks it against ``budget`` before any MLflow run is opened or anything trains
-(:func:`dpfair.experiment.plan_release`), then reserves it in the data source's privacy ledger
-against ``budget.lifetime_epsilon`` (:mod:`dpfair.source_ledger`): it counts once anything
-may have been released (a training task started), and is voided when the flow fails before.
+passes it through the privacy gate (:mod:`dpfair.ledger.gate`) before any MLflow run is opened
+or anything trains: checked against ``budget``, then reserved on the people of the data
+against ``budget.lifetime_epsilon``. It counts once anything may have been released (a
+training task started), and is voided when the flow fails before.
 The flow run publishes its results and MLflow link as a Prefect artifact, and the two runs
 name each other (:mod:`flows.artifacts`). A method that fails does not lose the others: their
 runs are logged, the failure is reported with its error, and the flow ends failed. Runs of
@@ -37,6 +37,7 @@ from prefect.futures import PrefectFuture  # noqa: E402
 from dpfair import experiment as steps  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.data import source_version  # noqa: E402
+from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.release import epsilon_text  # noqa: E402
 from dpfair.resume import (  # noqa: E402
@@ -49,7 +50,6 @@ from dpfair.resume import (  # noqa: E402
 )
 from dpfair.run_log import pipeline_run_name  # noqa: E402
 from dpfair.sections import PipelineSection  # noqa: E402
-from dpfair.source_ledger import Release, SourceLedger, reserve, reserve_plan  # noqa: E402
 from dpfair.summary import Summary  # noqa: E402
 from dpfair.tracking import (  # noqa: E402
     existing_experiment,
@@ -123,9 +123,9 @@ def _after(failures: dict[str, str], step: str, notes: list[str]) -> Iterator[No
         notes.append(f"{step} failed too: {type(exc).__name__}: {exc}")
 
 
-def ledger(params: Params, root: str | Path) -> SourceLedger:
-    """The privacy ledger of ``params`` (``budget.ledger``, relative to the project ``root``)."""
-    return SourceLedger(Path(root) / params.budget.ledger)
+def gate(params: Params, root: str | Path) -> PrivacyGate:
+    """The privacy gate of ``params`` (``budget``; its ledger relative to the project root)."""
+    return PrivacyGate(params.budget, root)
 
 
 @flow(name="dpfair-experiment")
@@ -136,14 +136,15 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
     source = source_version(exp.dataset, params.dataset(exp.dataset))
     prepared = prepare_data(params, root, params_path)
     dataset = load_data(prepared)
-    book = ledger(params, root)
+    privacy = gate(params, root)
+    data = privacy.identify(exp.dataset, dataset, params.dataset(exp.dataset), source)
     earlier = None
     if (known := existing_experiment(tracking, prepared.name)) is not None:
         if stale := fail_stale_runs(tracking, known):
             _log.warning("marked FAILED %d run(s) left RUNNING by a killed process: %s",
                          len(stale), ", ".join(stale))
         if resume:
-            earlier = find_resumable(tracking, known, params, prepared.version, book)
+            earlier = find_resumable(tracking, known, params, data.public_id, privacy.ledger)
     if earlier is not None:
         _log.warning("%s", earlier.describe())
         studies = earlier.studies
@@ -152,17 +153,15 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
         studies = {label: f"{prepared.name}-{label}-{token}"
                    for label in exp.methods if label in params.tuning.spaces}
     attempts = earlier.attempts if earlier else {}
-    plan = plan_release(params, dataset, studies, attempts)  # over budget: refused
-    if earlier is None:
-        reserved = reserve_plan(book, prepared.name, source, plan, params.budget,
-                                **artifacts.prefect_tags())  # over the lifetime: refused
-    else:  # the crashed run's reservation counts in full; the retrains come on top
-        reserved = reserve(book, prepared.name, source, retry_event(plan, attempts),
-                           plan.delta, params.budget, resumes=earlier.parent_run_id,
-                           **artifacts.prefect_tags())
-    with book.spending(reserved) as spend:
+    plan = plan_release(params, dataset, studies, attempts)  # every check, then the plan
+    # over budget or over the lifetime: refused, nothing recorded. A resumed run's crashed
+    # reservation counts in full; only its retrains are reserved on top
+    extra = {} if earlier is None else {"event": retry_event(plan, attempts),
+                                        "resumes": earlier.parent_run_id}
+    with privacy.admit(plan, data, **extra, **artifacts.prefect_tags()) as spend:
+        reserved = spend.release
         exp_id = experiment_id(tracking, prepared.name)
-        data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": prepared.version}
+        data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": data.public_id}
         failures: dict[str, str] = {}
         with _pipeline_run(params, prepared.name, exp_id, data_tags, studies, reserved.id,
                            earlier) as parent:
@@ -199,7 +198,8 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
             registered = None if failures else register_model(params, tracking, dataset, runs,
                                                                plan, data_tags, parent)
             with _after(failures, "publishing the results artifact", later):
-                _publish(params, book, reserved, exp_id, parent, summary, failures, registered)
+                _publish(params, privacy, data, reserved, exp_id, parent, summary, failures,
+                         registered)
             if failures:
                 raise MethodsFailed(
                     "methods failed (the others are logged in MLflow run "
@@ -211,8 +211,7 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
         "parent_run_id": parent,
         "tracking_url": run_url(tracking, exp_id, parent),
         "registered_model": registered,
-        "data_version": prepared.version,
-        "source_version": source,
+        "data_version": data.public_id,
         "ledger_release": reserved.id,
         "table": summary.markdown(),
         "results_dir": str(out_dir),
@@ -251,13 +250,13 @@ def _pipeline_run(params: Params, dataset: str, exp_id: str, data_tags: dict[str
         yield parent
 
 
-def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str, parent: str,
-             summary: Summary | None, failures: dict[str, str],
+def _publish(params: Params, privacy: PrivacyGate, data: DataVersion, reserved: Release,
+             exp_id: str, parent: str, summary: Summary | None, failures: dict[str, str],
              registered: dict[str, str] | None) -> None:
     """The flow run's results artifact: where MLflow has them, the registered model, the
     ledger's spend, the table."""
-    source, version = reserved.source, reserved.version
-    spent = book.spent(source, version, reserved.delta)
+    source, version = data.source, data.public_id
+    spent = privacy.spent(data, reserved.delta)
     lifetime = params.budget.lifetime_epsilon
     facts = {
         "MLflow run": f"`{parent}` (experiment `{exp_id}`)",
@@ -265,8 +264,8 @@ def _publish(params: Params, book: SourceLedger, reserved: Release, exp_id: str,
         **({"registered model": f"`{registered['name']}` version {registered['version']}"}
            if registered else {}),
         "data": f"{source}, version `{version}`",
-        "privacy ledger": f"{_what(reserved)} ε {epsilon_text(reserved.epsilon)}; spent on this "
-                          f"source's people so far ε {epsilon_text(spent)} at δ = "
+        "privacy ledger": f"{_what(reserved)} ε {epsilon_text(reserved.epsilon)}; spent on "
+                          f"these people so far ε {epsilon_text(spent)} at δ = "
                           f"{reserved.delta:g}" + (f" (lifetime budget {lifetime:g})"
                                                    if lifetime is not None else ""),
         **({"failed methods": ", ".join(sorted(failures))} if failures else {}),

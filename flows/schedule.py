@@ -3,10 +3,12 @@ params.yaml (issue #16, item 6).
 
 Each scheduled run reads the data source's version (:func:`dpfair.data.source_version`, the
 md5 of the source, computed without preparing it) and compares it with the version of the
-source's latest completed release in the privacy ledger (:mod:`dpfair.source_ledger`). The
-same version: the run skips (nothing is trained, nothing spent) and says so in its artifact. A
-new version: the experiment flow runs as a subflow (prepare, tune, train, report, register),
-its release checked against ``budget.lifetime_epsilon`` before anything trains.
+source's latest *completed* release in the privacy ledger (:mod:`dpfair.ledger`). The same
+version: the run skips (nothing is trained, nothing spent) and says so in its artifact. A new
+version, or one whose last retrain failed: the experiment flow runs as a subflow (prepare,
+tune, train, report, register), through the privacy gate before anything trains. A failed
+retrain is charged (it may have released something) but completes nothing, so the next
+trigger retries it, and the retry is charged again. Versions are shown by their published id.
 
 The deployment's parameters are relative (``params.yaml`` in ``root``, default ``.``: the
 folder ``dpfair serve`` was started in), never the absolute paths of one checkout; change them
@@ -30,7 +32,7 @@ from dpfair.config import DEFAULT_PARAMS, load_params
 from dpfair.data import source_version
 from dpfair.errors import ConfigError
 from flows import artifacts
-from flows.experiment import experiment_flow, ledger, task_runner
+from flows.experiment import experiment_flow, gate, task_runner
 
 data_version = task(source_version, name="data_version", retries=2, retry_delay_seconds=2,
                     cache_policy=NO_CACHE)
@@ -45,17 +47,19 @@ def retrain_flow(params_path: str = DEFAULT_PARAMS, root: str = ".") -> dict[str
     params = load_params(path)
     name = params.experiment.dataset
     version = data_version(name, params.dataset(name))
-    released = ledger(params, root_path).latest_version(name)
+    privacy = gate(params, root_path)
+    released = privacy.ledger.latest_version(name)
     if version == released:
         artifacts.publish(f"dpfair retrain skipped: {name} unchanged", {
-            "data": f"{name}, version `{version}`",
+            "data": f"{name}, version `{privacy.public_id(version)}`",
             "reason": "the latest completed release in the privacy ledger used this version; "
                       "nothing was trained and no privacy was spent",
         })
-        return {"skipped": True, "source_version": version}
+        return {"skipped": True, "data_version": privacy.public_id(version)}
     configured = experiment_flow.with_options(task_runner=task_runner(params.pipeline))
     out = configured(params_path=str(path), root=str(root_path))
-    return {"skipped": False, "previous_version": released, **out}
+    previous = None if released is None else privacy.public_id(released)
+    return {"skipped": False, "previous_version": previous, **out}
 
 
 def deployment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> object:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -61,3 +65,72 @@ def requires_dataset(*datasets: str) -> pytest.MarkDecorator:
         "its SOURCES.md) or run `dpfair data prepare <name>` once to download them"
     )
     return pytest.mark.skipif(bool(missing) and not os.environ.get("CI"), reason=reason)
+
+
+# ------------------------------------------------------------------ PostgreSQL server
+
+
+def _pg_bin() -> Path | None:
+    cands = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return cands[-1].parent if cands else None
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A throwaway PostgreSQL server on a loopback port (Debian's postgresql binaries).
+
+    As root, initdb refuses to run: the data directory is given to the ``postgres`` user and
+    the server runs through ``runuser -u postgres``.
+    """
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin "
+            "(apt-get install postgresql)"
+        )
+    as_user: list[str] = []
+    root = tempfile.mkdtemp(prefix="dpfair-pg-")
+    if os.geteuid() == 0:
+        runuser = shutil.which("runuser")
+        import pwd
+
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and no 'postgres' user to run the server")
+        if runuser is None:
+            pytest.skip("running as root and no runuser to drop privileges")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+        as_user = [runuser, "-u", "postgres", "--"]
+    data = os.path.join(root, "data")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def run(*cmd: str) -> None:
+        subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=120)
+
+    run(str(bindir / "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
+    opts = f"-p {port} -h 127.0.0.1 -k {root} -c fsync=off"
+    run(
+        str(bindir / "pg_ctl"),
+        "-D",
+        data,
+        "-o",
+        opts,
+        "-l",
+        os.path.join(root, "log"),
+        "-w",
+        "-t",
+        "60",
+        "start",
+    )
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*as_user, str(bindir / "pg_ctl"), "-D", data, "-m", "immediate", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(root, ignore_errors=True)

@@ -40,6 +40,12 @@ def _net(d: int = 6, n_classes: int = 2, norm: nn.Module | None = None) -> nn.Mo
     return nn.Sequential(nn.Linear(d, 8), middle, nn.Linear(8, n_classes))
 
 
+@pytest.fixture(autouse=True)
+def _own_project(tmp_path, monkeypatch):
+    """fit() charges the privacy ledger of the working directory's project: a temp one."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return generate(SyntheticOptions(n=500, n_features=6))
@@ -74,7 +80,8 @@ def test_fit_on_arrays_names_classes_and_groups_by_value(arrays) -> None:
 def test_fit_on_a_grouped_dataset_with_the_nonprivate_method_allows_batchnorm() -> None:
     """Plain SGD has no per-sample clipping to break: BatchNorm is accepted there."""
     ds = load_dataset("synthetic", {"n": 300, "n_features": 5})
-    result = fit(_net(5, norm=nn.BatchNorm1d(8)), ds, method="nonprivate", **FAST)
+    result = fit(_net(5, norm=nn.BatchNorm1d(8)), ds, method="nonprivate",
+                 budget={"allow_nonprivate_reference": True}, **FAST)
     assert result.privacy_guarantee == "none" and result.epsilon == float("inf")
 
 

@@ -28,8 +28,10 @@ from dpfair.training import REPLAYABLE_NOISE
 runner = CliRunner()
 
 
-def _params(tmp_path, release: str = "selected", **train: object) -> None:
+def _params(tmp_path, release: str = "selected", budget: dict | None = None,
+            **train: object) -> None:
     params = {
+        "budget": budget if budget is not None else {"allow_heuristic": True},
         "datasets": {"synthetic": {"n": 400}},
         "experiment": {
             "dataset": "synthetic", "model": {"name": "logistic_regression"},
@@ -376,10 +378,13 @@ def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch
 
     from dpfair.config import load_params
     from dpfair.data import load_dataset
-    from dpfair.source_ledger import SourceLedger
+    from dpfair.ledger import SourceLedger
     from dpfair.training import make_plan
 
     monkeypatch.chdir(tmp_path)
+    _params(tmp_path, budget={}, progress=False)  # the default budget: no heuristic release
+    out = runner.invoke(app, ["train", "--method", "fairlens"])
+    assert out.exit_code != 0 and "budget.allow_heuristic" in out.output
     _params(tmp_path, progress=False)
     for command in (["train", "--method", "dpsgd"], ["train", "--method", "fairlens"],
                     ["tune", "--method", "dpsgd", "--study", "s1"],
@@ -387,7 +392,7 @@ def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch
         out = runner.invoke(app, command)
         assert out.exit_code == 0, out.output
     params = load_params(tmp_path / "params.yaml")
-    book = SourceLedger(tmp_path / params.budget.ledger)
+    book = SourceLedger(params.budget.ledger, tmp_path)
     trained, heuristic, search = book.releases("synthetic")
     assert [r.context["command"] for r in (trained, heuristic, search)] == [
         "dpfair train", "dpfair train", "dpfair tune"]
@@ -397,7 +402,7 @@ def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch
     assert trained.epsilon == pytest.approx(make_plan(config, len(dataset.train),
                                                       dataset.n_groups).epsilon, rel=1e-9)
     assert heuristic.epsilon == 0 and heuristic.without_guarantee[0].startswith("fairlens: ")
-    assert search.context["study"] == "s1" and search.epsilon > trained.epsilon
+    assert "::s1::" in search.context["study"] and search.epsilon > trained.epsilon
 
     data = yaml.safe_load((tmp_path / "params.yaml").read_text())
     data["budget"] = {"lifetime_epsilon": 1.0}

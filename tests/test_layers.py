@@ -50,7 +50,8 @@ UPPER = (
     "dpfair.model_export",
     "dpfair.run_log",
     "dpfair.checks",
-    "dpfair.source_ledger",
+    "dpfair.ledger",
+    "dpfair.workspace",
     "dpfair.processes",
     "dpfair.audit_tracking",
     "dpfair.preflight",
@@ -93,7 +94,7 @@ def test_library_loads_no_adapter_and_no_rich():
 
 
 def test_config_layer_loads_no_adapter():
-    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings", "dpfair.source_ledger")
+    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings", "dpfair.ledger")
     loaded = _loaded_by(_imports(modules), ADAPTERS)
     assert loaded == {m: [] for m in modules}
 
@@ -130,11 +131,14 @@ BELOW = {
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     "fairness": UPPER,
     "training": UPPER,
-    # the privacy ledger per data source: a file, no adapter, nothing that orchestrates
-    "source_ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary",
-                      "dpfair.cli", "dpfair.config", "flows", "tasks"),
+    # the privacy gate and its ledger: a database, no adapter, nothing that orchestrates
+    "ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary",
+               "dpfair.cli", "dpfair.config", "dpfair.commands", "flows", "tasks"),
+    "workspace": ("dpfair",),
     "audit": UPPER,
-    "api": UPPER,
+    # fit() is an entry point: it goes through the privacy gate, and no adapter
+    "api": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary", "dpfair.cli",
+            "dpfair.config", "dpfair.commands", "flows", "tasks"),
 }
 
 

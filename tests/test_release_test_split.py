@@ -103,14 +103,17 @@ def test_the_test_budget_refuses_an_over_spend_or_exact_metrics_before_training(
 def test_the_source_ledger_records_the_noisy_test_releases_too(tmp_path):
     """The cumulative ledger composes a run's training and noisy test releases sequentially
     (a later version may train on today's test rows); exact metrics add nothing."""
+    from dpfair.ledger import PrivacyGate
+    from dpfair.ledger.gate import DataVersion
     from dpfair.resume import retry_event
-    from dpfair.source_ledger import SourceLedger, reserve_plan
 
     dpsgd = _release("dpsgd", {"name": "dpsgd", "C": 1.0}, NOISY)
     lens = _release("fairlens", {"name": "fairlens", "C": 1.0}, NOISY)
     plan = release_plan([dpsgd, lens], DELTA)
-    ledger = SourceLedger(tmp_path / "ledger.json")
-    release = reserve_plan(ledger, "loans", "v1", plan, BudgetSection())
+    gate = PrivacyGate(BudgetSection(allow_heuristic=True, ledger=str(tmp_path / "l.sqlite")))
+    data = DataVersion("loans", "v1", "public-v1", {"row": ["a", "b"]})
+    release = gate.admit(plan, data).release
+    ledger = gate.ledger
     tests = [dp_event.GaussianDpEvent(t.noise_multiplier) for m in (dpsgd, lens)
              for t in m.test_releases for _ in range(t.releases)]
     expected = _oracle([plan.event_total, *tests], DELTA)
@@ -123,8 +126,8 @@ def test_the_source_ledger_records_the_noisy_test_releases_too(tmp_path):
         _oracle(tests[len(tests) // 2:], DELTA), rel=1e-9)
     # exact test metrics: the ledger records the training releases alone
     exact = release_plan([_release("dpsgd", {"name": "dpsgd", "C": 1.0}, None)], DELTA)
-    alone = reserve_plan(SourceLedger(tmp_path / "exact.json"), "loans", "v1", exact,
-                         BudgetSection())
+    alone = PrivacyGate(BudgetSection(ledger=str(tmp_path / "exact.sqlite"))).admit(
+        exact, data).release
     assert alone.epsilon == pytest.approx(_oracle([exact.event_total], DELTA), rel=1e-9)
     # a resumed run's retrain of dpsgd seed 1 adds that run and its test evaluations
     retry = retry_event(plan, {("dpsgd", 1): 1, ("fairlens", 0): 1})
@@ -259,9 +262,9 @@ def test_train_command_prints_the_noisy_label_and_no_count(tmp_path, monkeypatch
     assert "test metrics: noisy (ε 1 at δ 1e-05 for the test split over 1 evaluation;" in text
     assert TEST_METRICS_NOTE not in text and "macro" not in text
     assert "│ minority │" in out.output and "— │" in out.output  # no count released
-    from dpfair.source_ledger import SourceLedger
+    from dpfair.ledger import SourceLedger
 
-    (recorded,) = SourceLedger(tmp_path / ".dpfair/privacy_ledger.json").releases("synthetic")
+    (recorded,) = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases("synthetic")
     config = TrainConfig(method={"name": "dpsgd", "C": 1.0}, model={"name": "logistic_regression"},
                          epochs=1, batch_size=50, sigma=1.0, delta=1e-5,
                          test_metrics={"release": "noisy", "epsilon": 1.0})

@@ -25,6 +25,7 @@ from dpfair.data.errors import DataError, SourceMissingError
 from dpfair.data.registry import register_kind
 from dpfair.data.tabular_frame import TableOptions, Where, build_dataset
 from dpfair.data.version import file_version
+from dpfair.errors import did_you_mean
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,6 +44,9 @@ class TableFileOptions(TableOptions):
         "auto", description="auto: from the suffix (.csv/.tsv/.txt or .parquet/.pq)")
     separator: str | None = Field(None, description="CSV field separator (default: a comma, a "
                                   "tab for .tsv)")
+    id_column: str | None = Field(
+        None, description="a column naming the person of each row (never a feature): the "
+        "privacy ledger then recognises the same people across files, names and versions")
 
 
 def source_path(opts: TableFileOptions) -> Path:
@@ -101,6 +105,12 @@ def table_version(opts: TableFileOptions) -> str:
 def load_table(name: str, opts: TableFileOptions) -> GroupedDataset:
     frame, where = read_table(opts)
     where = Where(where.source, f"datasets.{name}.", where.first_line)
+    if opts.id_column is not None:
+        if opts.id_column not in frame.columns:
+            raise DataError(f"id column {opts.id_column!r} is not in {where.source}"
+                            f"{did_you_mean(opts.id_column, [str(c) for c in frame.columns])}. "
+                            f"Fix: set datasets.{name}.id_column to a column of the file")
+        frame = frame.drop(columns=[opts.id_column])
     ds = build_dataset(frame, opts, name=name, where=where)
     ds.meta["sources"] = {Path(opts.path).name: table_version(opts)}
     return ds

@@ -14,8 +14,8 @@ Randomness (DESIGN.md section 5, "Secret randomness"): the seed is split (numpy
 ``torch.random.fork_rng`` so the caller's global RNG is left alone, and a run seed. One
 ``torch.Generator`` on the training device draws every batch and every noise sample (gradient
 and count noise). By default it is reseeded before every step from OS entropy
-(:func:`secrets.randbits`) that is kept nowhere, so nothing a run logs or returns replays its
-noise; a fresh seed per step because torch's CPU generator keeps only 32 bits of a seed.
+that is kept nowhere (its whole state, :mod:`dpfair.training.entropy`: a seed would carry only
+32 secret bits on the CPU), so nothing a run logs or returns replays its noise.
 With ``TrainConfig.reproducible`` it is seeded once with the run seed and the noise is
 replayable (:data:`~dpfair.training.result.REPLAYABLE_NOISE`). The initialisation is the
 seed's in both modes. Noisy test metrics (``TrainConfig.test_metrics``) draw their noise from
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 import math
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from dpfair.privacy.methods import Method, build_method
 from dpfair.privacy.model_check import check_model
 from dpfair.privacy.step import PrivateStep
 from dpfair.training.config import TrainConfig
+from dpfair.training.entropy import reseed_secretly
 from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
 from dpfair.training.plan import RunPlan, make_plan
 from dpfair.training.progress import progress_bar
@@ -84,11 +84,6 @@ def _seeds(seed: int) -> tuple[int, int, int]:
     reproducible test-metric noise."""
     init, run, test = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint64)
     return int(init), int(run), int(test)
-
-
-def _reseed_secretly(generator: torch.Generator) -> None:
-    """Seed ``generator`` from OS entropy; the seed is kept nowhere (module doc)."""
-    generator.manual_seed(secrets.randbits(64))
 
 
 def _init_model(
@@ -170,7 +165,7 @@ def train(
     with progress_bar(config.progress, f"{method.name} on {dataset.name}", plan.steps) as bar:
         for t in range(1, plan.steps + 1):
             if not config.reproducible:
-                _reseed_secretly(generator)
+                reseed_secretly(generator)
             idx = poisson_batch(plan.n_train, plan.sample_rate, generator)
             optimizer.zero_grad(set_to_none=True)
             info = step(x[idx], y[idx], g[idx], generator)

@@ -1,10 +1,11 @@
 """The Optuna study of a search: its storage, its samplers, creating it and reopening it.
 
-Storage (``TuningConfig.storage``): None → SQLite file ``optuna.db`` in the working directory
-(one process); ``"journal:PATH"`` → ``JournalStorage(JournalFileBackend(PATH))`` for several
-processes on one machine; ``"postgresql://..."`` (or any SQLAlchemy URL) → ``RDBStorage`` for
-several machines (run ``tune`` with the same URL and study name on each machine). RDB storages
-get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
+Storage (``TuningConfig.storage``): None → SQLite file ``optuna.db`` in the project root (a
+relative SQLite path too: :func:`dpfair.workspace.project_root`, also from a DVC temporary
+workspace; one process); ``"journal:PATH"`` → ``JournalStorage(JournalFileBackend(PATH))``
+for several processes on one machine; ``"postgresql://..."`` (or any SQLAlchemy URL) →
+``RDBStorage`` for several machines (run ``tune`` with the same URL and study name on each
+machine). RDB storages get Optuna's heartbeat (``heartbeat_interval``, ``grace_period``).
 
 Samplers. Each run draws every hyperparameter uniformly, with replacement, from its
 categorical list (a ``RandomSampler`` over ``CategoricalDistribution``). The sampler of worker
@@ -18,15 +19,20 @@ n, so several workers never duplicate a point.
 The study's user attrs hold K (``dpfair.K``), drawn once when the study is created (from OS
 entropy unless ``reproducible``: :mod:`~dpfair.tuning.k_draw`), and the search's
 fingerprint, epsilons, delta, event and privacy labels. They are the private working state.
-The configuration draws above are data-independent public randomness, seeded from ``seed`` in
-every mode so that workers and resumes agree.
+The configuration draws above (which configuration trial n gets, the grid's order) are
+data-independent, but the selected configuration would bound K from below if anyone could
+replay them: they are seeded by the study's :data:`CONFIG_SEED`, drawn from OS entropy when
+the study is created and kept with K in the private working state (``seed`` itself only when
+``reproducible``), so that workers and resumes agree and nothing logged replays them.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 import time
+import uuid
 import warnings
 import zlib
 from collections.abc import Mapping, Sequence
@@ -35,11 +41,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
+from sqlalchemy.engine import url as sa_url
 
 from dpfair.errors import TuningError
 from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
+from dpfair.workspace import durable_path, durable_sqlite_uri
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial, TrialState
@@ -47,6 +55,7 @@ if TYPE_CHECKING:
     from dpfair.tuning.config import Scalar, TuningConfig
 
 __all__ = [
+    "CONFIG_SEED",
     "CONFIG_STREAM",
     "GridSampler",
     "TrialSeededRandomSampler",
@@ -55,16 +64,22 @@ __all__ = [
     "make_storage",
     "open_study",
     "sampler_for",
+    "study_identity",
     "search_space",
 ]
 
 CONFIG_STREAM = 67  # "C": the SeedSequence stream of the configuration draws
+#: the study's user attr holding the seed of its configuration draws (module doc)
+CONFIG_SEED = "dpfair.config_seed"
+#: the study's user attr holding a random id drawn when it is created (:func:`study_identity`)
+STUDY_UID = "dpfair.study_uid"
 _SQLITE_DEFAULT = "optuna.db"
 
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
     """The Optuna storage of ``cfg.storage`` and a printable description of it."""
-    url = cfg.storage or f"sqlite:///{os.path.abspath(_SQLITE_DEFAULT)}"
+    url = (durable_sqlite_uri(cfg.storage) if cfg.storage
+           else f"sqlite:///{durable_path(_SQLITE_DEFAULT)}")
     check_storage(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
@@ -88,7 +103,7 @@ class TrialSeededRandomSampler(optuna.samplers.RandomSampler):
     uniform with replacement, i.i.d. across trials whatever the worker."""
 
     def __init__(self, seed: int, worker_index: int) -> None:
-        super().__init__(seed=seed + worker_index)
+        super().__init__(seed=(seed + worker_index) % 2**32)  # numpy's seed range
         self._base_seed = seed
 
     def sample_independent(  # noqa: D102
@@ -131,11 +146,14 @@ def distributions(space: Mapping[str, list[Scalar]]) -> dict[str, CategoricalDis
     return {k: CategoricalDistribution(list(v)) for k, v in space.items()}
 
 
-def sampler_for(cfg: TuningConfig, worker_index: int) -> optuna.samplers.BaseSampler:
-    """The sampler of worker ``worker_index`` (see the module doc)."""
+def sampler_for(cfg: TuningConfig, worker_index: int, study: optuna.Study
+                ) -> optuna.samplers.BaseSampler:
+    """The sampler of worker ``worker_index`` for ``study``, seeded with the study's
+    :data:`CONFIG_SEED` (see the module doc; a study created before it existed: ``cfg.seed``)."""
+    seed = int(study.user_attrs.get(CONFIG_SEED, cfg.seed))
     if cfg.mode == "grid":
-        return GridSampler(search_space(cfg), seed=cfg.seed)
-    return TrialSeededRandomSampler(cfg.seed, worker_index)
+        return GridSampler(search_space(cfg), seed=seed % 2**32)  # numpy's seed range
+    return TrialSeededRandomSampler(seed, worker_index)
 
 
 def load_study(job: TuningJob, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
@@ -144,6 +162,19 @@ def load_study(job: TuningJob, sampler: optuna.samplers.BaseSampler | None = Non
     if sampler is None:
         sampler = optuna.samplers.RandomSampler()
     return optuna.load_study(study_name=job.study_name, storage=storage, sampler=sampler)
+
+
+def study_identity(job: TuningJob) -> str:
+    """The identity of the job's study: its storage (password hidden), name and the id drawn
+    when it was created, so that a study deleted and created again under the same name, or
+    the same name in another storage, is another search (what the privacy ledger records)."""
+    study = load_study(job)
+    uid = study.user_attrs.get(STUDY_UID) or f"study-id-{study._study_id}"
+    try:
+        where = sa_url.make_url(job.storage_desc).render_as_string(hide_password=True)
+    except sa_url.exc.ArgumentError:  # a journal file: no URL, no password
+        where = job.storage_desc
+    return f"{where}::{job.study_name}::{uid}"
 
 
 def _json_float(x: float) -> float | str:
@@ -172,6 +203,8 @@ def open_study(job: TuningJob, storage: optuna.storages.BaseStorage, n_grid: int
     study.set_user_attr("dpfair.epsilon_training", _json_float(job.epsilon_training))
     study.set_user_attr("dpfair.delta", job.delta)
     study.set_user_attr("dpfair.event", job.search_event_json)
+    study.set_user_attr(CONFIG_SEED, cfg.seed if cfg.reproducible else secrets.randbits(63))
+    study.set_user_attr(STUDY_UID, uuid.uuid4().hex)
     k = draw_k(cfg, n_grid)
     study.set_user_attr("dpfair.K", k)
     return k

@@ -58,7 +58,8 @@ def run_worker(
     ``keep_best`` returns ``(trial number, train_fn result)`` of this worker's best run (else
     None)."""
     cfg = job.cfg
-    study = load_study(job, sampler_for(cfg, index))
+    study = load_study(job)
+    study.sampler = sampler_for(cfg, index, study)
     dists = distributions(search_space(cfg))
     train_fn = resolve(job.train_fn) if job.train_fn is not None else _default_train_fn
     on_trial_fn = resolve(job.on_trial) if job.on_trial is not None else None

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from dpfair.cli import app
 from dpfair.config import parse_params
-from dpfair.source_ledger import SourceLedger
+from dpfair.ledger import SourceLedger
 
 runner = CliRunner()
 
@@ -46,7 +46,7 @@ def test_audit_logs_a_tagged_run_with_bounds_plot_and_no_model(tmp_path, monkeyp
     (found,) = client.search_runs([client.get_experiment_by_name("dpfair-synthetic")
                                    .experiment_id])
     tags, metrics = found.data.tags, found.data.metrics
-    assert tags["dpfair.stage"] == "audit" and "not a release" in tags["dpfair.release"]
+    assert tags["dpfair.stage"] == "audit" and "charged" in tags["dpfair.release"]
     assert metrics["audit/canaries/minority"] == 40 and metrics["audit/confidence"] == 0.95
     assert metrics["audit/epsilon_lower_bound/minority"] < metrics[
         "audit/epsilon_claimed/minority"]
@@ -56,10 +56,10 @@ def test_audit_logs_a_tagged_run_with_bounds_plot_and_no_model(tmp_path, monkeyp
     assert {f.path for f in client.list_artifacts(found.info.run_id)} == {"audit"}  # no model
     png = client.download_artifacts(found.info.run_id, "audit/scores.png", str(tmp_path))
     assert Image.open(png).width <= 1600
-    # the privacy ledger records the audit, by its label (its canary scores have no ε)
-    [recorded] = SourceLedger(tmp_path / ".dpfair" / "privacy_ledger.json").releases("synthetic")
+    # the audit is charged the event of its training run (bounds and scores come from it)
+    [recorded] = SourceLedger(tmp_path / ".dpfair" / "ledger.sqlite").releases("synthetic")
     assert recorded.context["command"] == "dpfair audit" and recorded.status == "released"
-    assert recorded.epsilon == 0 and "not a release" in recorded.without_guarantee[0]
+    assert recorded.epsilon > 0 and not recorded.without_guarantee
 
 
 def test_fairlens_audit_shows_no_epsilon(tmp_path, monkeypatch):

@@ -197,6 +197,26 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
               plots["evaluation/group_accuracy.csv"][0]["content"]["data"]["values"]}
     assert ("dpsgd", "minority") in groups and ("nonprivate", "majority") in groups
 
+    # a temporary experiment runs in a copy under .dvc/tmp/exps that DVC deletes: its MLflow
+    # runs and its privacy spend land in the project's stores, not in the copy
+    from dpfair.ledger import SourceLedger
+
+    ledger = SourceLedger(".dpfair/ledger.sqlite", repo)
+    assert len(ledger.releases()) == 1
+    _dvc(repo, "exp", "run", "--temp", "evaluate", "-S", "experiment.seeds=[1]",
+         PREFECT_HOME=str(tmp_path / "prefect"))
+    releases = ledger.releases()
+    assert len(releases) == 2 and releases[1].status == "released"
+    assert releases[1].accounts == releases[0].accounts  # the same people: they compose
+    assert ledger.spent("synthetic", releases[1].version, releases[1].delta) > releases[0].epsilon
+    import sqlite3
+
+    with sqlite3.connect(repo / "mlflow.db") as db:
+        pipelines = db.execute("select count(*) from tags where key = 'dpfair.stage' and "
+                               "value = 'pipeline'").fetchone()[0]
+    assert pipelines == 2
+    _git(repo, "checkout", "--", "params.yaml")
+
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["experiment"]["train"]["epochs"] = 3
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

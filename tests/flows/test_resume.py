@@ -18,9 +18,9 @@ from mlflow import MlflowClient
 
 from dpfair.config import load_params
 from dpfair.data import load_dataset
+from dpfair.ledger import SourceLedger
 from dpfair.privacy import accounting
 from dpfair.resume import find_resumable
-from dpfair.source_ledger import SourceLedger
 from dpfair.tracking import read_results
 from dpfair.training import make_plan
 from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, final_runs, make_workspace
@@ -99,7 +99,7 @@ def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_
     event = _run_event(params_path, "dpsgd_global", 0)
     assert out["release"]["methods"]["dpsgd_global"]["epsilon"] == pytest.approx(
         _oracle(dp_event.SelfComposedDpEvent(event, 4), delta), rel=1e-6)
-    first, resumed = SourceLedger(tmp_path / params.budget.ledger).releases("synthetic")
+    first, resumed = SourceLedger(params.budget.ledger, tmp_path).releases("synthetic")
     assert first.status == "released" and resumed.status == "released"
     assert resumed.context["resumes"] == crashed.info.run_id
     assert resumed.epsilon == pytest.approx(
@@ -107,7 +107,7 @@ def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_
     assert "2 crashed attempt(s) retrained" in parent.data.tags["mlflow.note.content"]
     # a finished run is not resumed: the next rerun would start afresh
     exp_id = out["experiment_id"]
-    book = SourceLedger(tmp_path / params.budget.ledger)
+    book = SourceLedger(params.budget.ledger, tmp_path)
     assert find_resumable(params.tracking, exp_id, params, parent.data.tags[
         "dpfair.data_version"], book) is None
 
@@ -195,7 +195,7 @@ def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path,
               and r.info.status == "FAILED"]
     assert len(killed) == 1 and "dpfair.stale" in killed[0].data.tags
     params = load_params(params_path)
-    [first, resumed] = SourceLedger(tmp_path / params.budget.ledger).releases("synthetic")
+    [first, resumed] = SourceLedger(params.budget.ledger, tmp_path).releases("synthetic")
     assert first.status == "pending"  # killed: counts in full, whatever it released
     assert resumed.epsilon == pytest.approx(
         accounting.epsilon(_run_event(params_path, "dpsgd", 0), out["release"]["delta"]),

@@ -19,7 +19,8 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from dpfair.config import load_params
 from dpfair.data import source_version
 from dpfair.errors import BudgetExceededError
-from dpfair.source_ledger import SourceLedger
+from dpfair.ledger import SourceLedger
+from dpfair.ledger.people import version_id
 from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
 
 TINY = {**SMALL_EXPERIMENT, "seeds": [0], "methods": {"dpsgd": {"C": 1.0}},
@@ -56,10 +57,11 @@ def test_retrain_skips_unchanged_data_and_composes_changed_data(prefect_harness,
 
     monkeypatch.chdir(tmp_path)
     params_path = make_workspace(tmp_path, repo_root, TINY, pipeline={"use_dvc": False})
-    ledger = SourceLedger(tmp_path / ".dpfair" / "privacy_ledger.json")
+    ledger = SourceLedger(".dpfair/ledger.sqlite", tmp_path)
     first = retrain_flow(params_path="params.yaml", root=str(tmp_path))
     version = source_version("synthetic", load_params(params_path).dataset("synthetic"))
-    assert not first["skipped"] and first["source_version"] == version
+    public = version_id(ledger.secret(), version)  # the only published id: never the md5
+    assert not first["skipped"] and first["data_version"] == public
     [parent] = _pipeline_runs(params_path)
     assert parent.info.run_id == first["parent_run_id"]
     [release] = ledger.releases("synthetic")
@@ -76,29 +78,30 @@ def test_retrain_skips_unchanged_data_and_composes_changed_data(prefect_harness,
     assert artifact.key == "dpfair-results" and artifact.type == "markdown"
     assert f"`{parent.info.run_id}`" in artifact.data
     assert f"#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}" in artifact.data
-    assert first["table"] in artifact.data and f"version `{version}`" in artifact.data
+    assert first["table"] in artifact.data and f"version `{public}`" in artifact.data
+    assert version not in artifact.data and parent.data.tags["dpfair.data_version"] == public
     registered = first["registered_model"]
     assert registered["version"] == "1"
     assert f"`{registered['name']}` version 1" in artifact.data
 
     # unchanged data: skipped, nothing trained, nothing spent
     again = retrain_flow(params_path="params.yaml", root=str(tmp_path))
-    assert again == {"skipped": True, "source_version": version}
+    assert again == {"skipped": True, "data_version": public}
     assert len(_pipeline_runs(params_path)) == 1 and len(ledger.releases()) == 1
 
     # new data (same people by default): retrained, and its release composes with the first
     _set(params_path, "datasets", "synthetic", {"n": 900, "n_features": 6,
                                                 "minority_fraction": 0.2})
     changed = retrain_flow(params_path="params.yaml", root=str(tmp_path))
-    assert not changed["skipped"] and changed["previous_version"] == version
-    assert changed["source_version"] != version
+    assert not changed["skipped"] and changed["previous_version"] == public
+    assert changed["data_version"] != public
     assert changed["registered_model"] == {"name": registered["name"], "version": "2"}
     model_version = MlflowClient(load_params(params_path).tracking.uri).get_model_version(
         registered["name"], "2")
     assert model_version.run_id in {r["run_id"] for r in changed["runs"]}
     assert len(_pipeline_runs(params_path)) == 2
     first_release, second = ledger.releases("synthetic")
-    assert second.account == first_release.account and second.status == "released"
+    assert second.accounts == first_release.accounts and second.status == "released"
     oracle = RdpAccountant()
     oracle.compose(first_release.dp_event())
     oracle.compose(second.dp_event())

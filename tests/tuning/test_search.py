@@ -7,11 +7,13 @@ import json
 import math
 
 import numpy as np
+import optuna
 import pytest
 from dp_accounting import dp_event
 
 from dpfair import tuning
 from dpfair.privacy import accounting
+from dpfair.tuning.study import CONFIG_SEED
 from tests.tuning.conftest import (
     BASE,
     METHOD,
@@ -213,10 +215,13 @@ def test_secret_randomness_by_default(tmp_path):
     assert all(prepare(job.study_name).k == job.k for job in jobs)
     a, b = search("a"), search("b")
     assert not a.reproducible
-    assert [r["config"] for r in a.trials] == [r["config"] for r in b.trials]
+    # the configuration draws are seeded by a secret of the study, not by the logged seed
+    seeds = {optuna.load_study(study_name=n, storage=f"sqlite:///{tmp_path / 'study.db'}")
+             .user_attrs[CONFIG_SEED] for n in ("a", "b")}
+    assert len(seeds) == 2 and 5 not in seeds
     assert all(x["score"] != y["score"] for x, y in zip(a.trials, b.trials, strict=True))
     c, d = search("c", reproducible=True), search("d", reproducible=True)
-    assert c.reproducible and [r["config"] for r in c.trials] == [r["config"] for r in a.trials]
+    assert c.reproducible and [r["config"] for r in c.trials] == [r["config"] for r in d.trials]
     for row, other in zip(c.trials, d.trials, strict=True):
         rng = np.random.default_rng(np.random.SeedSequence([5, 78, row["number"]]))
         pred = fast_train(json.loads(row["config"]), ds).val_predictions

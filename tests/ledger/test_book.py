@@ -1,9 +1,8 @@
-"""The cumulative privacy ledger per data source (dpfair/source_ledger.py): composition by the
-accountant, the lifetime budget, accounts of disjoint versions, restarts, concurrent writers."""
+"""The lifetime privacy ledger (dpfair/ledger/book.py): composition by the accountant, the
+lifetime budget, accounts of disjoint versions, restarts, concurrent writers."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -12,10 +11,11 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
 from dpfair.errors import BudgetExceededError, PrivacyError
+from dpfair.ledger import PrivacyGate, SourceLedger
+from dpfair.ledger.gate import DataVersion
 from dpfair.privacy import accounting
 from dpfair.release import method_release, release_plan
 from dpfair.sections import BudgetSection
-from dpfair.source_ledger import SourceLedger, reserve_plan
 
 DELTA = 1e-5
 
@@ -32,7 +32,7 @@ def _oracle(*events: dp_event.DpEvent) -> float:
 
 
 def test_spend_is_the_accountants_composition_not_a_sum(tmp_path):
-    ledger = SourceLedger(tmp_path / "ledger.json")
+    ledger = SourceLedger(tmp_path / "ledger.sqlite")
     events = [_run(1.0), _run(1.5, 300), _run(0.9, 100)]
     for i, event in enumerate(events):
         ledger.reserve("loans", f"v{i}", event, DELTA)
@@ -41,11 +41,13 @@ def test_spend_is_the_accountants_composition_not_a_sum(tmp_path):
     assert spent < sum(_oracle(e) for e in events)
     assert [r.epsilon for r in ledger.releases("loans")] == pytest.approx(
         [_oracle(e) for e in events])
-    assert ledger.spent("other", "v0", DELTA) == 0.0  # accounts are per source
+    assert ledger.spent("other", "w0", DELTA) == 0.0  # other data: other people
+    # the same file (same md5) under another name: the same people
+    assert ledger.spent("other", "v0", DELTA) == pytest.approx(spent)
 
 
 def test_lifetime_budget_refuses_before_recording_and_names_the_spend(tmp_path):
-    ledger = SourceLedger(tmp_path / "ledger.json")
+    ledger = SourceLedger(tmp_path / "ledger.sqlite")
     event = _run()
     one, two, three = _oracle(event), _oracle(event, event), _oracle(event, event, event)
     lifetime = (two + three) / 2
@@ -56,19 +58,19 @@ def test_lifetime_budget_refuses_before_recording_and_names_the_spend(tmp_path):
     message = str(err.value)
     assert f"budget.lifetime_epsilon {lifetime:g}" in message
     assert f"spent so far on these people: ε {two:.3g} in 2 release(s)" in message
-    assert f"this retrain adds: ε {one:.3g} on its own" in message
+    assert f"this release adds: ε {one:.3g} on its own" in message
     assert f"ε {three:.3g}" in message and "nothing was trained" in message
     assert "disjoint_from_previous" in message
     assert len(ledger.releases("loans")) == 2
 
 
 def test_ledger_survives_a_restart(tmp_path):
-    path = tmp_path / "state" / "ledger.json"
+    path = tmp_path / "state" / "ledger.sqlite"
     SourceLedger(path).reserve("loans", "v1", _run(), DELTA)
     SourceLedger(path).reserve("loans", "v2", _run(), DELTA)
     expected = _oracle(_run(), _run())
     assert SourceLedger(path).spent("loans", "v2", DELTA) == pytest.approx(expected)
-    code = ("import sys; from dpfair.source_ledger import SourceLedger; "
+    code = ("import sys; from dpfair.ledger import SourceLedger; "
             f"print(SourceLedger(sys.argv[1]).spent('loans', 'v2', {DELTA}))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                          text=True, check=True, timeout=120)
@@ -76,7 +78,7 @@ def test_ledger_survives_a_restart(tmp_path):
 
 
 def test_disjoint_versions_start_their_own_account(tmp_path):
-    ledger = SourceLedger(tmp_path / "ledger.json")
+    ledger = SourceLedger(tmp_path / "ledger.sqlite")
     a, b = _run(1.0), _run(2.0)
     ledger.reserve("loans", "v1", a, DELTA)
     ledger.reserve("loans", "v2", a, DELTA)  # same people by default
@@ -85,7 +87,7 @@ def test_disjoint_versions_start_their_own_account(tmp_path):
     # new customers only: a separate account, so the first account's spend does not count
     assert ledger.spent("loans", "v3", DELTA, disjoint=True) == 0.0
     new = ledger.reserve("loans", "v3", b, DELTA, lifetime_epsilon=lifetime, disjoint=True)
-    assert new.declared_disjoint and new.account != ledger.releases("loans")[0].account
+    assert new.declared_disjoint and new.accounts != ledger.releases("loans")[0].accounts
     # the next version (not declared) holds the same people as the latest: v3's account
     ledger.reserve("loans", "v4", b, DELTA)
     assert ledger.spent("loans", "v4", DELTA) == pytest.approx(_oracle(b, b))
@@ -96,7 +98,7 @@ def test_disjoint_versions_start_their_own_account(tmp_path):
 
 
 def test_void_releases_do_not_count_pending_ones_do(tmp_path):
-    ledger = SourceLedger(tmp_path / "ledger.json")
+    ledger = SourceLedger(tmp_path / "ledger.sqlite")
     event = _run()
     crashed_early = ledger.reserve("loans", "v1", event, DELTA)
     with pytest.raises(RuntimeError), ledger.spending(crashed_early):
@@ -108,10 +110,15 @@ def test_void_releases_do_not_count_pending_ones_do(tmp_path):
     ledger.reserve("loans", "v2", event, DELTA)  # a killed run: stays pending
     statuses = [(r.status, r.context.get("error", "")) for r in ledger.releases("loans")]
     assert statuses == [("void", "RuntimeError: MLflow unreachable"),
-                        ("released", "RuntimeError: a training failed after logging epochs"),
+                        ("failed", "RuntimeError: a training failed after logging epochs"),
                         ("pending", "")]
     assert ledger.spent("loans", "v2", DELTA) == pytest.approx(_oracle(event, event))
-    assert ledger.latest_version("loans") == "v1"  # a pending release is not complete
+    # neither a failed nor a pending release completes its version: a retrain retries it
+    assert ledger.latest_version("loans") is None
+    done = ledger.reserve("loans", "v2", event, DELTA)
+    with ledger.spending(done):
+        pass
+    assert ledger.latest_version("loans") == "v2"
 
 
 def test_a_plans_releases_without_guarantee_carry_a_label(tmp_path):
@@ -120,17 +127,22 @@ def test_a_plans_releases_without_guarantee_carry_a_label(tmp_path):
     reference = method_release("nonprivate", "none", [0, 1],
                                [dp_event.NonPrivateDpEvent()] * 2, None, False, DELTA)
     plan = release_plan([reference, private], DELTA)
-    ledger = SourceLedger(tmp_path / "ledger.json")
-    release = reserve_plan(ledger, "loans", "v1", plan,
-                           BudgetSection(lifetime_epsilon=plan.epsilon_total * 1.01))
+    where = str(tmp_path / "ledger.sqlite")
+
+    def gate(**budget: object) -> PrivacyGate:
+        return PrivacyGate(BudgetSection(allow_nonprivate_reference=True, ledger=where,
+                                         **budget))
+
+    v1 = DataVersion("loans", "v1", "p1", {"row": ["r1", "r2"]})
+    release = gate(lifetime_epsilon=plan.epsilon_total * 1.01).admit(plan, v1).release
     assert release.epsilon == pytest.approx(_oracle(run, run))
     assert release.without_guarantee == ("nonprivate: non-private reference: no DP guarantee",)
-    stored = json.loads((tmp_path / "ledger.json").read_text())["releases"][0]
-    assert "NonPrivate" not in json.dumps(stored["event"])
+    assert "NonPrivate" not in SourceLedger(where).releases()[0].event
+    v2 = DataVersion("loans", "v2", "p2", {"row": ["r3"]})
     with pytest.raises(BudgetExceededError):
-        reserve_plan(ledger, "loans", "v2", plan, BudgetSection(lifetime_epsilon=release.epsilon))
-    disjoint = BudgetSection(lifetime_epsilon=release.epsilon * 1.01, disjoint_from_previous=True)
-    assert reserve_plan(ledger, "loans", "v2", plan, disjoint).account == 1
+        gate(lifetime_epsilon=release.epsilon).admit(plan, v2)
+    disjoint = gate(lifetime_epsilon=release.epsilon * 1.01, disjoint_from_previous=True)
+    assert disjoint.admit(plan, v2).release.accounts != release.accounts
 
 
 # Each writer process: three reserves (argv: ledger path, worker index).
@@ -138,7 +150,7 @@ _WRITER = """
 import sys
 from dp_accounting import dp_event
 from dpfair.privacy import accounting
-from dpfair.source_ledger import SourceLedger
+from dpfair.ledger import SourceLedger
 ledger = SourceLedger(sys.argv[1])
 for i in range(3):
     event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
@@ -147,7 +159,7 @@ for i in range(3):
 
 
 def test_concurrent_writers_lose_no_release(tmp_path):
-    path = str(tmp_path / "ledger.json")
+    path = str(tmp_path / "ledger.sqlite")
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, str(w)],
                               stderr=subprocess.PIPE, text=True) for w in range(3)]
     errors = [p.communicate(timeout=120)[1] for p in procs]
@@ -157,7 +169,7 @@ def test_concurrent_writers_lose_no_release(tmp_path):
 
 
 def test_an_unreadable_ledger_stops_everything(tmp_path):
-    path = tmp_path / "ledger.json"
-    path.write_text("{not json")
-    with pytest.raises(PrivacyError, match="cannot be read.*repaired from a backup"):
+    path = tmp_path / "ledger.sqlite"
+    path.write_text("not a database")
+    with pytest.raises(PrivacyError, match="cannot be opened.*nothing may train"):
         SourceLedger(path).reserve("loans", "v1", _run(), DELTA)

@@ -1,0 +1,117 @@
+"""The privacy gate: the one component every entry point that reads private data goes through.
+
+``dpfair run`` (and a resumed run), ``dpfair train``, ``dpfair tune``, ``dpfair audit``, a
+scheduled retrain of ``dpfair serve``, ``dpfair.api.fit`` and the DVC stages (``dvc repro``,
+``dvc exp run`` in any mode) all follow the same four steps, in this order:
+
+1. **plan**: what the command will release, as DpEvents (:class:`dpfair.release.ReleasePlan`),
+   built by the caller after every check that needs no training (config, data, search space,
+   groups, the model check) has passed;
+2. **check** (:meth:`PrivacyGate.check`): the plan against ``budget.*`` (the run's ε, the
+   test split's ε, releases without a guarantee) - the same rules for every command;
+3. **reserve** (:meth:`PrivacyGate.admit`): the plan's event against the lifetime budget of
+   every account of people the data touches (:mod:`dpfair.ledger.book`), recorded as pending
+   in the durable ledger in one locked transaction;
+4. **release or void**: the returned :class:`~dpfair.ledger.book.Spending` settles it when the
+   command ends (void when it stopped before anything could leave the process).
+
+A refusal at steps 2-3 costs nothing: nothing was recorded and nothing trained.
+
+:meth:`PrivacyGate.identify` is where a loaded dataset meets the ledger: it computes the keyed
+fingerprints of the people (:mod:`dpfair.ledger.people`) and replaces
+``dataset.meta["data_version"]`` (the source's md5) by the published data-version id, so no
+later log, tag or registry entry can publish the md5, which would be a membership oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dp_accounting import dp_event
+
+from dpfair.ledger.book import Release, SourceLedger, Spending
+from dpfair.ledger.people import Fingerprints, dataset_fingerprints, examples_md5, version_id
+from dpfair.release import check_budget
+
+if TYPE_CHECKING:
+    from dpfair.data import GroupedDataset
+    from dpfair.release import ReleasePlan
+    from dpfair.sections import BudgetSection
+
+__all__ = ["DataVersion", "PrivacyGate"]
+
+
+@dataclass(frozen=True)
+class DataVersion:
+    """A loaded data version as the ledger knows it: its ``source`` name, the private
+    ``source_md5`` (never published), the published ``public_id`` and the fingerprints of the
+    people in it."""
+
+    source: str
+    source_md5: str
+    public_id: str
+    fingerprints: Fingerprints
+
+
+class PrivacyGate:
+    """Plan -> check -> reserve -> release or void (module docstring), with ``budget``
+    (``params.budget``) and the ledger it names, relative to the project ``root``."""
+
+    def __init__(self, budget: BudgetSection, root: str | Path | None = None) -> None:
+        self.budget = budget
+        self.ledger = SourceLedger(budget.ledger, root)
+
+    def identify(self, name: str, dataset: GroupedDataset, options: Any = None,
+                 source_md5: str | None = None) -> DataVersion:
+        """The data version of ``dataset`` (loaded from source ``name`` with ``options``; its
+        source's md5 ``source_md5``, default the one it was loaded with): fingerprints of its
+        people, and ``dataset.meta["data_version"]`` replaced by the published id (module
+        docstring)."""
+        secret = self.ledger.secret()
+        md5 = (source_md5 or dataset.meta.get("source_md5") or dataset.meta.get("data_version")
+               or examples_md5(dataset))
+        public = version_id(secret, md5)
+        dataset.meta["source_md5"] = md5
+        dataset.meta["data_version"] = public
+        return DataVersion(name, md5, public, dataset_fingerprints(secret, dataset, options))
+
+    def public_id(self, source_md5: str) -> str:
+        """The published id of the data version whose source md5 is ``source_md5``."""
+        return version_id(self.ledger.secret(), source_md5)
+
+    def check(self, plan: ReleasePlan) -> None:
+        """Refuse (``PrivacyError``, itemised) a plan that ``budget.*`` does not allow."""
+        check_budget(plan, self.budget)
+
+    def admit(self, plan: ReleasePlan, data: DataVersion, *,
+              event: dp_event.DpEvent | None = None, **context: str) -> Spending:
+        """Check ``plan`` (:meth:`check`), then reserve it on ``data``'s people against
+        ``budget.lifetime_epsilon``; returns the :class:`Spending` that settles it.
+        ``event``: what to reserve when it is not the whole plan (a resumed run reserves only
+        its retrains; the crashed run's reservation counts already)."""
+        self.check(plan)
+        whole = event is None
+        reserved = self.reserve(
+            data, plan.ledger_event if whole else event, plan.delta,
+            epsilon=plan.epsilon_total if whole and not plan.test_noisy else None,
+            without_guarantee=[f"{m.label}: {m.no_epsilon_label}"
+                               for m in plan.without_guarantee] if whole else (),
+            **context)
+        return self.ledger.spending(reserved)
+
+    def reserve(self, data: DataVersion, event: dp_event.DpEvent, delta: float, *,
+                epsilon: float | None = None, without_guarantee: Any = (),
+                **context: str) -> Release:
+        """Reserve ``event`` on ``data``'s people (the lifetime check alone)."""
+        return self.ledger.reserve(
+            data.source, data.source_md5, event, delta, fingerprints=data.fingerprints,
+            lifetime_epsilon=self.budget.lifetime_epsilon, epsilon=epsilon,
+            disjoint=self.budget.disjoint_from_previous,
+            without_guarantee=list(without_guarantee), context=context)
+
+    def spent(self, data: DataVersion, delta: float) -> float:
+        """ε already spent on ``data``'s people (the most spent account it touches)."""
+        return self.ledger.spent(data.source, data.source_md5, delta,
+                                 self.budget.disjoint_from_previous, data.fingerprints)

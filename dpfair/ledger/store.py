@@ -1,0 +1,265 @@
+"""The privacy ledger's durable store: one SQL database for every data source and machine.
+
+By default a SQLite file at an absolute project path (``budget.ledger``, relative paths
+resolved by :func:`dpfair.workspace.durable_path`, so ``dvc exp run --temp`` and queued
+experiments write into the project's ledger, never into their temporary copy). A team points
+``budget.ledger`` at a database server with an SQLAlchemy URL, e.g.
+``postgresql+psycopg2://user@host/dpfair``: every machine, CI included, then shares one
+lifetime budget.
+
+Writes that must check and record together (a reservation) run in one transaction that holds
+the database's write lock: ``BEGIN IMMEDIATE`` on SQLite, a ``SELECT ... FOR UPDATE`` of the
+lock row elsewhere. Two processes can therefore never both pass a budget check that only one
+of them fits.
+
+The store also keeps the project secret (:func:`Store.secret`): 32 bytes from OS entropy,
+created on first use, that keys the fingerprints of people and the published data-version
+ids (:mod:`dpfair.ledger.people`). It is never logged or published; whoever can read the
+ledger can read it, so the ledger is private working state.
+
+A JSON ledger of earlier versions (``.dpfair/privacy_ledger.json``) is imported on first use
+(:func:`import_json_ledger`): its releases keep their ids, status and events.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from dpfair.errors import PrivacyError
+from dpfair.workspace import durable_path
+
+__all__ = ["DEFAULT_LEDGER", "Store", "ledger_url", "mask_password"]
+
+DEFAULT_LEDGER = ".dpfair/ledger.sqlite"
+_LEGACY_JSON = ".dpfair/privacy_ledger.json"
+
+_meta = sa.MetaData()
+META = sa.Table("dpfair_meta", _meta,
+                sa.Column("key", sa.String(64), primary_key=True),
+                sa.Column("value", sa.Text, nullable=False))
+RELEASES = sa.Table("dpfair_releases", _meta,
+                    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+                    sa.Column("id", sa.String(64), unique=True, nullable=False),
+                    sa.Column("source", sa.String(255), nullable=False, index=True),
+                    sa.Column("version", sa.String(64), nullable=False),
+                    sa.Column("accounts", sa.Text, nullable=False),
+                    sa.Column("status", sa.String(16), nullable=False),
+                    sa.Column("event", sa.Text, nullable=False),
+                    sa.Column("epsilon", sa.Float, nullable=False),
+                    sa.Column("delta", sa.Float, nullable=False),
+                    sa.Column("without_guarantee", sa.Text, nullable=False),
+                    sa.Column("declared_disjoint", sa.Boolean, nullable=False),
+                    sa.Column("recorded_at", sa.String(40), nullable=False),
+                    sa.Column("context", sa.Text, nullable=False))
+VERSIONS = sa.Table("dpfair_versions", _meta,
+                    sa.Column("version", sa.String(64), primary_key=True),
+                    sa.Column("source", sa.String(255), nullable=False),
+                    sa.Column("accounts", sa.Text, nullable=False),
+                    sa.Column("rows", sa.Integer, nullable=False),
+                    sa.Column("declared_disjoint", sa.Boolean, nullable=False))
+FINGERPRINTS = sa.Table("dpfair_fingerprints", _meta,
+                        sa.Column("version", sa.String(64), nullable=False, index=True),
+                        sa.Column("kind", sa.String(8), nullable=False),
+                        sa.Column("fp", sa.String(40), nullable=False, index=True))
+
+
+def mask_password(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe to print)."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        return url
+    return parsed.render_as_string(hide_password=True)
+
+
+def ledger_url(location: str, root: str | Path | None = None) -> str:
+    """The SQLAlchemy URL of ``budget.ledger``: a URL as given, a path (relative to the
+    project root, :func:`dpfair.workspace.durable_path`) as a SQLite file."""
+    if "://" in location:
+        return location
+    return f"sqlite:///{durable_path(location, root)}"
+
+
+class Store:
+    """The ledger database at ``url`` (tables created on first use)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.display = mask_password(url)
+        if url.startswith("sqlite:///"):
+            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            self.engine = sa.create_engine(url, connect_args={"timeout": 120})
+            sa.event.listen(self.engine, "connect", _sqlite_autocommit_off)
+            sa.event.listen(self.engine, "begin", _sqlite_begin_immediate)
+        else:
+            self.engine = sa.create_engine(url, pool_pre_ping=True)
+        try:
+            _meta.create_all(self.engine)
+            with self.locked() as conn:
+                if conn.execute(sa.select(META.c.value).where(META.c.key == "lock")).first() \
+                        is None:
+                    conn.execute(sa.insert(META).values(key="lock", value="1"))
+        except sa.exc.SQLAlchemyError as exc:
+            raise PrivacyError(
+                f"the privacy ledger {self.display} cannot be opened ({type(exc).__name__}: "
+                f"{mask_password(str(exc.orig) if hasattr(exc, 'orig') else str(exc))[:300]}): "
+                "it records what was already spent, so nothing may train until it is "
+                "reachable; check budget.ledger") from None
+
+    @contextmanager
+    def locked(self) -> Iterator[sa.Connection]:
+        """A transaction holding the ledger's write lock (module docstring)."""
+        with self.engine.begin() as conn:
+            if self.engine.dialect.name != "sqlite":
+                conn.execute(sa.select(META.c.value).where(META.c.key == "lock")
+                             .with_for_update())
+            yield conn
+
+    @contextmanager
+    def reading(self) -> Iterator[sa.Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def secret(self) -> bytes:
+        """The project secret (module docstring), created on first use."""
+        with self.reading() as conn:
+            row = conn.execute(sa.select(META.c.value).where(META.c.key == "secret")).first()
+        if row is not None:
+            return bytes.fromhex(row[0])
+        with self.locked() as conn:
+            row = conn.execute(sa.select(META.c.value).where(META.c.key == "secret")).first()
+            if row is None:
+                conn.execute(sa.insert(META).values(key="secret",
+                                                    value=secrets.token_bytes(32).hex()))
+                row = conn.execute(sa.select(META.c.value).where(META.c.key == "secret")).first()
+        return bytes.fromhex(row[0])
+
+    # ----------------------------------------------------------------------------- rows
+
+    @staticmethod
+    def release_rows(conn: sa.Connection, source: str | None = None) -> list[dict[str, Any]]:
+        query = sa.select(RELEASES).order_by(RELEASES.c.seq)
+        if source is not None:
+            query = query.where(RELEASES.c.source == source)
+        return [_decode(dict(r._mapping)) for r in conn.execute(query)]
+
+    @staticmethod
+    def version_row(conn: sa.Connection, version: str) -> dict[str, Any] | None:
+        row = conn.execute(sa.select(VERSIONS).where(VERSIONS.c.version == version)).first()
+        return None if row is None else {**row._mapping,
+                                         "accounts": json.loads(row._mapping["accounts"])}
+
+    @staticmethod
+    def add_version(conn: sa.Connection, version: str, source: str, accounts: Iterable[int],
+                    fingerprints: dict[str, list[str]], disjoint: bool) -> None:
+        rows = len(fingerprints.get("row", ()))
+        conn.execute(sa.insert(VERSIONS).values(
+            version=version, source=source, accounts=json.dumps(sorted(set(accounts))),
+            rows=rows, declared_disjoint=disjoint))
+        batch = [{"version": version, "kind": kind, "fp": fp}
+                 for kind, fps in fingerprints.items() for fp in sorted(set(fps))]
+        if batch:
+            conn.execute(sa.insert(FINGERPRINTS), batch)
+
+    @staticmethod
+    def overlapping(conn: sa.Connection, fingerprints: dict[str, list[str]]
+                    ) -> dict[str, int]:
+        """Recorded versions sharing a fingerprint of the same kind with ``fingerprints``:
+        version -> number of shared fingerprints."""
+        found: dict[str, int] = {}
+        for kind, fps in fingerprints.items():
+            unique = sorted(set(fps))
+            for start in range(0, len(unique), 500):
+                chunk = unique[start:start + 500]
+                query = (sa.select(FINGERPRINTS.c.version, sa.func.count())
+                         .where(FINGERPRINTS.c.kind == kind, FINGERPRINTS.c.fp.in_(chunk))
+                         .group_by(FINGERPRINTS.c.version))
+                for version, count in conn.execute(query):
+                    found[version] = found.get(version, 0) + int(count)
+        return found
+
+    @staticmethod
+    def next_account(conn: sa.Connection) -> int:
+        used = [a for (accounts,) in conn.execute(sa.select(VERSIONS.c.accounts))
+                for a in json.loads(accounts)]
+        used += [a for (accounts,) in conn.execute(sa.select(RELEASES.c.accounts))
+                 for a in json.loads(accounts)]
+        return max(used, default=-1) + 1
+
+    @staticmethod
+    def insert_release(conn: sa.Connection, row: dict[str, Any]) -> None:
+        conn.execute(sa.insert(RELEASES).values(**_encode(row)))
+
+    @staticmethod
+    def update_release(conn: sa.Connection, release_id: str, status: str,
+                       context: dict[str, str]) -> None:
+        conn.execute(sa.update(RELEASES).where(RELEASES.c.id == release_id).values(
+            status=status, context=json.dumps(context, sort_keys=True)))
+
+    def is_empty(self) -> bool:
+        with self.reading() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(RELEASES)).scalar() == 0
+
+
+def _encode(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "accounts": json.dumps(sorted(row["accounts"])),
+            "without_guarantee": json.dumps(list(row["without_guarantee"])),
+            "context": json.dumps(row["context"], sort_keys=True)}
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    row.pop("seq", None)
+    return {**row, "accounts": tuple(json.loads(row["accounts"])),
+            "without_guarantee": tuple(json.loads(row["without_guarantee"])),
+            "context": json.loads(row["context"])}
+
+
+def _sqlite_autocommit_off(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+
+
+def _sqlite_begin_immediate(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def legacy_json(root: str | Path | None) -> Path:
+    """Where earlier versions kept the ledger (imported by :func:`import_json_ledger`)."""
+    return durable_path(_LEGACY_JSON, root)
+
+
+def import_json_ledger(store: Store, path: Path) -> int:
+    """Import the releases of an earlier JSON ledger at ``path`` into an empty ``store`` (its
+    per-source accounts become accounts of their own); returns how many. The JSON file is kept
+    and renamed ``*.imported`` so that it is never imported twice."""
+    if not path.is_file() or not store.is_empty():
+        return 0
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        old = data["releases"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PrivacyError(f"the earlier privacy ledger {path} cannot be read ({exc}): repair "
+                           "it from a backup before anything trains") from None
+    numbers: dict[tuple[str, int], int] = {}
+    with store.locked() as conn:
+        for r in old:
+            account = numbers.setdefault((r["source"], int(r["account"])), len(numbers))
+            if Store.version_row(conn, r["version"]) is None:
+                Store.add_version(conn, r["version"], r["source"], [account], {},
+                                  bool(r.get("declared_disjoint", False)))
+            Store.insert_release(conn, {
+                "id": r["id"], "source": r["source"], "version": r["version"],
+                "accounts": [account], "status": r["status"],
+                "event": json.dumps(r["event"]), "epsilon": float(r["epsilon"]),
+                "delta": float(r["delta"]), "without_guarantee": r.get("without_guarantee", []),
+                "declared_disjoint": bool(r.get("declared_disjoint", False)),
+                "recorded_at": r.get("recorded_at", ""),
+                "context": {**r.get("context", {}), "imported_from": str(path)}})
+    path.rename(path.with_name(path.name + ".imported"))
+    return len(old)

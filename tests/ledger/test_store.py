@@ -1,0 +1,90 @@
+"""The ledger's durable store (dpfair/ledger/store.py): a JSON ledger of earlier versions is
+imported, a database server shared by machines (a real PostgreSQL), passwords never shown,
+paths resolved against the project root from DVC's temporary workspaces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from dp_accounting import dp_event
+
+from dpfair.ledger import SourceLedger
+from dpfair.ledger.store import ledger_url, mask_password
+from dpfair.privacy import accounting
+from dpfair.workspace import durable_sqlite_uri, project_root
+
+DELTA = 1e-5
+EVENT = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
+
+
+def test_an_earlier_json_ledger_is_imported_once(tmp_path):
+    legacy = tmp_path / ".dpfair" / "privacy_ledger.json"
+    legacy.parent.mkdir()
+    event = json.loads(accounting.event_to_json(EVENT))
+    rows = [{"id": f"r{i}", "source": "loans", "version": f"v{i}", "account": account,
+             "status": "released", "event": event, "epsilon": 1.0, "delta": DELTA,
+             "without_guarantee": [], "declared_disjoint": account == 1,
+             "recorded_at": "2026-11-20T00:00:00", "context": {}}
+            for i, account in enumerate([0, 0, 1])]
+    legacy.write_text(json.dumps({"format": 1, "releases": rows}))
+    ledger = SourceLedger(".dpfair/ledger.sqlite", tmp_path)
+    imported = ledger.releases("loans")
+    assert [r.id for r in imported] == ["r0", "r1", "r2"]
+    assert imported[0].accounts == imported[1].accounts != imported[2].accounts
+    assert not legacy.exists() and legacy.with_name(legacy.name + ".imported").exists()
+    # what was spent before the upgrade still counts
+    assert ledger.spent("loans", "v1", DELTA) == pytest.approx(
+        accounting.epsilon(dp_event.ComposedDpEvent([EVENT, EVENT]), DELTA))
+    assert len(SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()) == 3
+
+
+def test_a_dvc_temporary_workspace_uses_the_projects_stores(tmp_path):
+    repo = tmp_path / "repo"
+    workspace = repo / ".dvc" / "tmp" / "exps" / "tmpab12" / "sub"
+    workspace.mkdir(parents=True)
+    assert project_root(workspace) == repo.resolve()
+    assert project_root(repo) == repo.resolve()
+    assert ledger_url(".dpfair/ledger.sqlite", workspace) == (
+        f"sqlite:///{repo.resolve()}/.dpfair/ledger.sqlite")
+    assert durable_sqlite_uri("sqlite:///mlflow.db", workspace) == (
+        f"sqlite:///{repo.resolve()}/mlflow.db")
+    assert durable_sqlite_uri("http://host:5000", workspace) == "http://host:5000"
+
+
+def test_passwords_are_masked():
+    url = "postgresql+psycopg2://alice:s3cret@db.example:5432/dpfair"
+    assert "s3cret" not in mask_password(url) and "alice" in mask_password(url)
+
+
+_WRITER = """
+import sys
+from dp_accounting import dp_event
+from dpfair.ledger import SourceLedger
+from dpfair.privacy import accounting
+ledger = SourceLedger(sys.argv[1])
+event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
+for i in range(3):
+    ledger.reserve("loans", "v1", event, 1e-5, context={"worker": f"{sys.argv[2]}.{i}"})
+print(ledger.secret().hex())
+"""
+
+
+def test_a_team_shares_one_ledger_on_a_database_server(postgres_url):
+    """Three processes ("machines") write to one PostgreSQL ledger at once: no release is
+    lost, and all of them key people with the same project secret."""
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, postgres_url, str(w)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in range(3)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 3, [err for _, err in outs]
+    assert len({out.strip() for out, _ in outs}) == 1  # one secret for the team
+    ledger = SourceLedger(postgres_url)
+    workers = sorted(r.context["worker"] for r in ledger.releases("loans"))
+    assert workers == sorted(f"{w}.{i}" for w in range(3) for i in range(3))
+    assert ledger.spent("loans", "v1", DELTA) == pytest.approx(
+        accounting.epsilon(dp_event.ComposedDpEvent([EVENT] * 9), DELTA))
+    with pytest.raises(Exception, match="lifetime_epsilon"):
+        ledger.reserve("loans", "v1", EVENT, DELTA, lifetime_epsilon=1.0)
