@@ -57,7 +57,7 @@ from dpfair.privacy.layer_fallback import (
     plan_layers,
     vmap_layer_grads,
 )
-from dpfair.privacy.layer_grads import LayerGrads, model_layer_grads
+from dpfair.privacy.layer_grads import LayerGrads, check_weight_factors, model_layer_grads
 from dpfair.privacy.low_memory import (
     NormSink,
     Tap,
@@ -159,6 +159,7 @@ class GhostClipping(PerSampleGradients):
         self.clone_outputs, self.low_memory = clone_outputs, low_memory
         self._held = 0  # bytes of the last step's layer output gradients
         self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
+        self._normal = False  # whether the last factor path's overflow check passed
         self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers: list[LayerGrads] = []
         self._params: list[nn.Parameter] = []
@@ -274,7 +275,9 @@ class GhostClipping(PerSampleGradients):
                         [cast_float(o.detach(), dtype) for o in outs], grads,
                         tolerance=1e-4 if outs[0].dtype == dtype else 5e-2,
                     ))
-            self._layers += model_layer_grads(per_layer)
+            check = check_weight_factors(per_layer)
+            self._normal = bool(check[1])
+            self._layers += model_layer_grads(per_layer, check=check)
             self._calls = per_layer if self.keeps_calls else {}
             squares = [layer.sq_norms() for layer in self._layers]
             if len(squares) > 2:  # one stack and one sum, not a sum per layer

@@ -246,8 +246,8 @@ class _ConvGrads:
             bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
 
 
-def _cat(parts: list[Tensor]) -> Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+def _cat(parts: list[Tensor], dim: int = 0) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 def _total(parts: list[Tensor]) -> Tensor:
@@ -330,7 +330,7 @@ class PerSampleLayer:
     def of(cls, grads: dict[nn.Parameter, Tensor]) -> PerSampleLayer:
         """From per-parameter per-sample gradients ``{param: (B, *shape)}``."""
         flat = [g.reshape(len(g), -1) for g in grads.values()]
-        return cls(list(grads), _cat1(flat))
+        return cls(list(grads), _cat(flat, 1))
 
     @property
     def grads(self) -> dict[nn.Parameter, Tensor]:
@@ -368,10 +368,6 @@ def _joint_view(targets: list[Tensor], dtype: torch.dtype) -> Tensor | None:
             return None
         offset += t.numel()
     return first.as_strided((offset - first.storage_offset(),), (1,))
-
-
-def _cat1(parts: list[Tensor]) -> Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
 def norm_layer_grads(
@@ -412,14 +408,14 @@ def _balanced_weight(module: nn.Module) -> bool:
     return isinstance(module, GHOST_LAYERS) and module.weight.requires_grad
 
 
-def model_layer_grads(
-    per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]], budget: int | None = None
-) -> list[LayerGrads]:
-    """:func:`layer_grads` of every layer, in order, with one overflow check
-    (:func:`all_normal`) for the weight factors of all Linear and Conv2d layers together: when
-    it passes, none of them needs :func:`balance_factors`'s rescaling; otherwise each layer
-    makes its own check. ``budget``: bytes of per-sample intermediates per layer (default
-    :func:`engine_budget` of the factors' device)."""
+#: Per dense layer its factors' squared norms (``None`` for a frozen weight's input), and whether
+#: all weight factors' squared norms are normal numbers (``None``: nothing to check).
+FactorCheck = tuple[dict[nn.Module, tuple[Tensor | None, Tensor]], bool | None]
+
+
+def check_weight_factors(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]) -> FactorCheck:
+    """One overflow check (:func:`all_normal`) for the weight factors of all Linear and Conv2d
+    layers together: when it passes, none of them needs :func:`balance_factors`'s rescaling."""
     dense: dict[nn.Module, tuple[Tensor | None, Tensor]] = {}
     checked: list[Tensor] = []
     norms: list[Tensor] = []  # of the other layers' factors: one square for all of them
@@ -433,7 +429,18 @@ def model_layer_grads(
             norms += [row_norms(t) for call in calls for t in call]
     if norms:
         checked += [_cat(norms).square()] if same_dtype(norms) else [n.square() for n in norms]
-    normal = all_normal(checked) if checked else None
+    return dense, all_normal(checked) if checked else None
+
+
+def model_layer_grads(
+    per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]], budget: int | None = None,
+    check: FactorCheck | None = None,
+) -> list[LayerGrads]:
+    """:func:`layer_grads` of every layer, in order, after one overflow check for all of them
+    (``check``, :func:`check_weight_factors` if not given): where it fails, each layer makes its
+    own check. ``budget``: bytes of per-sample intermediates per layer (default
+    :func:`engine_budget` of the factors' device)."""
+    dense, normal = check_weight_factors(per_layer) if check is None else check
     if budget is None and per_layer:
         budget = engine_budget(next(iter(per_layer.values()))[0][1].device)
     return [
