@@ -8,15 +8,19 @@ Two implementations of one interface (DESIGN.md section 4):
   gradient is ``sum_t d_t a_t^T`` (``t`` runs over sequence positions, or over the im2col
   patches of a convolution), so its squared norm is ``|a|^2 |d|^2`` for a Linear applied once
   per sample (the ghost-norm trick), else ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the
-  norm of the materialised per-sample gradient of that layer, whichever is cheaper.
-  A convolution's per-sample gradient is materialised by one batched matmul per kernel tap,
-  only for its norms, a chunk of samples at a time. An embedding's norm is exact from the token
-  ids (:mod:`dpfair.privacy.layer_grads`). The weighted sum is one contraction of the
-  ``w``-scaled output gradients with the inputs, added in place to the tensors the caller
+  norm of the materialised per-sample gradient of that layer, whichever is expected faster.
+  A convolution's per-sample gradient is materialised by one batched matmul over the im2col
+  patches of all its kernel taps, only for its norms, a chunk of samples at a time (chunks
+  sized to a memory budget, :mod:`dpfair.privacy.factors`). An embedding's norm is exact from
+  the token ids (:mod:`dpfair.privacy.layer_grads`). The weighted sum is one contraction of
+  the ``w``-scaled output gradients with the inputs, added in place to the tensors the caller
   passes (the step's noise). LayerNorm and GroupNorm parameters are small: their per-sample
   gradients are materialised from the same captured input and output gradient. Any other
   layer with trainable parameters is materialised alone, by vmap of that layer
-  (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer.
+  (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer. Where the
+  layers' output gradients would not fit the memory budget, the norms are formed inside the
+  backward pass, one layer's output gradient at a time, and the weighted sum by a second
+  backward (:mod:`dpfair.privacy.low_memory`).
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
   every per-sample gradient; it serves BAM where its fast ascent does not
   (:mod:`dpfair.privacy.ascent`), models whose parameters are shared between modules, and
