@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpfair.privacy.conv_factors import padded_input
 from dpfair.privacy.factors import balanced
 from dpfair.privacy.gradients import (
     GhostClipping,
@@ -44,7 +45,6 @@ from dpfair.privacy.layer_grads import (
     EmbeddingGrads,
     layer_factors,
     norm_layer_grads,
-    padded_input,
 )
 
 

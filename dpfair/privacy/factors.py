@@ -8,7 +8,7 @@ of two (exact), so that products, Gram matrices and the weighted sum stay in ran
 
 Cost. Per-sample gradients or Gram matrices are formed a chunk of samples at a time, the chunk
 sized to a memory budget that knows the device (:func:`engine_budget`), and per layer by the
-route of least estimated time (:func:`gram_route`: flops, elements moved and kernel launches).
+route of least estimated time (:func:`cheapest`: flops, elements moved and kernel launches).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def engine_budget(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class _Device:
-    """Rough per-device rates for :func:`gram_route`: flop/s, elements moved per second and
+    """Rough per-device rates for :func:`cheapest`: flop/s, elements moved per second and
     seconds per kernel launch (a GPU step of small layers is launch-bound)."""
 
     flops: float
@@ -161,22 +161,43 @@ def chunks(batch: int, per_sample: int, budget: int) -> list[slice]:
     return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
 
 
+@dataclass(frozen=True)
+class Route:
+    """One way to form a layer's per-sample squared norms, per sample: flops, elements moved,
+    elements held at once, and kernel launches per chunk of samples."""
+
+    flops: int
+    moved: int
+    held: int
+    kernels: int
+
+
+def cheapest(
+    routes: dict[str, Route], b: int, itemsize: int, device: torch.device, budget: int
+) -> str:
+    """The route of least estimated time on ``device`` for a batch of ``b``: flops and
+    elements moved per sample, and kernel launches once per chunk (each route's chunks fill
+    ``budget`` bytes)."""
+    rate = _RATES.get(device.type, _RATES["cuda"])
+
+    def seconds(r: Route) -> float:
+        launches = math.ceil(b / max(1, budget // max(r.held * itemsize, 1))) * r.kernels
+        return b * (r.flops / rate.flops + r.moved / rate.elements) + launches * rate.launch
+
+    return min(routes, key=lambda name: seconds(routes[name]))
+
+
 def gram_route(
     b: int, t: int, d_in: int, d_out: int, itemsize: int, device: torch.device, budget: int
 ) -> bool:
     """Whether the ``T x T`` Gram trick beats materialising per-sample gradients for the
     squared norms of ``g_i = sum_t d_t a_t^T`` (``a``: ``T x d_in``, ``d``: ``T x d_out`` per
-    sample), by estimated time on ``device``: flops, elements moved and kernel launches, the
-    latter once per chunk (each route's chunks fill ``budget``). Materialising: one batched
-    matmul (``2 T d_in d_out`` flops) and the norm of its ``d_in d_out`` result; Gram: two
-    ``T x T`` products and their inner product."""
-    rate = _RATES.get(device.type, _RATES["cuda"])
-
-    def seconds(flops: int, moved: int, kernels: int, held: int) -> float:
-        chunks = math.ceil(b / max(1, budget // max(held * itemsize, 1)))
-        return b * (flops / rate.flops + moved / rate.elements) + chunks * kernels * rate.launch
-
+    sample), by :func:`cheapest`. Materialising: one batched matmul (``2 T d_in d_out`` flops)
+    and the norm of its ``d_in d_out`` result; Gram: two ``T x T`` products and their inner
+    product."""
     inputs = t * (d_in + d_out)
-    full = seconds(2 * t * d_in * d_out, inputs + 2 * d_in * d_out, 3, d_in * d_out)
-    gram = seconds(2 * t * t * (d_in + d_out + 1), inputs + 6 * t * t, 5, 3 * t * t)
-    return gram < full
+    routes = {
+        "full": Route(2 * t * d_in * d_out, inputs + 2 * d_in * d_out, d_in * d_out, 3),
+        "gram": Route(2 * t * t * (d_in + d_out + 1), inputs + 6 * t * t, 3 * t * t, 5),
+    }
+    return cheapest(routes, b, itemsize, device, budget) == "gram"

@@ -12,7 +12,7 @@ row scatter (:class:`EmbeddingGrads`), or the small LayerNorm/GroupNorm paramete
 materialised (:class:`PerSampleLayer`). Materialised per-sample gradients (and a convolution's
 im2col patches) only live while a layer's norms are formed, in chunks of samples sized to the
 device's memory budget (:func:`engine_budget`); the route per layer is the one of least
-estimated time (:func:`gram_route`: flops, memory traffic and kernel launches, not flops
+estimated time (:func:`cheapest`: flops, memory traffic and kernel launches, not flops
 alone). The weighted sum is one contraction of the kept factors. :func:`balance_factors`
 keeps factors whose squares over- or underflow in range by exact powers of two (see the
 engine's module docstring, "Overflow"); :func:`model_layer_grads` makes that check once for
@@ -31,10 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpfair.privacy.conv_factors import conv_patches, conv_tap_grads, padded_input
 from dpfair.privacy.factors import (
+    Route,
     all_normal,
     balance_factors,
     balanced,
+    cheapest,
     chunks,
     engine_budget,
     gram_route,
@@ -45,7 +48,7 @@ from dpfair.privacy.factors import (
     same_dtype,
 )
 
-#: Layers whose per-sample gradient norms the fast path computes without materialising them.
+#: Layers whose per-sample gradient norms the fast path forms from their factors.
 GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Small layers the fast path materialises per sample, from the same input and output gradient.
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm)
@@ -117,14 +120,14 @@ class _DenseGrads:
 
 
 def _factor_sq_norms(a: Tensor, d: Tensor, gram: bool) -> Tensor:
-    """Per-sample ``|sum_t d_t a_t^T|^2`` for ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``:
-    the Gram trick ``<a a^T, d d^T>`` or the norm of the materialised gradient (one batched
-    matmul each way)."""
-    if gram:  # B T^2 (d_in + d_out) flops
-        aa = torch.einsum("btgi,bsgi->bgts", a, a)
-        dd = torch.einsum("btgo,bsgo->bgts", d, d)
+    """Per-sample ``|sum_t d_t a_t^T|^2`` for ``a: (B, G, K, T)``, ``d: (B, G, O, T)``: the Gram
+    trick ``<a^T a, d^T d>`` (``B T^2 (K + O)`` flops) or the norm of the materialised gradient
+    (``B T K O``), one batched matmul each way."""
+    if gram:
+        aa = torch.einsum("bgkt,bgks->bgts", a, a)
+        dd = torch.einsum("bgot,bgos->bgts", d, d)
         return torch.linalg.vecdot(aa.flatten(1), dd.flatten(1))
-    return row_sq_norms(torch.einsum("btgo,btgi->bgoi", d, a))  # B T d_in d_out flops
+    return row_sq_norms(torch.einsum("bgkt,bgot->bgko", a, d))
 
 
 class _LayerGrads:
@@ -160,6 +163,7 @@ class _LayerGrads:
             t, g, d_in, d_out = a.shape[1], a.shape[2], a.shape[3], d.shape[3]
             held = 3 * t * t if self.gram else g * d_in * d_out
             slices = chunks(self.batch_size, held * a.element_size(), self.budget)
+            a, d = a.permute(0, 2, 3, 1), d.permute(0, 2, 3, 1)  # (B, G, d, T)
             parts.append(_cat([_factor_sq_norms(a[c], d[c], self.gram) for c in slices]))
         return _total(parts)
 
@@ -182,13 +186,14 @@ class _LayerGrads:
 
 class _ConvGrads:
     """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
-    come a chunk of samples at a time from the im2col patches of the chunk (one strided copy
-    of its padded input, :func:`layer_factors`): materialised per-sample weight gradients (one
-    batched matmul for all kernel taps) or, where there are few positions, the Gram trick,
-    whichever :func:`gram_route` expects faster; neither the patches nor the per-sample
-    gradients outlive their chunk, whose size the memory budget sets. The weighted sum is one
-    convolution weight-gradient of the ``w``-scaled output gradients
-    (``torch.nn.grad.conv2d_weight``, padding inside it where the module pads with zeros)."""
+    come a chunk of samples at a time, by the route :func:`cheapest` expects fastest: the
+    per-sample weight gradients by one batched matmul per kernel tap (no copy of the input),
+    or by one matmul over the im2col patches of all taps (one copy, fewer kernels), or, where
+    there are few positions, the Gram trick over those patches
+    (:mod:`dpfair.privacy.conv_factors`); neither patches nor per-sample gradients outlive
+    their chunk, whose size the memory budget sets. The weighted sum is one convolution
+    weight-gradient of the ``w``-scaled output gradients (``torch.nn.grad.conv2d_weight``,
+    padding inside it where the module pads with zeros)."""
 
     def __init__(
         self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], budget: int,
@@ -202,29 +207,43 @@ class _ConvGrads:
         if module.weight.requires_grad:
             self.calls = [balanced(inp, grad, normal)[:2] for inp, grad in calls]
         c_out, c_in_g, kh, kw = module.weight.shape
-        self.t = sum(grad.shape[-1] * grad.shape[-2] for _, grad in calls)
-        self.k, self.o = c_in_g * kh * kw, c_out // module.groups
+        g, taps = module.groups, kh * kw
+        t = sum(grad.shape[-1] * grad.shape[-2] for _, grad in calls)
+        k, self.o = c_in_g * taps, c_out // g
         inp = calls[0][0]
-        self.gram = gram_route(
-            self.batch_size, self.t, self.k, self.o, inp.element_size(), inp.device, budget
+        x = inp[0].numel()  # the padded input, about
+        o_t = self.o * t * g
+        self.routes = {
+            "taps": Route(2 * t * k * c_out, taps * (x + o_t) + 2 * k * c_out,
+                          k * c_out + 2 * o_t + x, taps + 4),
+            "im2col": Route(2 * t * k * c_out, 2 * t * k * g + o_t + 2 * k * c_out,
+                            t * k * g + k * c_out + x, 5),
+            "gram": Route(2 * t * t * (k + self.o + 1) * g, 2 * t * k * g + o_t + 6 * t * t * g,
+                          (t * k + 3 * t * t) * g + x, 6),
+        }
+        self.route = cheapest(
+            self.routes, self.batch_size, inp.element_size(), inp.device, budget
         )
 
     def _chunk_sq(self, c: slice) -> Tensor:
-        factors = [layer_factors(self.module, a[c], d[c]) for a, d in self.calls]
-        a, d = factors[0] if len(factors) == 1 else (
-            torch.cat(t, 1) for t in zip(*factors, strict=True)  # calls are positions
-        )
-        return _factor_sq_norms(a, d, self.gram)
+        """A chunk's squared norms: per-tap products, or from patches ``(B, G, K, T)`` and
+        ``d: (B, G, O, T)``."""
+        m = self.module
+        if self.route == "taps":
+            grads = functools.reduce(torch.add, [
+                conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls
+            ])
+            return torch.linalg.vector_norm(grads, dim=(0, 2)).square()
+        a = _cat([conv_patches(m, a[c]) for a, _ in self.calls], 3)
+        d = _cat([d[c].reshape(len(a), m.groups, self.o, -1) for _, d in self.calls], 3)
+        return _factor_sq_norms(a, d, self.route == "gram")
 
     def sq_norms(self) -> Tensor:
-        w = self.module.weight
         parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
         if self.calls:
             a = self.calls[0][0]
-            held = self.t * self.k * self.module.groups + a[0].numel() + (
-                3 * self.t * self.t * self.module.groups if self.gram else w.numel()
-            )
-            slices = chunks(self.batch_size, held * a.element_size(), self.budget)
+            held = self.routes[self.route].held * a.element_size()
+            slices = chunks(self.batch_size, held, self.budget)
             parts.append(_cat([self._chunk_sq(c) for c in slices]))
         return _total(parts)
 
@@ -246,12 +265,11 @@ class _ConvGrads:
             bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
 
 
-def _cat(parts: list[Tensor], dim: int = 0) -> Tensor:
+def _cat(parts: list[Tensor], dim: int = 0) -> Tensor:  # no copy for one part
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
-def _total(parts: list[Tensor]) -> Tensor:
-    """The sum of a layer's per-sample squared norms (a trainable weight or bias gives one)."""
+def _total(parts: list[Tensor]) -> Tensor:  # a trainable weight or bias gives one part
     return functools.reduce(torch.add, parts)
 
 
@@ -289,34 +307,15 @@ class EmbeddingGrads:
 
 
 def layer_factors(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``.
-
-    For a convolution ``a`` holds the im2col patches, so only use this where the Gram trick
-    wins (few positions); otherwise :func:`_conv_tap_grads` is cheaper.
-    """
+    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``
+    (for a convolution ``a`` holds its im2col patches, :func:`conv_patches`)."""
     b = inp.shape[0]
     if isinstance(module, nn.Linear):
         return inp.reshape(b, -1, 1, inp.shape[-1]), grad_out.reshape(b, -1, 1, grad_out.shape[-1])
     assert isinstance(module, nn.Conv2d)
-    g = module.groups
-    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
-    # im2col from strided views and one copy (aten's CPU im2col is far slower at these sizes):
-    # (B, C, H_out, W_out, dh (kh - 1) + 1, dw (kw - 1) + 1), then every dilation-th tap.
-    padded = padded_input(module, inp)
-    patches = padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
-    patches = patches[..., ::dh, ::dw]
-    t = patches.shape[2] * patches.shape[3]
-    a = patches.permute(0, 2, 3, 1, 4, 5).reshape(b, t, g, -1)  # C-major, then kh, kw
-    d = grad_out.reshape(b, g, -1, t).permute(0, 3, 1, 2)
-    return a, d
-
-
-def padded_input(module: nn.Conv2d, inp: Tensor) -> Tensor:
-    """The input padded exactly as the module pads it ('same', non-zero padding modes)."""
-    if not any(module._reversed_padding_repeated_twice):
-        return inp
-    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-    return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
+    a = conv_patches(module, inp)
+    d = grad_out.reshape(*a.shape[:2], -1, a.shape[-1])
+    return a.permute(0, 3, 1, 2), d.permute(0, 3, 1, 2)
 
 
 class PerSampleLayer:
