@@ -213,7 +213,7 @@ class GhostClipping(PerSampleGradients):
         self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
-        sink = NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
+        sink = NormSink(calls, self._params[0].dtype, x.device, self._held) if self._low_memory(
             plan, x) else None
         rng = rng_state(x.device) if sink is not None else None
 

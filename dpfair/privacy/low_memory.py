@@ -19,6 +19,10 @@ from torch import Tensor
 from dpfair.privacy.factors import all_normal, cast_float, engine_budget
 from dpfair.privacy.layer_grads import tap_sq_norms
 
+#: A layer's per-sample intermediates on the low-memory path take at most 1 / SHARE of the
+#: bytes of all layer output gradients (which that path does not hold).
+SHARE = 16
+
 
 class Tap(torch.autograd.Function):
     """The identity on a layer's output, whose backward hands the output gradient to a
@@ -46,8 +50,14 @@ class NormSink:
     norm is not a normal number or a norm is not finite, and the engine then takes the factor
     path (which rescales and masks) on a replay of the same forward."""
 
-    def __init__(self, calls: list, dtype: torch.dtype, device: torch.device) -> None:
-        self.calls, self.dtype, self.budget = calls, dtype, engine_budget(device)
+    def __init__(
+        self, calls: list, dtype: torch.dtype, device: torch.device, held: int
+    ) -> None:
+        """``held``: bytes the model's layer output gradients took (the last step's); a
+        layer's intermediates get at most :data:`SHARE` of it, so that the peak stays near the
+        backward pass's own (:func:`engine_budget` if that is less)."""
+        self.calls, self.dtype = calls, dtype
+        self.budget = min(engine_budget(device), max(held // SHARE, 1 << 20))
         self.anchor = torch.zeros((), device=device, requires_grad=True)
         self.active = False
         self.squares: list[Tensor] = []
