@@ -213,7 +213,7 @@ class GhostClipping(PerSampleGradients):
         self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
-        sink = NormSink(calls, self._params[0].dtype, x.device, self._held) if self._low_memory(
+        sink = NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
             plan, x) else None
         rng = rng_state(x.device) if sink is not None else None
 
@@ -243,6 +243,7 @@ class GhostClipping(PerSampleGradients):
         targets = [o for c in calls for o in c[3] if o.requires_grad]
         self._held = sum(o.numel() * o.element_size() for o in targets)
         if sink is not None and len({id(c[0]) for c in calls}) == len(calls):
+            del targets  # the outputs: held no longer than autograd holds them
             norms = sink.norms(losses, x.shape[0])
             if norms is not None:
                 self._graph, self._all_finite = losses, True

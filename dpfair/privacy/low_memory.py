@@ -19,11 +19,6 @@ from torch import Tensor
 from dpfair.privacy.factors import all_normal, cast_float, engine_budget
 from dpfair.privacy.layer_grads import tap_sq_norms
 
-#: A layer's per-sample intermediates on the low-memory path take at most 1 / SHARE of the
-#: bytes of all layer output gradients (which that path does not hold).
-SHARE = 16
-
-
 class Tap(torch.autograd.Function):
     """The identity on a layer's output, whose backward hands the output gradient to a
     :class:`NormSink` (while it is active). ``anchor`` ties every tap to one leaf, so that one
@@ -50,14 +45,8 @@ class NormSink:
     norm is not a normal number or a norm is not finite, and the engine then takes the factor
     path (which rescales and masks) on a replay of the same forward."""
 
-    def __init__(
-        self, calls: list, dtype: torch.dtype, device: torch.device, held: int
-    ) -> None:
-        """``held``: bytes the model's layer output gradients took (the last step's); a
-        layer's intermediates get at most :data:`SHARE` of it, so that the peak stays near the
-        backward pass's own (:func:`engine_budget` if that is less)."""
-        self.calls, self.dtype = calls, dtype
-        self.budget = min(engine_budget(device), max(held // SHARE, 1 << 20))
+    def __init__(self, calls: list, dtype: torch.dtype, device: torch.device) -> None:
+        self.calls, self.dtype, self.budget = calls, dtype, engine_budget(device)
         self.anchor = torch.zeros((), device=device, requires_grad=True)
         self.active = False
         self.squares: list[Tensor] = []
@@ -80,11 +69,13 @@ class NormSink:
                 raise RuntimeError(f"{module} ran on an input without the batch axis")
             if outs[0]._version != versions[0]:
                 return None  # the factor path raises the error
+        # the layer outputs themselves are not needed (autograd keeps what it saved)
+        self.calls[:] = [call[:2] for call in self.calls]
         self.active = True
         try:
             torch.autograd.grad(losses.sum(), self.anchor, retain_graph=True, allow_unused=True)
         finally:
-            self.active = False
+            self.active, self.calls = False, []  # the retained graph's taps hold this sink
         if not self.squares:
             return losses.new_zeros(batch, dtype=self.dtype)
         norms = torch.stack(self.squares).sum(0).sqrt()
