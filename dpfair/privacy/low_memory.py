@@ -19,6 +19,7 @@ from torch import Tensor
 from dpfair.privacy.factors import all_normal, cast_float, engine_budget
 from dpfair.privacy.layer_grads import tap_sq_norms
 
+
 class Tap(torch.autograd.Function):
     """The identity on a layer's output, whose backward hands the output gradient to a
     :class:`NormSink` (while it is active). ``anchor`` ties every tap to one leaf, so that one
