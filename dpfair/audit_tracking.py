@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dpfair.audit import AuditResult, AuditSection, audit
+from dpfair.audit import AuditResult, AuditSection, audit, canary_count, group_ids
 from dpfair.audit.plot import score_figure
 from dpfair.checks import check_trainable
 from dpfair.commands import open_gate
@@ -74,7 +74,8 @@ def audit_from_params(params: Params, section: AuditSection, root: str | Path = 
     name = params.experiment.dataset
     dataset = load_dataset(name, params.dataset(name))
     check_trainable(config, dataset)
-    replaced = section.canaries * len(section.groups or dataset.group_names)
+    groups = group_ids(dataset, section.groups)
+    replaced = canary_count(config, dataset, section, groups) * len(groups)
     n_min = len(dataset.train) - (replaced if section.kind == "mislabel" else 0)
     delta = params.budget.delta or config.delta
     plan = make_plan(config, max(n_min, 1), dataset.n_groups, len(dataset.test))

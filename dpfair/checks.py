@@ -19,7 +19,14 @@ are still wrong:
   (:func:`~dpfair.training.plan.check_delta`; ``tuning.delta``: by
   :func:`dpfair.tuning.prepare`, before any study opens);
 * ``budget.epsilon`` and ``tuning.budget_epsilon`` allow at least one training run of every
-  method with a proven guarantee (the cheapest configuration of its space, if tuned).
+  method with a proven guarantee (the cheapest configuration of its space, if tuned);
+* a local ``tracking.artifact_root`` has room for every model the run logs
+  (:func:`check_model_space`).
+
+:func:`check_run` is the one validation pass of ``dpfair run`` before any work: it loads the
+declared dataset (its declaration, columns, groups) and runs these checks, before the Prefect
+server starts or the tracking and orchestration libraries are imported, so a wrong setting is
+one clear error within seconds.
 """
 
 from __future__ import annotations
@@ -38,7 +45,11 @@ if TYPE_CHECKING:
     from dpfair.config import Params
     from dpfair.data import GroupedDataset
 
-__all__ = ["check_against_data", "check_preprocessing", "check_trainable"]
+__all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_run",
+           "check_trainable"]
+
+#: What an MLflow model adds to its weights (MLmodel, environment files, input example).
+MODEL_OVERHEAD_BYTES = 1 << 20
 
 REFERENCE = "nonprivate"
 
@@ -48,12 +59,14 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
     the value and the fix) what the module docstring lists. Nothing has run when it raises."""
     exp = params.experiment
     n_train = len(dataset.train)
-    _check_pair(exp.pair, dataset)
+    _check_pair(exp.named_pair, dataset)
     check_preprocessing(params, dataset)
+    labels = [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]
+    check_model_space(params, dataset, len(labels) * len(exp.seeds))
     if params.budget.delta is not None:
         check_delta(params.budget.delta, n_train, allowed=params.budget.allow_large_delta,
                     key="budget.delta", opt_out="budget.allow_large_delta")
-    for label in [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]:
+    for label in labels:
         base = exp.train_config(label, exp.seeds[0])
         check_trainable(base, dataset)
         space = params.tuning.spaces.get(label, {})
@@ -71,6 +84,34 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
         configs = [make_config(base.method, base, point, seed=0, reproducible=False)
                    for point in grid_points(space)]
         _check_one_run(params, label, configs, n_train, dataset.n_groups)
+
+
+def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) -> None:
+    """A local artifact root has room for ``n_models`` models of ``experiment.model`` on
+    ``dataset`` (weights plus :data:`MODEL_OVERHEAD_BYTES` each), or an ``UnreachableError``
+    before anything trains. A remote artifact store is not checked."""
+    from dpfair.preflight import check_free_space, local_path
+
+    folder = local_path(params.tracking.artifact_root)
+    model_cfg = params.experiment.model
+    if folder is None or model_cfg is None:
+        return
+    net = build_model(model_cfg, dataset.input_shape, dataset.n_classes)
+    size = sum(t.numel() * t.element_size() for t in [*net.parameters(), *net.buffers()])
+    check_free_space(folder, n_models * (size + MODEL_OVERHEAD_BYTES), "artifact folder",
+                     f"free space there or set tracking.artifact_root elsewhere ({n_models} "
+                     "models of experiment.model are logged); nothing was trained")
+
+
+def check_run(params: Params) -> GroupedDataset:
+    """Load ``experiment.dataset`` as declared and run :func:`check_against_data`; returns the
+    dataset. Every error is a ``DpfairError`` naming the setting and the fix."""
+    from dpfair.data import load_dataset
+
+    name = params.experiment.dataset
+    dataset = load_dataset(name, params.dataset(name))
+    check_against_data(params, dataset)
+    return dataset
 
 
 def check_trainable(config: TrainConfig, dataset: GroupedDataset) -> None:
@@ -110,7 +151,8 @@ def _check_pair(pair: list[str] | None, dataset: GroupedDataset) -> None:
             raise ConfigError(
                 f"experiment.pair: {group!r} is not a group of dataset {dataset.name!r}"
                 f"{did_you_mean(group, names)} (its groups: {', '.join(names)}); name two of "
-                "them, or leave pair out for the first two. Nothing was trained."
+                "them, or leave pair out (every group is shown either way). Nothing was "
+                "trained."
             )
 
 

@@ -1,7 +1,6 @@
 """``dpfair`` command line (typer). One sub-app per area; new areas add a sub-app or a command.
 
-    dpfair data list
-    dpfair data prepare NAME [--params params.yaml] [--out data/prepared]
+    dpfair data list      dpfair data prepare NAME [--params params.yaml] [--out DIR]
     dpfair train --method M [--seed S]     dpfair tune --method M [--workers N]
     dpfair run        the experiment flow (Prefect), results in MLflow
     dpfair results    the comparison table of the latest pipeline run
@@ -26,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -337,31 +335,31 @@ def tune_cmd(
 def run(
     params: ParamsOption = None,
     copy_results: Annotated[Path | None, typer.Option(
-        help="also copy the results table and figures to this directory (replaced; the "
-        "output of dvc.yaml's run stage)")] = None,
+        help="also copy the results table and figures to this new, empty or dpfair-written "
+        "folder (replaced; dvc.yaml's run stage); any other folder is refused")] = None,
     resume: Annotated[bool, typer.Option(
         help="resume the latest pipeline run of these settings and data if it failed or was "
         "killed (finished searches and trainings are read back, not redone); --no-resume "
         "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
+    from dpfair.checks import check_run
     from dpfair.config import load_params
 
     path = params or Path(DEFAULT_PARAMS)
-    p = load_params(path)  # a clear error before Prefect starts
+    check_run(p := load_params(path))  # data, groups, model: an error before any server
     from dpfair.preflight import check_tracking
-
     check_tracking(p.tracking)
+    from dpfair.owned_dir import check_replaceable, replace_with_copy
     from dpfair.tracking import ui_command
     from flows.experiment import run_experiment
 
-    # DVC (the flow's prepare step) prints through its own handlers: not again through the
-    # root logger that Prefect configures ("Running stage" twice)
+    check_replaceable(copy_results)  # before anything runs: never delete others' files
+    # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
-    out = run_experiment(str(path), ".", resume=resume)
+    out = run_experiment(str(path), ".", resume=resume, checked=True)
     if copy_results is not None:
-        shutil.rmtree(copy_results, ignore_errors=True)
-        shutil.copytree(out["results_dir"], copy_results)
+        replace_with_copy(out["results_dir"], copy_results)
     console.print(out["table"], markup=False, highlight=False)
     console.print(f"figures and tables: {out['results_dir']}")
     if registered := out.get("registered_model"):
@@ -464,14 +462,16 @@ def audit_cmd(
     config, dataset, result = audit_from_params(p, section)
     table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
                         f"canaries, confidence {result.confidence:.0%}")
-    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=", "mu >=",
-                "claimed epsilon"):
+    for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=",
+                "joint epsilon >=", "mu >=", "certifiable <=", "claimed epsilon"):
         table.add_column(col, justify="left" if col == "group" else "right")
     for g in result.groups:
         claimed = "—" if g.epsilon_claimed is None else f"{g.epsilon_claimed:.3f}"
         table.add_row(g.group, str(g.canaries), str(g.included), f"{g.correct} / {g.guesses}",
-                      f"{g.epsilon_lower_bound:.3f}", f"{g.mu_lower_bound:.3f}", claimed)
+                      f"{g.epsilon_lower_bound:.3f}", f"{g.joint_lower_bound:.3f}",
+                      f"{g.mu_lower_bound:.3f}", f"{g.max_certifiable:.2f}", claimed)
     console.print(table)
+    console.print("\n".join(result.statement()))
     console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
                   "bound: above the claim shows a bug, below it proves nothing")
     if section.track:

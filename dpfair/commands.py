@@ -5,16 +5,19 @@ lifetime budget of the people in the data, before anything trains."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from dpfair.checks import check_preprocessing, check_trainable
+from dpfair.checks import check_model_space, check_preprocessing, check_trainable
 from dpfair.config import Params
 from dpfair.data import GroupedDataset
 from dpfair.experiment import RunRecord, log_search, train_logged
 from dpfair.ledger import DataVersion, PrivacyGate
+from dpfair.preflight import check_tracking
 from dpfair.privacy import accounting
+from dpfair.processes import sigterm_raises
 from dpfair.release import (
     MethodRelease,
     SearchRelease,
@@ -23,8 +26,8 @@ from dpfair.release import (
     search_release,
 )
 from dpfair.run_log import log_data_input, run_name
+from dpfair.tracking import existing_experiment, fail_stale_runs, run
 from dpfair.tracking import experiment_id as open_experiment
-from dpfair.tracking import run
 from dpfair.training import TrainResult, make_plan
 from dpfair.tuning import TuningConfig, TuningResult, tune
 from dpfair.tuning import prepare as prepare_search
@@ -40,6 +43,19 @@ def open_gate(params: Params, dataset: GroupedDataset, root: str | Path
     name = params.experiment.dataset
     gate = PrivacyGate(params.budget, root)
     return gate, gate.identify(name, dataset, params.dataset(name))
+
+
+@contextmanager
+def _command(params: Params, dataset: GroupedDataset) -> Iterator[None]:
+    """What a standalone command does before its checks and around its work, as ``dpfair run``
+    does: the tracking store answers (before any privacy is reserved), runs a killed command
+    left RUNNING are marked FAILED, and SIGTERM ends the command as an exception (its MLflow
+    run ends FAILED, its ledger release is settled, no new trial starts)."""
+    check_tracking(params.tracking)
+    if (known := existing_experiment(params.tracking, dataset.name)) is not None:
+        fail_stale_runs(params.tracking, known)
+    with sigterm_raises():
+        yield
 
 
 def _standalone(params: Params, dataset: GroupedDataset, data: DataVersion
@@ -58,13 +74,15 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     config = params.experiment.train_config(label, seed, **overrides)
     check_preprocessing(params, dataset)
     check_trainable(config, dataset)
+    check_model_space(params, dataset, 1)
     delta = params.budget.delta or config.delta
     plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
     release = method_release(label, config.method.privacy_guarantee, [seed], [plan.event], None,
                              config.reproducible, delta, [plan.test])
     gate, data = open_gate(params, dataset, root)
-    with gate.admit(release_plan([release], delta), data, command="dpfair train",
-                    method=label, seed=str(seed)) as spend:
+    with _command(params, dataset), gate.admit(
+            release_plan([release], delta), data, command="dpfair train", method=label,
+            seed=str(seed)) as spend:
         exp_id, data_tags = _standalone(params, dataset, data)
         spend.may_release()  # the command's MLflow run opens next
         result, record = train_logged(config, label, dataset, params.tracking, exp_id, None,
@@ -93,11 +111,20 @@ def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: Grou
     plan = release_plan([release], job.delta)
     gate, data = open_gate(params, dataset, root)
     study = study_identity(job)
-    if any(r.counts and r.context.get("study") == study for r in gate.ledger.releases()):
-        gate.check(plan)  # the same search, resumed: its reservation counts already
-        spending: Any = nullcontext(None)
-    else:
-        spending = gate.admit(plan, data, command="dpfair tune", method=label, study=study)
+    with _command(params, dataset):
+        if any(r.counts and r.context.get("study") == study for r in gate.ledger.releases()):
+            gate.check(plan)  # the same search, resumed: its reservation counts already
+            spending: Any = nullcontext(None)
+        else:
+            spending = gate.admit(plan, data, command="dpfair tune", method=label, study=study)
+        return _tune_logged(params, label, cfg, dataset, data, base, release, spending)
+
+
+def _tune_logged(params: Params, label: str, cfg: TuningConfig, dataset: GroupedDataset,
+                 data: DataVersion, base: Any, release: MethodRelease, spending: Any
+                 ) -> tuple[TuningResult, SearchRelease, MethodRelease, Path]:
+    """The search, then its MLflow run (opened after the last trial: no timestamp spans K)."""
+    mode = params.tuning.release
     with spending as spend:
         exp_id, data_tags = _standalone(params, dataset, data)
         if spend is not None:

@@ -12,6 +12,7 @@ tuning's pure config, tracking's settings), never mlflow, optuna, prefect or dvc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from dpfair.sections import (
     check_spaces,
 )
 from dpfair.settings import DEFAULT_PARAMS, TrackingConfig  # DEFAULT_PARAMS re-exported
+from dpfair.strict_yaml import safe_load_unique
 
 # ---------------------------------------------------------------------------------------------
 # sections
@@ -69,9 +71,14 @@ def _user_dataset(value: Any, handler: Any) -> Any:
     if isinstance(value, _Undeclared):
         raise ValueError(value.message)
     spec = kind_spec(value)  # a ConfigError (a ValueError) names the known kinds
-    assert spec is not None  # _declared let only mappings with a kind through
+    if spec is None:  # ``kind:`` given empty (null)
+        raise ValueError(f"kind is empty; give one of: {' | '.join(kinds())}")
     return spec.options.model_validate(value)
 
+
+#: a user's dataset name: a folder name under data/prepared (never '.', '..' or a path)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NAME_RULE = "a name has letters, digits, '_', '-' and '.', starting with a letter or digit"
 
 # a user's dataset: the options of one kind, chosen by its ``kind:`` key
 UserDataset = Annotated[Any, WrapValidator(_user_dataset)]
@@ -91,7 +98,13 @@ class _DatasetsBase(Section):
         out = dict(data)
         builtin = list(cls.model_fields)
         for key, value in data.items():
-            if key in cls.model_fields or (isinstance(value, Mapping) and "kind" in value):
+            if key in cls.model_fields:
+                continue
+            if not _SAFE_NAME.fullmatch(str(key)):
+                out[key] = _Undeclared(f"the dataset name {key!r} cannot name a folder of "
+                                       f"prepared data; {_NAME_RULE}")
+                continue
+            if isinstance(value, Mapping) and "kind" in value:
                 continue
             if key in specs():
                 why = (f"dataset {key!r} was registered after dpfair.config was imported, so "
@@ -149,6 +162,9 @@ class Params(Section):
         if name in specs():
             return get_spec(name).options()
         known = [*type(self.datasets).model_fields, *declared]
+        if not _SAFE_NAME.fullmatch(name):
+            raise ConfigError(f"{name!r} is no dataset name (available: {', '.join(known)}); "
+                              f"{_NAME_RULE}")
         raise ConfigError(
             f"unknown dataset {name!r}{did_you_mean(name, known)} (available: "
             f"{', '.join(known)}); declare your own under datasets: with a kind "
@@ -159,6 +175,39 @@ class Params(Section):
 
 # ---------------------------------------------------------------------------------------------
 # loading
+
+
+_ABSENT = object()
+
+
+def _bools_as_numbers(raw: Any, value: Any, path: str) -> list[str]:
+    """Key paths where ``raw`` (as parsed) holds a boolean that validation made a number."""
+    if isinstance(raw, bool):
+        return [path] if isinstance(value, int | float) and not isinstance(value, bool) else []
+    if isinstance(raw, Mapping):
+        found = []
+        for key, item in raw.items():
+            if isinstance(value, BaseModel):
+                sub = getattr(value, str(key), _ABSENT)
+            elif isinstance(value, Mapping):
+                sub = value.get(key, _ABSENT)
+            else:
+                sub = _ABSENT
+            if sub is not _ABSENT:
+                found += _bools_as_numbers(item, sub, f"{path}.{key}" if path else str(key))
+        return found
+    if isinstance(raw, list) and isinstance(value, list | tuple) and len(raw) == len(value):
+        return [p for i, (r, v) in enumerate(zip(raw, value, strict=True))
+                for p in _bools_as_numbers(r, v, f"{path}[{i}]")]
+    return []
+
+
+def _refuse_bools_as_numbers(data: Mapping[str, Any], params: Params, source: str) -> None:
+    """pydantic reads ``true`` as 1 where a number is expected (``epochs: true`` would train one
+    epoch): refuse that, naming the keys."""
+    if found := _bools_as_numbers(data, params, ""):
+        raise ConfigError(f"invalid {source}: {', '.join(found)}: a boolean (true/false) where "
+                          "a number is expected; write the number")
 
 
 def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -> Params:
@@ -173,6 +222,7 @@ def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -
         )
     try:
         params = Params.model_validate(dict(data))
+        _refuse_bools_as_numbers(data, params, source)
         check_spaces(params.experiment, params.tuning)
     except ValidationError as exc:
         body = format_validation_error(exc, Params)
@@ -193,11 +243,14 @@ def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     """Read and validate params.yaml; any problem is one ``ConfigError``."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"parameters file {path} is a folder: give the YAML file in it (e.g. "
+                          f"{path / DEFAULT_PARAMS})")
     if not path.is_file():
         where = path if path.is_absolute() else f"{path} (relative to {Path.cwd()})"
         raise ConfigError(f"parameters file not found: {where}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_unique(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -5,14 +5,17 @@ run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cel
 ``"mean ± se"`` in the units of :func:`dpfair.fairness.format_table`, the two ε columns of
 :mod:`dpfair.release` and a last row with the run's total ε) into
 
-- ``metrics.json``: ``epsilon_total`` and, per method, ``worst_group_accuracy`` (%),
+- ``metrics.json``: ``epsilon_total`` and, per method, ``group_accuracy`` (%, every group by
+  name), ``worst_group_accuracy`` (%), ``largest_accuracy_gap`` (accuracy points),
   ``largest_cost_gap`` (the largest privacy-cost gap between groups, accuracy points; Esipova
   et al. 2023, Eq. 1), ``epsilon_run`` and ``epsilon_released``. Only numbers that the results
   table already publishes: no training-set counts, and no ε for a release without a DP
   guarantee (the non-private reference, heuristic methods): such a method has none. With noisy
   test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test split's
-  ε, a different set of rows).
-- ``group_accuracy.csv``: test accuracy (%) per method and group (the named pair and the worst
+  ε, a different set of rows); with exact ones, ``test_metrics`` says that no ε covers them.
+  A method without an ε carries its label instead (``privacy``: heuristic or non-private
+  reference), and a replayable run its ``note``, as in MLflow.
+- ``group_accuracy.csv``: test accuracy (%) per method and group (every group and the worst
   group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
 """
@@ -29,7 +32,11 @@ import pandas as pd
 from dpfair.errors import DataError
 from dpfair.release import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
-WORST = "acc_worst_group"  # the table's worst-group column (more than two groups)
+#: exact test metrics, as the results table and MLflow say: no ε covers them
+TEST_METRICS_LABEL = "exact: not covered by ε (held-out test rows)"
+
+WORST = "acc_worst_group"  # the table's worst-group column
+ACC_GAP = "acc_gap_max"  # the largest accuracy gap between two groups
 COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the pair's
 TOTAL_ROW = "run total"  # how the row of the run's total ε starts (ReleasePlan.total_label)
 
@@ -71,11 +78,11 @@ def _method_rows(table: pd.DataFrame) -> dict[str, pd.Series]:
 
 
 def _group_accuracies(row: pd.Series) -> dict[str, float]:
-    """Group -> accuracy (%) of a method's row: the pair's ``acc_<group>`` and the worst."""
+    """Group -> accuracy (%) of a method's row: every ``acc_<group>`` and the worst."""
     out = {}
     for col, cell in row.items():
         col = str(col)
-        value = number(cell) if col.startswith("acc_") else None
+        value = number(cell) if col.startswith("acc_") and col != ACC_GAP else None
         if value is not None:
             out["worst group" if col == WORST else col.removeprefix("acc_")] = value
     return out
@@ -89,7 +96,9 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
     gap = next((number(row[c]) for c in COST_GAPS if c in row and number(row[c]) is not None),
                None)
     metrics: dict[str, Any] = {
+        "group_accuracy": {g: v for g, v in groups.items() if g != "worst group"} or None,
         "worst_group_accuracy": worst,
+        "largest_accuracy_gap": number(row[ACC_GAP]) if ACC_GAP in row else None,
         "largest_cost_gap": gap,
         "epsilon_run": number(row[EPSILON_RUN]),
         "epsilon_released": number(row[EPSILON_METHOD]),
@@ -97,6 +106,8 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
     }
     if row["note"]:
         metrics["note"] = row["note"]
+    if number(row[EPSILON_RUN]) is None and str(row[EPSILON_RUN]).strip() not in ("", "-"):
+        metrics["privacy"] = str(row[EPSILON_RUN])  # no ε: the label MLflow shows too
     return {k: v for k, v in metrics.items() if v is not None}
 
 
@@ -114,6 +125,8 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
                        if str(i).startswith(TOTAL_ROW)]
         if test_totals and test_totals[0] is not None:
             metrics["epsilon_test_total"] = test_totals[0]
+    else:
+        metrics["test_metrics"] = TEST_METRICS_LABEL
     metrics["methods"] = methods
     groups = pd.DataFrame(
         [{"method": m, "group": g, "method_group": f"{m} · {g}", "accuracy": acc}

@@ -5,6 +5,8 @@ traceback, exit code 2: every ``dpfair.errors.DpfairError``; a ``ValueError`` or
 ``LookupError`` raised by dpfair's own code; pydantic's ``ValidationError``; ``OSError`` (names
 the path); MLflow's, Optuna's and SQLAlchemy's errors (tracking and storage). Anything else is
 a bug: its traceback, and a line asking to report it with the dpfair version, exit code 1.
+Passwords of URLs in either are masked (:func:`dpfair.urls.mask_text`). Every command first
+removes the tuning job folders that killed processes left (:mod:`dpfair.processes`).
 Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stays fast).
 """
 
@@ -26,10 +28,14 @@ from dpfair.errors import (
     DataError,
     DpfairError,
     PrivacyError,
+    Terminated,
     TuningError,
     UnreachableError,
     format_validation_error,
+    user_exit,
 )
+from dpfair.processes import remove_stale_job_dirs
+from dpfair.urls import mask_text
 
 __all__ = ["EXIT_BUG", "EXIT_USAGE", "cli_errors", "describe_failure"]
 
@@ -99,23 +105,29 @@ def cli_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        remove_stale_job_dirs()  # what a SIGKILLed tuning left (a pickled dataset): gone
         try:
             return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, typer.BadParameter):
-            raise  # typer's own exits and usage errors
+        except (typer.Exit, typer.Abort, typer.BadParameter, Terminated):
+            raise  # typer's own exits and usage errors; SIGTERM
+        except SystemExit as exc:  # user code's sys.exit: never a silent exit code 0
+            err_console.print(Text.assemble(("configuration error:", "bold red"), " ", str(
+                user_exit(exc, "code of yours (a model, a factory or a callback)"))),
+                soft_wrap=True, highlight=False)
+            raise typer.Exit(EXIT_USAGE) from None
         except Exception as exc:
             known = describe_failure(exc)
             if known is None:
                 from importlib.metadata import version
 
-                traceback.print_exception(exc, file=sys.stderr)
+                sys.stderr.write(mask_text("".join(traceback.format_exception(exc))))
                 err_console.print(f"This is a bug in dpfair {version('dpfair')} (Python "
                                   f"{sys.version.split()[0]}), not in your input: please report "
                                   "it with the command you ran and the traceback above.",
                                   soft_wrap=True, highlight=False, markup=False)
                 raise typer.Exit(EXIT_BUG) from None
             label, message = known
-            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", message),
+            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", mask_text(message)),
                               soft_wrap=True, highlight=False)
             raise typer.Exit(EXIT_USAGE) from None
 

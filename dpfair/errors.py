@@ -51,6 +51,19 @@ class BudgetExceededError(TuningError):
     composed with what a data source's people already spent (``budget.lifetime_epsilon``)."""
 
 
+class Terminated(SystemExit):
+    """SIGTERM turned into an exception (:func:`dpfair.processes.sigterm_raises`): the process
+    was told to stop. Any other ``SystemExit`` inside a command is user code calling
+    ``sys.exit`` (:func:`user_exit`), an error."""
+
+
+def user_exit(exc: SystemExit, what: str) -> ConfigError:
+    """The error for ``sys.exit`` called by user code ``what`` (a model factory, a forward
+    pass): it would end dpfair silently (``sys.exit(0)``: exit code 0, nothing written)."""
+    return ConfigError(f"{what} called sys.exit({exc.code!r}): your code may not end the "
+                       "process; raise an exception instead")
+
+
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""`` when none is close."""
     names = [str(c) for c in choices]

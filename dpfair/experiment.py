@@ -27,6 +27,7 @@ from dpfair.errors import ConfigError, PrivacyError, did_you_mean
 from dpfair.fairness import metric_records
 from dpfair.privacy import accounting
 from dpfair.release import (
+    NO_NOISE,
     SECRET_NOISE,
     MethodRelease,
     ReleasePlan,
@@ -352,7 +353,8 @@ def train_logged(
     from dpfair.model_export import log_model
 
     tuning_privacy = tuned.tuning_privacy if tuned else "not tuned"
-    noise = REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE
+    noise = (NO_NOISE if config.method.privacy_guarantee == "none"
+             else REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE)
     tags = {**data_tags, "dpfair.stage": "final", "dpfair.method": label,
             "dpfair.seed": str(config.seed), "tuning_privacy": tuning_privacy,
             "dpfair.diagnostics": "non-private" if config.nonprivate_stats else "off",

@@ -9,8 +9,19 @@ Input: a ``pandas.DataFrame``.
   features, columns ``x0 .. x{d-1}`` (``d`` = the product of the input shape). An image is
   flattened in C-order (``array.reshape(n, -1)``) and reshaped back by the model.
 
-Output: a DataFrame with column ``prediction`` (the class name) and ``probability_<class>``
-per class (softmax of the logits).
+Rows are held to training's rules (``preprocessor.check_rows``): a category value the model
+never saw is an error naming column, value and row unless the dataset declares ``unknown:
+ignore``. Columns that are no features but belong to the data (target, protected attributes,
+id columns) are optional inputs of the signature, accepted without a warning.
+
+Output: a DataFrame with the dataset's id columns (when the input has them), ``prediction``
+(the class as the target column holds it: ``1``, not ``"1"``; text when the target is text) and
+``probability_<class>`` per class (softmax of the logits).
+
+Environment: the model carries its code (MLflow ``code_paths``): dpfair's package and, for an
+import-path model (``{name: import}``), the user's module unless an installed distribution
+provides it (then that distribution is pinned). Its requirements pin the installable packages
+that loading it imports (:data:`LOAD_REQUIREMENTS`), never a local build of dpfair.
 
 Signature: the input columns (built-in: ``double``; raw columns: MLflow's ``Any``, since a
 CSV read by pandas gives whole numbers as int64, which MLflow refuses for a ``double``
@@ -23,11 +34,12 @@ run's output), never through MLflow's process-wide active run: trainings run in 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
-import pickle
+import shutil
 import tempfile
-from importlib.metadata import version
+from importlib.metadata import packages_distributions, version
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +52,12 @@ from mlflow.models import Model, ModelSignature
 from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
 from dpfair.data import GroupedDataset
+from dpfair.data.preprocess import TablePreprocessor
 from dpfair.errors import DataError
-from dpfair.models import build_model, parse_model_config
+from dpfair.models import ImportModelConfig, build_model, parse_model_config
 from dpfair.tracking import TrackingConfig, client
 from dpfair.training import TrainResult
+from dpfair.urls import mask_url
 
 # No third-party progress bars in dpfair's output (saving a model downloads its artifacts).
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -63,9 +77,13 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
     """A dpfair network (rebuilt from its config and state) behind its preprocessing."""
 
     def __init__(self, model_config: dict[str, Any], input_shape: tuple[int, ...],
-                 class_names: list[str], columns: list[str]) -> None:
+                 class_names: list[str], columns: list[str],
+                 class_values: list[Any] | None = None,
+                 id_columns: list[str] | None = None) -> None:
         self.model_config, self.input_shape = model_config, tuple(input_shape)
         self.class_names, self.columns = list(class_names), list(columns)
+        self.class_values = list(class_values) if class_values else None
+        self.id_columns = list(id_columns or [])
         self._net: torch.nn.Module | None = None
         self._preprocessor: Any = None
 
@@ -75,8 +93,13 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
                           len(self.class_names))
         net.load_state_dict(state)
         self._net = net.eval()
-        if _PREPROCESSOR in context.artifacts:
-            self._preprocessor = pickle.loads(Path(context.artifacts[_PREPROCESSOR]).read_bytes())
+        if _PREPROCESSOR in context.artifacts:  # JSON: loading it runs no code
+            path = Path(context.artifacts[_PREPROCESSOR])
+            if path.suffix != ".json":
+                raise DataError(f"{path.name}: this model's preprocessor is a pickle (logged by "
+                                "an older dpfair), which dpfair does not load (it could run "
+                                "code); train and log the model again")
+            self._preprocessor = TablePreprocessor.from_json(path.read_bytes(), str(path))
 
     def features(self, frame: pd.DataFrame) -> torch.Tensor:
         """The network's input of ``frame``'s rows (a DataError names missing columns)."""
@@ -86,6 +109,8 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
                             f"{', '.join(self.columns)}")
         rows = frame[self.columns]
         if self._preprocessor is not None:
+            if callable(getattr(self._preprocessor, "check_rows", None)):
+                self._preprocessor.check_rows(rows)
             x = np.asarray(self._preprocessor.transform(rows), dtype=np.float32)
         else:
             x = rows.to_numpy(dtype=np.float32)
@@ -101,24 +126,55 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
         if self._net is None:
             raise RuntimeError("load_context was not called")
-        x = self.features(pd.DataFrame(model_input))
+        frame = pd.DataFrame(model_input)
+        x = self.features(frame)
         probs = torch.cat([torch.softmax(self._net(x[i : i + _BATCH]), dim=1)
                            for i in range(0, len(x), _BATCH)] or [torch.empty(0, 1)])
-        labels = np.asarray(self.class_names, dtype=object)
-        out = pd.DataFrame({PREDICTION: labels[probs.argmax(dim=1).numpy()] if len(x) else []})
+        # models logged before class values and id columns existed have neither attribute
+        labels = pd.Series(getattr(self, "class_values", None) or self.class_names)
+        out = pd.DataFrame({c: frame[c].to_numpy() for c in getattr(self, "id_columns", [])
+                            if c in frame})
+        out[PREDICTION] = (labels.iloc[probs.argmax(dim=1).numpy()].to_numpy() if len(x)
+                           else labels.iloc[:0].to_numpy())
         for k, name in enumerate(self.class_names):
             out[f"{PROBABILITY}{name}"] = probs[:, k].double().numpy() if len(x) else []
         return out
 
 
+def _passed_along(dataset: GroupedDataset) -> list[str]:
+    """Columns of the data that are no features: accepted silently (id columns: copied)."""
+    pre, meta = dataset.preprocessor, dataset.meta
+    if pre is None:
+        return []
+    target = meta.get("options", {}).get("target")
+    named = [*meta.get("id_columns", []), *meta.get("protected", []), *([target] if target
+                                                                          else [])]
+    return [c for c in dict.fromkeys(named) if c not in pre.columns]
+
+
+_VALUE_TYPES = ((bool, DataType.boolean), (int, DataType.long), (float, DataType.double))
+
+
+def _prediction_type(class_values: list[Any] | None) -> DataType:
+    for kind, dtype in _VALUE_TYPES:
+        if class_values and all(isinstance(v, kind) for v in class_values):
+            return dtype
+    return DataType.string
+
+
 def signature(dataset: GroupedDataset) -> ModelSignature:
-    """The model's inputs and outputs (module doc)."""
+    """The model's inputs (the features, then optional non-feature columns of the data) and
+    outputs (module doc)."""
     pre = dataset.preprocessor
     columns = feature_columns(dataset.input_shape) if pre is None else list(pre.columns)
     kind = DataType.double if pre is None else AnyType()
-    outputs = [ColSpec(DataType.string, PREDICTION),
+    ids = dataset.meta.get("id_columns", []) if pre is not None else []
+    outputs = [*(ColSpec(AnyType(), c) for c in ids),
+               ColSpec(_prediction_type(dataset.meta.get("class_values")), PREDICTION),
                *(ColSpec(DataType.double, f"{PROBABILITY}{c}") for c in dataset.class_names)]
-    return ModelSignature(Schema([ColSpec(kind, c) for c in columns]), Schema(outputs))
+    inputs = [*(ColSpec(kind, c) for c in columns),
+              *(ColSpec(AnyType(), c, required=False) for c in _passed_along(dataset))]
+    return ModelSignature(Schema(inputs), Schema(outputs))
 
 
 #: The value of a categorical column in the input example (a category no training row has:
@@ -161,12 +217,43 @@ class _KnownNotices(logging.Filter):
 logging.getLogger("mlflow.pyfunc").addFilter(_KnownNotices())
 
 
-def _requirements(has_preprocessor: bool) -> list[str]:
+#: The installable distributions that loading a model imports (dpfair's own code travels with
+#: the model; ``tests/test_model_export.py`` checks this list against a fresh interpreter).
+LOAD_REQUIREMENTS = ("torch", "numpy", "pandas", "scipy", "mlflow", "pydantic", "dp-accounting",
+                     "pyyaml", "scikit-learn")
+
+
+def _requirements(extra: list[str]) -> list[str]:
     """Pinned requirements (given, so MLflow does not load the model to infer them)."""
-    names = ["dpfair", "torch", "numpy", "pandas", "mlflow"]
-    if has_preprocessor:
-        names.append("scikit-learn")
+    names = dict.fromkeys([*LOAD_REQUIREMENTS, *extra])
     return [f"{name}=={version(name).split('+')[0]}" for name in names]
+
+
+def _code(model: Any, into: Path) -> tuple[list[str], list[str]]:
+    """``(code_paths, extra requirements)`` of a model: a copy of dpfair's package, and for an
+    import-path model its module's top-level file or package, or the installed distribution
+    that provides it."""
+    dpfair_dir = Path(__file__).resolve().parent
+    paths = [shutil.copytree(dpfair_dir, into / "dpfair",
+                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))]
+    extra: list[str] = []
+    if isinstance(model, ImportModelConfig):
+        top = model.target.split(":")[0].strip().split(".")[0]
+        dists = packages_distributions().get(top, [])
+        if dists:
+            extra.append(dists[0])
+        else:
+            spec = importlib.util.find_spec(top)
+            if spec is None or spec.origin is None and not spec.submodule_search_locations:
+                raise DataError(f"cannot find the files of module {top!r} (the model's "
+                                f"target {model.target!r}) to save them with the model")
+            if spec.submodule_search_locations:  # a package: its folder
+                paths.append(shutil.copytree(
+                    list(spec.submodule_search_locations)[0], into / top,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc")))
+            else:
+                paths.append(shutil.copy(spec.origin, into / Path(spec.origin).name))
+    return [str(p) for p in paths], extra
 
 
 def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result: TrainResult,
@@ -175,9 +262,14 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
     Models column) with ``tags`` and its :func:`preprocessing_note`, and return its URI
     ``models:/<model_id>``."""
     pre = dataset.preprocessor
+    if pre is not None and not isinstance(pre, TablePreprocessor):
+        raise DataError(f"dataset {dataset.name!r}: its preprocessor is a {type(pre).__name__}; "
+                        "a logged model keeps only dpfair's TablePreprocessor (as JSON)")
     columns = list(pre.columns) if pre is not None else feature_columns(dataset.input_shape)
     python_model = DpfairModel(result.config.model.model_dump(mode="json"),
-                               result.input_shape, dataset.class_names, columns)
+                               result.input_shape, dataset.class_names, columns,
+                               class_values=dataset.meta.get("class_values"),
+                               id_columns=dataset.meta.get("id_columns") if pre else None)
     mlf = client(tracking)
     logged = mlf.create_logged_model(experiment_id, name="model", source_run_id=run_id,
                                      tags={**tags, "preprocessing": preprocessing_note(dataset)},
@@ -188,13 +280,14 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
             artifacts = {_STATE: str(Path(tmp) / "model_state.pt")}
             torch.save(result.model_state, artifacts[_STATE])
             if pre is not None:
-                artifacts[_PREPROCESSOR] = str(Path(tmp) / "preprocessor.pkl")
-                Path(artifacts[_PREPROCESSOR]).write_bytes(pickle.dumps(pre))
+                artifacts[_PREPROCESSOR] = str(Path(tmp) / "preprocessor.json")
+                Path(artifacts[_PREPROCESSOR]).write_text(pre.to_json())
             path = Path(tmp) / "model"
+            code_paths, extra = _code(result.config.model, Path(tmp) / "code")
             mlflow.pyfunc.save_model(
                 path, python_model=python_model, artifacts=artifacts,
                 signature=signature(dataset), input_example=input_example(dataset),
-                pip_requirements=_requirements(pre is not None),
+                code_paths=code_paths, pip_requirements=_requirements(extra),
                 mlflow_model=Model(artifact_path=logged.artifact_location,
                                    model_uuid=logged.model_id, run_id=run_id,
                                    model_id=logged.model_id))
@@ -207,12 +300,19 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
 
 
 def model_location(cfg: TrackingConfig, model: str) -> str:
-    """Where the files of ``model`` are: a local folder or artifact URI as given; a logged
-    model ``models:/<model_id>``; a registered version ``models:/NAME/VERSION`` or
-    ``NAME/VERSION``, ``NAME@ALIAS``, or ``NAME`` (its latest version). Looked up through
-    ``cfg``'s store, never MLflow's process-wide tracking URI (threads share it)."""
-    if Path(model).exists() or "://" in model or model.startswith("runs:/"):
+    """Where the files of ``model`` are: a local folder (or ``file://`` URI) the user names, or
+    a model of ``cfg``'s store: ``runs:/...``, a logged model ``models:/<model_id>``, a
+    registered version ``models:/NAME/VERSION`` or ``NAME/VERSION``, ``NAME@ALIAS``, or
+    ``NAME`` (its latest version). Looked up through ``cfg``'s store, never MLflow's
+    process-wide tracking URI (threads share it). Any other URI (``s3://``, ``http://``...) is
+    refused: loading an MLflow model runs its code, so it comes only from these places."""
+    if Path(model).exists() or model.startswith(("file://", "runs:/")):
         return model
+    if "://" in model:
+        raise DataError(f"--model {mask_url(model)}: dpfair loads models only from the "
+                        "configured tracking store (tracking.uri) or a local folder you name, "
+                        "since loading an MLflow model runs its code; download the model to a "
+                        "folder you trust and give that folder")
     mlf = client(cfg)
     ref = model.removeprefix("models:/")
     if ref.startswith("m-") and "/" not in ref:
@@ -224,7 +324,7 @@ def model_location(cfg: TrackingConfig, model: str) -> str:
     if not number:
         versions = mlf.search_model_versions(f"name = '{name}'")
         if not versions:
-            raise DataError(f"no registered model {name!r} in {cfg.resolved_uri()}: give "
+            raise DataError(f"no registered model {name!r} in {mask_url(cfg.resolved_uri())}: give "
                             "--model NAME/VERSION of a registered model, models:/<model_id> "
                             "or a model folder (`dpfair run` registers its selected model)")
         number = max(int(v.version) for v in versions)
@@ -237,22 +337,23 @@ def load(cfg: TrackingConfig, model: str) -> mlflow.pyfunc.PyFuncModel:
 
 
 def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
-    """Predict the raw rows of CSV ``rows`` with ``model``, write the predictions to CSV
-    ``out`` (written whole or not at all) and return how many rows were predicted."""
+    """Predict the raw rows of the CSV or Parquet file ``rows`` with ``model``, write the
+    predictions to CSV ``out`` (written whole or not at all) and return how many rows were
+    predicted."""
+    from dpfair.data.table_file import read_rows
+
+    frame, _ = read_rows(rows)  # before loading the model: a bad file is a quick DataError
     loaded = load(cfg, model)
     schema = loaded.metadata.get_input_schema()
-    if schema is None:
-        frame = pd.read_csv(rows)
-    else:
-        frame = pd.read_csv(rows)
-        missing = [c for c in schema.input_names() if c not in frame.columns]
+    if schema is not None:
+        missing = [c for c in schema.required_input_names() if c not in frame.columns]
         if missing:
             raise DataError(f"{rows}: no column(s) {', '.join(map(str, missing))}; the model "
                             f"takes {', '.join(map(str, schema.input_names()))}")
         for spec in schema.inputs:
             if spec.type in (DataType.double, DataType.float):  # whole numbers read as int64
                 frame[spec.name] = _numbers(frame[spec.name], rows).astype(spec.type.to_numpy())
-        frame = frame[schema.input_names()]
+        frame = frame[[c for c in schema.input_names() if c in frame.columns]]
     predictions = pd.DataFrame(loaded.predict(frame))
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")

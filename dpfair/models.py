@@ -49,7 +49,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter, field_validator
 from torch import nn
 
-from dpfair.errors import ConfigError, did_you_mean
+from dpfair.errors import ConfigError, Terminated, did_you_mean, user_exit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 Activation = Literal["tanh", "relu"]
@@ -316,6 +316,10 @@ def _import_model(
             ) from err
     try:
         model = factory(**kwargs)
+    except Terminated:
+        raise
+    except SystemExit as err:
+        raise user_exit(err, f"model {cfg.target}") from None
     except Exception as err:
         raise ConfigError(
             f"model {cfg.target}(**{kwargs}) raised {type(err).__name__}: {err}"
@@ -339,6 +343,10 @@ def check_output_shape(
     try:
         with torch.no_grad():
             out = model(torch.zeros(2, *input_shape, device=device))
+    except Terminated:
+        raise
+    except SystemExit as err:
+        raise user_exit(err, f"{what}: the forward pass") from None
     except Exception as err:
         raise ConfigError(
             f"{what}: the forward pass failed on a dummy batch of shape {(2, *input_shape)} "

@@ -4,7 +4,6 @@ inputs (settings, ``params.yaml``, the dataset with its version) on its MLflow r
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -14,9 +13,11 @@ import yaml
 
 from dpfair.config import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
+from dpfair.data.prepared import file_md5
 from dpfair.errors import DataError
 from dpfair.run_log import log_data_input
-from dpfair.tracking import TrackingConfig, log_file, log_params, log_text
+from dpfair.tracking import TrackingConfig, log_params, log_text
+from dpfair.urls import mask_text
 
 __all__ = ["PreparedData", "dvc_prepare_stages", "load_data", "log_pipeline_inputs",
            "prepare_data"]
@@ -32,22 +33,22 @@ class PreparedData:
     version: str
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def dvc_prepare_stages(root: str | Path) -> tuple[str, ...]:
-    """The datasets that have a ``prepare@<name>`` stage: the ``foreach`` list of ``dvc.yaml``
-    (the one place that list lives). No ``dvc.yaml`` under ``root``: none."""
+    """The datasets that have a ``prepare@<name>`` stage: the ``foreach`` of ``dvc.yaml``, a
+    list or a params.yaml key (``${datasets}``: the datasets declared there). No ``dvc.yaml``
+    under ``root``: none."""
     path = Path(root) / "dvc.yaml"
     if not path.is_file():
         return ()
     stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages", {})
-    return tuple(str(name) for name in stages.get("prepare", {}).get("foreach", []))
+    foreach = stages.get("prepare", {}).get("foreach", [])
+    if isinstance(foreach, str) and foreach.startswith("${") and foreach.endswith("}"):
+        params_file = Path(root) / "params.yaml"
+        foreach = (yaml.safe_load(params_file.read_text(encoding="utf-8")) or {}
+                   ) if params_file.is_file() else {}
+        for key in stages["prepare"]["foreach"][2:-1].split("."):
+            foreach = foreach.get(key) or {}
+    return tuple(str(name) for name in foreach)
 
 
 def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> PreparedData:
@@ -84,24 +85,28 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
         prepare(name, params.dataset(name), out_dir)
         path = out_dir / name
         version = None
-    version = version or _md5(path / "arrays.npz")
+    version = version or file_md5(path / "arrays.npz")
     return PreparedData(name=name, path=str(path), version=version)
 
 
 def load_data(prepared: PreparedData) -> GroupedDataset:
-    return load_prepared(prepared.path)
+    """The prepared dataset, its arrays checked against their recorded version first (a file
+    changed or planted after preparing is refused, before anything reads it)."""
+    return load_prepared(prepared.path, md5=prepared.version)
 
 
 def log_pipeline_inputs(params: Params, params_path: str | Path, prepared: PreparedData,
                         dataset: GroupedDataset, tracking: TrackingConfig, run_id: str) -> None:
     """What a pipeline run was asked to do, on its run: the settings as params (compare page,
     parallel coordinates), ``params.yaml`` as given and the resolved configuration (defaults
-    filled in) as artifacts under ``config/``, and the dataset as its logged input."""
+    filled in) as artifacts under ``config/`` (URL passwords masked), and the dataset as its
+    logged input."""
     settings = {"experiment": params.experiment.model_dump(mode="json"),
                 "budget": params.budget.model_dump(mode="json"),
                 "tuning": {"release": params.tuning.release, **params.tuning.settings}}
     log_params(tracking, run_id, settings)
-    log_file(tracking, run_id, params_path, "config")
-    log_text(tracking, run_id, yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False),
-             "config/resolved_params.yaml")
+    given = Path(params_path).read_text(encoding="utf-8")
+    log_text(tracking, run_id, mask_text(given), f"config/{Path(params_path).name}")
+    resolved = yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False)
+    log_text(tracking, run_id, mask_text(resolved), "config/resolved_params.yaml")
     log_data_input(tracking, run_id, dataset, prepared.version, prepared.path)

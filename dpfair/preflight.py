@@ -8,7 +8,9 @@ place and the fix. Only the standard library: no mlflow import, so the check is 
 
 from __future__ import annotations
 
+import base64
 import os
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +18,7 @@ from urllib.parse import urlparse
 
 from dpfair.errors import UnreachableError
 from dpfair.settings import TrackingConfig
+from dpfair.urls import credentials, mask_url
 
 
 def check_writable(path: str | os.PathLike[str], what: str, fix: str) -> None:
@@ -31,6 +34,27 @@ def check_writable(path: str | os.PathLike[str], what: str, fix: str) -> None:
         raise UnreachableError(f"{what} {p}: {probe} is not writable; {fix}")
 
 
+def check_free_space(path: str | os.PathLike[str], needed: int, what: str, fix: str) -> None:
+    """The file system of ``path`` (or of its nearest existing ancestor) has ``needed`` bytes
+    free: a model that cannot be written after its training would lose what it spent."""
+    p = Path(path).absolute()
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise UnreachableError(f"{what} {p}: {_mib(needed)} needed, {_mib(free)} free; {fix}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def local_path(uri: str) -> str | None:
+    """The local folder of a ``file://`` URI or a plain path; None for any other URI."""
+    return _local_path(uri)
+
+
 def _local_path(uri: str) -> str | None:
     parsed = urlparse(uri)
     if parsed.scheme == "file":
@@ -42,19 +66,25 @@ def _local_path(uri: str) -> str | None:
 
 def check_tracking(cfg: TrackingConfig, timeout: float = 5.0) -> None:
     """The tracking store answers within ``timeout`` seconds (an HTTP server's ``/health``) or
-    its local file/folder can be written; a local artifact root can be written too."""
+    its local file/folder can be written; a local artifact root can be written too. A server
+    URL's ``user:password@`` is sent as basic auth; messages show the URL masked."""
     uri = cfg.resolved_uri()
     scheme = urlparse(uri).scheme
     fix = "start the server, or set tracking.uri (or MLFLOW_TRACKING_URI) to one that answers"
     if scheme in ("http", "https"):
+        bare, auth = credentials(uri)
+        request = urllib.request.Request(f"{bare.rstrip('/')}/health")
+        if auth is not None:
+            token = base64.b64encode(":".join(auth).encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+            with urllib.request.urlopen(request, timeout=timeout):
                 pass
         except urllib.error.HTTPError:
             pass  # the server answered (an old server may have no /health)
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise UnreachableError(f"tracking server {uri} could not be reached within "
+            raise UnreachableError(f"tracking server {mask_url(uri)} could not be reached within "
                                    f"{timeout:g} s ({reason}); {fix}") from None
     elif scheme.startswith("sqlite"):
         db = uri.split(":///", 1)[-1]

@@ -5,21 +5,39 @@ the same host asks :func:`alive` before it cleans up what a killed (SIGKILL) pro
 A pid is reused once its process is gone, so a process that started after the record was
 made is not its owner; a zombie (killed, not yet reaped) is dead. SIGTERM kills Python
 without running ``finally`` blocks or ``atexit``: :func:`sigterm_raises` turns it into
-``SystemExit`` so that they run.
+``SystemExit`` so that they run, and sets the process's stop flag (:func:`stop_requested`):
+threads that start work (tuning workers) check it and start nothing new.
+
+Tuning worker processes die with the process that spawned them (:func:`die_with_parent`: the
+kernel's parent-death signal on Linux, and :func:`parent_gone` checked before each trial), and
+their job folder (``dpfair-tuning-<owner pid>-*``) left by a SIGKILLed owner is removed by the
+next start of any command (:func:`remove_stale_job_dirs`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import shutil
 import signal
 import socket
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["alive", "host", "sigterm_raises", "started_at"]
+from dpfair.errors import Terminated
+
+__all__ = ["JOB_DIR_PREFIX", "alive", "die_with_parent", "host", "parent_gone",
+           "remove_stale_job_dirs", "sigterm_raises", "started_at", "stop_requested"]
+
+#: The temporary folder of a multi-worker tuning job: ``<tmp>/dpfair-tuning-<owner pid>-*``.
+JOB_DIR_PREFIX = "dpfair-tuning-"
+_STOP = threading.Event()
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def host() -> str:
@@ -87,10 +105,48 @@ def sigterm_raises() -> Iterator[None]:
         return
 
     def _exit(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
+        _STOP.set()
+        raise Terminated(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def stop_requested() -> bool:
+    """Whether this process was told to stop (SIGTERM inside :func:`sigterm_raises`): start no
+    new trial or training."""
+    return _STOP.is_set()
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel send this process SIGTERM when its parent ``parent`` dies (Linux's
+    ``PR_SET_PDEATHSIG``; elsewhere :func:`parent_gone` before each trial is the check), and
+    exit at once if the parent is gone already."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if parent_gone(parent):
+        raise SystemExit(f"the process {parent} that started this worker is gone")
+
+
+def parent_gone(parent: int | None) -> bool:
+    """Whether a worker started by process ``parent`` lost it (it was re-parented)."""
+    return parent is not None and os.getppid() != parent
+
+
+def remove_stale_job_dirs() -> list[Path]:
+    """Remove the job folders (``dpfair-tuning-<pid>-*`` in the temporary directory) whose
+    owner process is dead; returns them."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{JOB_DIR_PREFIX}*-*"):
+        pid = path.name[len(JOB_DIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or not path.is_dir():
+            continue
+        with contextlib.suppress(OSError):
+            if not alive(int(pid), since=path.stat().st_mtime):
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed

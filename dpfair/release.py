@@ -55,6 +55,7 @@ __all__ = [
     "EPSILON_TEST",
     "HEURISTIC",
     "NONPRIVATE_REFERENCE",
+    "NO_NOISE",
     "PRIVATE_LEDGER_STATUS",
     "SECRET_NOISE",
     "TEST_METRICS_NOTE",
@@ -83,6 +84,8 @@ TEST_METRICS_NOTE = (
 PRIVATE_LEDGER_STATUS = (
     "private working state: not for release; releasing it voids the ε of the search"
 )
+#: How the non-private reference's noise is labelled: it has none.
+NO_NOISE = "none: the non-private reference trains without clipping or noise"
 #: How a run with secret randomness (the default) is labelled; see REPLAYABLE_NOISE.
 SECRET_NOISE = "secret: batches and noise drawn from OS entropy that is never stored"
 _NOT_TUNED = "not tuned"

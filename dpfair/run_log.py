@@ -13,8 +13,9 @@ import pandas as pd
 
 from dpfair.data import GroupedDataset
 from dpfair.fairness import max_gap
+from dpfair.metric_keys import renamed
 from dpfair.privacy import accounting
-from dpfair.tracking import TrackingConfig, log_dataset, log_metrics
+from dpfair.tracking import TrackingConfig, log_dataset, log_metrics, set_tags
 from dpfair.training import TrainResult
 
 #: The fairness summary of a model's test metrics: one chart each on a run, one column each
@@ -43,10 +44,15 @@ def public_schema(dataset: GroupedDataset) -> dict[str, Any]:
 def log_data_input(tracking: TrackingConfig, run_id: str, dataset: GroupedDataset,
                    version: str, source: str) -> None:
     """``dataset`` as the run's logged input (MLflow's Dataset column): digest = its data
-    version (the source's content hash when the loader records one, else ``version``)."""
+    version (the source's content hash when the loader records one, else ``version``). Group
+    and class names that are no safe metric key (:mod:`dpfair.metric_keys`) are mapped to
+    the keys their metrics use in the tag ``dpfair.metric_keys`` (JSON: key -> name)."""
     log_dataset(tracking, run_id, name=dataset.name,
                 digest=dataset.meta.get("data_version") or version,
                 source=str(dataset.meta.get("source") or source), schema=public_schema(dataset))
+    keys = {**renamed(dataset.class_names), **renamed(dataset.group_names)}
+    if keys:
+        set_tags(tracking, run_id, {"dpfair.metric_keys": json.dumps(keys, ensure_ascii=False)})
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:
@@ -80,7 +86,8 @@ class EpochLogger:
 
 
 def epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
-    """DPSGD-F's per-group ε (Xu 5.2) as a table: group name, ε at the run's δ."""
+    """DPSGD-F's per-group ε (:mod:`dpfair.privacy.group_accounting`: each group's own steps
+    accounted) as a table: group name, ε at the run's δ."""
     return pd.DataFrame({"group": dataset.group_names, "epsilon": result.group_epsilons,
                          "delta": result.delta}).set_index("group")
 

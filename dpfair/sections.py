@@ -61,9 +61,11 @@ class ExperimentSection(BaseModel):
         default_factory=lambda: {"dpsgd": {"name": "dpsgd"}},
         description="label -> method hyperparameters (the label is the name unless given)",
     )
-    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
-    pair: list[str] | None = Field(
-        None, description="the two group names of the named gap (default: all groups)"
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1, max_length=1000)
+    pair: list[str] | dict[str, list[str]] | None = Field(
+        None, description="optional: two group names whose gap the results add (the papers' "
+        "two-group columns), for experiment.dataset, or a mapping dataset -> two names (a "
+        "dataset not in it has none); every group is shown either way"
     )
     baseline: str = "dpsgd"
     nonprivate_reference: bool = Field(
@@ -82,6 +84,22 @@ class ExperimentSection(BaseModel):
             }
         return value
 
+    @field_validator("pair", mode="before")
+    @classmethod
+    def _names_as_text(cls, value: Any) -> Any:
+        """Group names are text; ``[2, 8]`` (integer-coded groups) means ``["2", "8"]``."""
+        def text(names: Any) -> Any:
+            return [str(n) for n in names] if isinstance(names, list | tuple) else names
+
+        if isinstance(value, dict):
+            return {k: text(v) for k, v in value.items()}
+        return text(value)
+
+    @property
+    def named_pair(self) -> list[str] | None:
+        """The pair of ``dataset`` (None: no named pair)."""
+        return self.pair.get(self.dataset) if isinstance(self.pair, dict) else self.pair
+
     @model_validator(mode="after")
     def _runs_are_valid(self) -> ExperimentSection:
         if "nonprivate" in self.methods:
@@ -90,8 +108,11 @@ class ExperimentSection(BaseModel):
             )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: duplicates in {self.seeds}")
-        if self.pair is not None and len(self.pair) != 2:
-            raise ValueError(f"pair: give exactly two group names (got {self.pair})")
+        pairs = self.pair.items() if isinstance(self.pair, dict) else [("", self.pair)]
+        for name, pair in pairs:
+            if pair is not None and len(pair) != 2:
+                raise ValueError(f"pair{'.' + name if name else ''}: give exactly two group "
+                                 f"names (got {pair})")
         for label in self.methods:
             try:
                 self.train_config(label, self.seeds[0])
@@ -265,7 +286,7 @@ class PipelineSection(BaseModel):
     model_config = _STRICT
 
     task_runner: Literal["threads", "processes", "dask"] = "threads"
-    max_workers: PositiveInt = 2
+    max_workers: PositiveInt = Field(2, le=256)
     dask_address: str | None = Field(None, description="None: a local Dask cluster")
     data_dir: str = "data/prepared"
     use_dvc: bool = Field(True, description="prepare data through `dvc repro` (else directly)")

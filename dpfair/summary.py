@@ -5,7 +5,8 @@ it registers (:func:`register_model`).
 
 The parent run carries the comparison, one metric per method and question (the runs table's
 columns, the compare page): ``worst_group_accuracy/<method>``, ``largest_group_gap/<method>``
-and ``accuracy/<method>`` (test, mean over seeds), ``epsilon_run/<method>`` and
+and ``accuracy/<method>`` (test, mean over seeds), ``group_accuracy/<group>/<method>`` for
+every group of the dataset, ``epsilon_run/<method>`` and
 ``epsilon_released/<method>`` (the table's two ε columns; none for a release without
 guarantee), ``epsilon_total`` (and with noisy test metrics ``epsilon_test/<method>`` and
 ``epsilon_test_total``, the test split's line); the results table is an MLflow table artifact
@@ -109,7 +110,8 @@ def _bounds(trajectory: dict[str, list[float]]) -> dict[str, list[float]]:
 
 def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
               out_dir: str | Path, plan: ReleasePlan) -> Summary:
-    """Esipova-layout table with each method's two ε columns and the run's total ε
+    """Every group's table (:func:`dpfair.fairness.comparison_stats`' ``groups`` layout, with
+    ``experiment.pair``'s gaps when named) with each method's two ε columns and the run's total ε
     (``plan``), Wilcoxon p-values against the baseline, and the figures. Without a finished
     training there is nothing to summarise: a ValueError says so."""
     if not runs:
@@ -117,12 +119,13 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     frame = fairness.runs_frame([r for run_ in runs for r in run_.records])
-    groups = tuple(params.experiment.pair or dataset.group_names[:2])
+    pair = params.experiment.named_pair
+    groups = tuple(pair or dataset.group_names[:2])  # the significance tests' two groups
     methods = sorted({r.label for r in runs}, key=lambda m: (m != REFERENCE, m))
     has_reference = REFERENCE in methods
     table = fairness.comparison_table(
-        frame, groups, reference=REFERENCE if has_reference else methods[0],
-        max_gap_groups=list(dataset.group_names) if len(dataset.group_names) > 2 else None,
+        frame, list(dataset.group_names), reference=REFERENCE if has_reference else methods[0],
+        layout="groups", pair=pair, costs=has_reference,
     )
     table = _with_release(table, plan)
     per_seed = fairness.seed_table(frame, groups,
@@ -133,16 +136,16 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
         significance = fairness.significance_table(per_seed, baseline=baseline, min_pairs=2)
     figures = {
         "group_accuracy": report.plot_group_accuracy(
-            frame, out / "group_accuracy.png", groups=list(dataset.group_names)[:10],
+            frame, out / "group_accuracy.png", groups=list(dataset.group_names),
             methods=methods),
         "training_curves": report.plot_training_curves(
             {m: [r.history for r in runs if r.label == m] for m in methods},
-            out / "training_curves.png", groups=list(groups)),
+            out / "training_curves.png", groups=list(dataset.group_names)),
     }
     if has_reference and len(methods) > 1:
         figures["privacy_cost"] = report.plot_privacy_cost(
             frame, out / "privacy_cost.png", reference=REFERENCE,
-            groups=list(dataset.group_names)[:10],
+            groups=list(dataset.group_names),
             methods=[m for m in methods if m != REFERENCE])
     bounds = {r.label: _bounds(r.clip_trajectory) for r in runs
               if r.clip_trajectory and r.seed == params.experiment.seeds[0]}
@@ -153,16 +156,22 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     table.to_csv(out / "results.csv")
     return Summary(table=table, significance=significance,
                    figures={k: str(v) for k, v in figures.items()}, notes=notes,
-                   compared=_compared(runs))
+                   compared=_compared(runs, list(dataset.group_names)))
 
 
-def _compared(runs: list[RunRecord]) -> dict[str, float]:
-    """``<metric>/<method>``: each :data:`COMPARED` test metric's mean over the method's seeds
-    (released test metrics, averaged: no new release)."""
+def _compared(runs: list[RunRecord], groups: list[str]) -> dict[str, float]:
+    """``<metric>/<method>``: each :data:`COMPARED` test metric's mean over the method's seeds,
+    and ``group_accuracy/<group>/<method>`` for every group (released test metrics, averaged:
+    no new release)."""
     labels = sorted({r.label for r in runs})
-    return {f"{metric}/{label}": float(np.nanmean([r.headline[metric] for r in runs
-                                                   if r.label == label]))
-            for metric in COMPARED for label in labels}
+    out = {f"{metric}/{label}": float(np.nanmean([r.headline[metric] for r in runs
+                                                  if r.label == label]))
+           for metric in COMPARED for label in labels}
+    frame = fairness.runs_frame([rec for r in runs for rec in r.records])
+    acc = frame[(frame["metric"] == fairness.ACCURACY) & frame["group"].isin(groups)]
+    for (group, label), values in acc.groupby(["group", "method"])["value"]:
+        out[f"group_accuracy/{group}/{label}"] = float(np.nanmean(values.to_numpy()))
+    return out
 
 
 def _with_release(table: pd.DataFrame, plan: ReleasePlan) -> pd.DataFrame:
@@ -241,10 +250,27 @@ def select_model(runs: list[RunRecord], plan: ReleasePlan, method: str | None = 
     return chosen, rule
 
 
+def _what_is_predicted(dataset: GroupedDataset) -> dict[str, str]:
+    """Target, protected attribute(s) and group names of ``dataset``: what tells apart models
+    of one dataset trained for different groups. A built-in dataset without such options names
+    its label and groups as its loader defines them."""
+    options = dataset.meta.get("options", {})
+    protected = options.get("protected")
+    if isinstance(protected, list):
+        protected = ", ".join(map(str, protected))
+    return {
+        "target": str(options.get("target") or f"the class label of {dataset.name}"),
+        "protected_attributes": str(protected or f"the groups of {dataset.name}"),
+        "group_names": ", ".join(map(str, dataset.group_names)),
+        "class_names": ", ".join(map(str, dataset.class_names)),
+    }
+
+
 def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
                   data_version: str, rule: str) -> dict[str, str]:
     """The tags of a registered model version: method, both ε (or the label of a release
-    without guarantee), δ, guarantee, noise, data version and the fairness summary."""
+    without guarantee), δ, guarantee, noise, data version, what it predicts for which groups
+    (target, protected attributes, group names) and the fairness summary."""
     release = plan.methods[record.label]
     eps_run, eps_method = epsilon_cells(release)
     worst, gap = (record.headline[k] for k in ("worst_group_accuracy", "largest_group_gap"))
@@ -257,6 +283,7 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
         "delta": f"{release.delta:g}",
         "noise": REPLAYABLE_NOISE if release.reproducible else SECRET_NOISE,
         "data_version": data_version,
+        **_what_is_predicted(dataset),
         "worst_group_accuracy": f"{worst:.4f}", "largest_group_gap": f"{gap:.4f}",
         "fairness_summary": f"test: worst-group accuracy {100 * worst:.1f}%, largest gap "
                             f"between groups {100 * gap:.1f} points",

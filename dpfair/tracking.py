@@ -29,7 +29,6 @@ import getpass
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -52,8 +51,10 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_USER,
 )
 
+from dpfair.metric_keys import clean_key
 from dpfair.processes import alive, host
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
+from dpfair.urls import mask_text, mask_url
 from dpfair.workspace import durable_path
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
@@ -126,14 +127,14 @@ def source_tags() -> dict[str, str]:
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested mapping -> ``{"a.b": "value"}`` strings, as MLflow params. ``None`` (an unset
-    option) is left out: a param reading "None" says nothing."""
+    option) is left out: a param reading "None" says nothing. A URL's password is masked."""
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten(value, f"{name}."))
         elif value is not None:
-            flat[name] = str(value)[:_MAX_PARAM_LEN]
+            flat[name] = mask_text(str(value))[:_MAX_PARAM_LEN]
     return flat
 
 
@@ -212,12 +213,11 @@ def log_params(cfg: TrackingConfig, run_id: str, params: Mapping[str, Any]) -> N
 
 
 def metric_key(name: str) -> str:
-    """``name`` in the characters MLflow allows in a metric key (``[A-Za-z0-9_-. :/]``):
-    ``"acc/<=50K"`` -> ``"acc/le 50K"``, ``"acc/low (5_4_9)"`` -> ``"acc/low 5_4_9"``,
-    an intersectional group ``"acc/w × Ost"`` -> ``"acc/w x Ost"``."""
-    for sign, word in (("<=", "le "), (">=", "ge "), ("<", "lt "), (">", "gt "), ("×", "x")):
-        name = name.replace(sign, word)
-    return re.sub(r" {2,}", " ", re.sub(r"[^A-Za-z0-9_\-. :/]", "", name)).strip()
+    """``name`` as a metric key MLflow accepts: each ``/``-separated part cleaned by
+    :func:`~dpfair.training.evaluation.clean_key` (``"acc/<=50K"`` -> ``"acc/le 50K"``), a
+    part left empty or all dots (a path such as ``..``) written ``_``."""
+    parts = [clean_key(part) for part in name.split("/")]
+    return "/".join(part if part.strip(".") else "_" for part in parts)
 
 
 def log_metrics(
@@ -302,14 +302,14 @@ def run_url(cfg: TrackingConfig, experiment_id: str, run_id: str) -> str:
     uri = cfg.resolved_uri()
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else (
         f"http://127.0.0.1:{UI_PORT}")
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{mask_url(base)}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def ui_command(cfg: TrackingConfig) -> str:
     """The exact command that opens the MLflow UI on these results."""
     mlflow = Path(sys.executable).parent / "mlflow"
     program = mlflow if mlflow.exists() else "mlflow"
-    return f"{program} ui --backend-store-uri {cfg.resolved_uri()} --port {UI_PORT}"
+    return f"{program} ui --backend-store-uri {mask_url(cfg.resolved_uri())} --port {UI_PORT}"
 
 
 def read_results(cfg: TrackingConfig, run_id: str | None = None) -> tuple[str, str]:
@@ -324,7 +324,7 @@ def read_results(cfg: TrackingConfig, run_id: str | None = None) -> tuple[str, s
             "tags.`dpfair.stage` = 'pipeline' and attributes.status = 'FINISHED'",
             order_by=["attributes.start_time DESC"], max_results=1)
         if not found:
-            raise LookupError(f"no finished pipeline run in {cfg.resolved_uri()}; run "
+            raise LookupError(f"no finished pipeline run in {mask_url(cfg.resolved_uri())}; run "
                               "`dpfair run` first, or pass --run-id for a failed one")
         run_id = found[0].info.run_id
     with tempfile.TemporaryDirectory() as tmp:

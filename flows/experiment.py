@@ -35,6 +35,7 @@ from prefect import flow  # noqa: E402
 from prefect.futures import PrefectFuture  # noqa: E402
 
 from dpfair import experiment as steps  # noqa: E402
+from dpfair.checks import check_run  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.data import source_version  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
@@ -81,8 +82,13 @@ class MethodsFailed(RuntimeError):
     """Some methods failed; the others' results are logged and summarised."""
 
 
+#: A local Dask cluster's listeners: this machine only, the dashboard on a free port.
+LOCAL_ONLY = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+
+
 def task_runner(pipeline: PipelineSection) -> Any:
-    """Threads (default), processes, or Dask (a local cluster or ``dask_address``)."""
+    """Threads (default), processes, or Dask (``dask_address``, or a local cluster whose
+    scheduler, workers and dashboard listen on 127.0.0.1 only: the dashboard has no login)."""
     if pipeline.task_runner == "processes":
         from prefect.task_runners import ProcessPoolTaskRunner
 
@@ -93,7 +99,7 @@ def task_runner(pipeline: PipelineSection) -> Any:
         if pipeline.dask_address:
             return DaskTaskRunner(address=pipeline.dask_address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": pipeline.max_workers,
-                                              "threads_per_worker": 1})
+                                              "threads_per_worker": 1, **LOCAL_ONLY})
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=pipeline.max_workers)
@@ -291,12 +297,16 @@ def _share_cores(workers: int) -> None:
 
 
 def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
-                   resume: bool = True) -> dict[str, Any]:
-    """Validate params.yaml (a ConfigError before any work), then run the flow. SIGTERM
+                   resume: bool = True, checked: bool = False) -> dict[str, Any]:
+    """Validate params.yaml and what it declares (:func:`dpfair.checks.check_run`: the data,
+    groups, search space and model; skipped when ``checked`` says the caller ran it), a
+    DpfairError before any work, then run the flow. SIGTERM
     ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`
     around it): the pipeline run ends FAILED, the trainings in progress finish and are logged
     before the process exits, and Prefect stops its temporary server (:mod:`flows.server`)."""
     params = load_params(params_path)
+    if not checked:
+        check_run(params)
     if orphans := stop_orphan_servers():
         _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
                      ", ".join(map(str, orphans)))

@@ -359,7 +359,8 @@ def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
     _params(tmp_path)
     seen = []
 
-    def fake_run(path, root, resume):
+    def fake_run(path, root, resume, checked):
+        assert checked  # the command ran the validation pass itself
         seen.append(resume)
         return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}
 
@@ -414,3 +415,43 @@ def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch
     assert len(mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()])
                ) == before
     assert len(book.releases("synthetic")) == 3
+
+
+def test_sys_exit_in_user_code_is_an_error_and_sigterm_still_ends_the_command():
+    """A command whose user code calls sys.exit(0) fails with exit code 2 and a message (it
+    exited 0 silently); SIGTERM's ``Terminated`` passes through with its code."""
+    import typer
+
+    from dpfair.errors import Terminated
+
+    demo = typer.Typer()
+
+    @demo.command()
+    @cli_errors
+    def go(kind: str) -> None:
+        raise Terminated(143) if kind == "term" else SystemExit(0)
+
+    out = runner.invoke(demo, ["exit"])
+    assert out.exit_code == 2
+    assert "called sys.exit(0): your code may not end the process" in out.output
+    assert runner.invoke(demo, ["term"]).exit_code == 143
+
+
+def test_error_messages_and_tracebacks_mask_url_passwords(capsys):
+    """An adapter's error quoting a URL (SQLAlchemy, MLflow) never prints its password."""
+    import typer
+
+    demo = typer.Typer()
+
+    @demo.command()
+    @cli_errors
+    def go(kind: str) -> None:
+        if kind == "known":
+            raise ConfigError("cannot connect to postgresql://bob:hunter2@db/optuna")
+        raise RuntimeError("bug near http://ann:hunter2@tracking:5000")
+
+    known = runner.invoke(demo, ["known"])
+    assert known.exit_code == 2 and "postgresql://bob:***@db/optuna" in known.output
+    bug = runner.invoke(demo, ["bug"])
+    assert bug.exit_code == 1 and "http://ann:***@tracking:5000" in bug.output
+    assert "hunter2" not in known.output + bug.output

@@ -177,3 +177,55 @@ def test_repo_params_budget_covers_the_demo(repo_root):
     assert params.budget.epsilon is not None
     assert params.budget.allow_nonprivate_reference and params.budget.allow_heuristic
     assert params.tuning.release == "selected"
+
+
+def test_a_key_given_twice_is_refused_not_the_last_kept(tmp_path):
+    """Duplicate YAML keys: the second would silently win (σ 1 -> 0.3, a different ε)."""
+    path = tmp_path / "p.yaml"
+    path.write_text("experiment:\n  train:\n    sigma: 1.0\n    epochs: 2\n    sigma: 0.3\n")
+    with pytest.raises(ConfigError, match=r"line 5.*'sigma' is given twice \(first at line 3"):
+        load_params(path)
+    path.write_text("experiment: {seeds: [0]}\nexperiment: {seeds: [1]}\n")
+    with pytest.raises(ConfigError, match="'experiment' is given twice"):
+        load_params(path)
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    ({"experiment": {"train": {"epochs": True, "sigma": 1.0}}}, "experiment.train.epochs"),
+    ({"experiment": {"seeds": [0, True]}}, r"experiment.seeds\[1\]"),
+    ({"experiment": {"methods": {"dpsgd": {"C": True}}}}, "experiment.methods.dpsgd.C"),
+    ({"experiment": {"train": {"epochs": 2, "batch_size": True, "sigma": 1.0}}},
+     "experiment.train.batch_size"),
+])
+def test_a_boolean_where_a_number_is_expected_is_refused(data, key):
+    with pytest.raises(ConfigError, match=rf"{key}: a boolean \(true/false\) where a number"):
+        parse_params(data)
+
+
+def test_booleans_where_booleans_are_expected_still_load():
+    p = parse_params({"datasets": {"adult": {"balance_groups": True}},
+                      "experiment": {"train": {"reproducible": True, "sigma": 1.0,
+                                                      "epochs": 2}}})
+    assert p.experiment.train.reproducible is True
+
+
+def test_an_infinite_clip_bound_is_refused():
+    """C = inf bounds no one's contribution: the sensitivity would be infinite."""
+    msg = _error({"experiment": {"methods": {"dpsgd": {"C": float("inf")}}}})
+    assert "experiment.methods.dpsgd.C: Input should be a finite number (got inf)" in msg
+
+
+def test_a_folder_given_as_the_parameters_file_says_so(tmp_path):
+    with pytest.raises(ConfigError, match=r"is a folder: give the YAML file in it"):
+        load_params(tmp_path)
+
+
+def test_an_empty_kind_and_unsafe_dataset_names_get_clear_messages():
+    msg = _error({"datasets": {"mine": {"kind": None, "path": "x.csv"}}})
+    assert "datasets.mine: kind is empty; give one of: " in msg and "Assertion" not in msg
+    for name in (".", "..", "a/b"):
+        msg = _error({"datasets": {name: {"kind": "table", "path": "x.csv", "target": "y",
+                                          "protected": "g"}}})
+        assert f"the dataset name {name!r} cannot name a folder of prepared data" in msg
+        with pytest.raises(ConfigError, match="is no dataset name .* a name has letters"):
+            parse_params({}).dataset(name)

@@ -31,6 +31,8 @@ def test_clip_bound_figure_gets_bounds_only_not_steps_or_released_counts():
 
 
 def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
+    import shutil
+
     from dpfair.data import available_datasets
     from dpfair.pipeline_data import dvc_prepare_stages
 
@@ -41,6 +43,11 @@ def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
         "stages:\n  prepare:\n    foreach: [digits]\n    do:\n      cmd: echo ${item}\n"
     )
     assert dvc_prepare_stages(tmp_path) == ("digits",)
+    # generated from params.yaml's datasets: an own dataset declared there has its stage
+    shutil.copy(repo_root / "dvc.yaml", tmp_path / "dvc.yaml")
+    (tmp_path / "params.yaml").write_text(
+        "datasets:\n  digits: {seed: 0}\n  loans: {kind: table, path: data/raw/l.csv}\n")
+    assert dvc_prepare_stages(tmp_path) == ("digits", "loans")
     assert dvc_prepare_stages(tmp_path / "absent") == ()
 
 
@@ -175,6 +182,7 @@ def test_experiment_opens_on_runs_named_by_dataset_method_and_seed(pipeline):
 
 def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
     from dpfair.release import EPSILON_METHOD, HEURISTIC
+    from dpfair.tracking import metric_key
 
     client, plan = pipeline["client"], pipeline["plan"]
     parent = client.get_run(pipeline["parent"])
@@ -184,6 +192,10 @@ def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
             record.headline["worst_group_accuracy"])
         assert metrics[f"largest_group_gap/{label}"] == pytest.approx(
             record.headline["largest_group_gap"])
+        for group in pipeline["dataset"].group_names:  # every group by name
+            assert metrics[metric_key(f"group_accuracy/{group}/{label}")] == pytest.approx(
+                next(r["value"] for r in record.records
+                     if r["group"] == group and r["metric"] == "accuracy"))
     assert metrics["epsilon_run/dpsgd"] == pytest.approx(plan.methods["dpsgd"].epsilon_run)
     assert metrics["epsilon_released/dpsgd"] == pytest.approx(plan.methods["dpsgd"].epsilon)
     assert not [k for k in metrics if k.startswith("epsilon") and k.endswith(
@@ -260,6 +272,8 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     assert tags["epsilon_released_for_method"] == f"{plan.methods['dpsgd'].epsilon:.2f}"
     assert float(tags["delta"]) == plan.delta
     assert tags["data_version"] == dataset.meta["data_version"]
+    assert tags["group_names"] == ", ".join(dataset.group_names)
+    assert tags["target"] and tags["protected_attributes"]
     assert float(tags["worst_group_accuracy"]) == pytest.approx(
         record.headline["worst_group_accuracy"], abs=1e-4)
     assert "largest gap" in tags["fairness_summary"]

@@ -20,6 +20,8 @@ import pytest
 ADAPTERS = ("mlflow", "optuna", "prefect", "dvc")
 LIBRARY = (
     "dpfair.errors",
+    "dpfair.metric_keys",
+    "dpfair.urls",
     "dpfair.data",
     "dpfair.models",
     "dpfair.privacy",
@@ -126,6 +128,8 @@ DPFAIR = Path(__file__).resolve().parents[1] / "dpfair"
 # Each library package (a module or a package directory) and what it must never import.
 BELOW = {
     "errors": ("dpfair",),
+    "metric_keys": ("dpfair",),
+    "urls": ("dpfair",),
     "data": (*UPPER, "dpfair.models", "dpfair.privacy", "dpfair.training", "dpfair.fairness"),
     "models": (*UPPER, "dpfair.data", "dpfair.privacy", "dpfair.training", "dpfair.fairness"),
     "privacy": (*UPPER, "dpfair.data", "dpfair.training", "dpfair.fairness"),

@@ -14,12 +14,12 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from sklearn.preprocessing import StandardScaler
 from typer.testing import CliRunner
 
 from dpfair.cli import app
 from dpfair.data import load_dataset
 from dpfair.data.dataset import Split
+from dpfair.data.preprocess import TablePreprocessor
 from dpfair.experiment import RunRecord
 from dpfair.model_export import (
     PREDICTION,
@@ -35,18 +35,6 @@ from dpfair.training import TrainConfig, train
 COLUMNS = [f"feature {name}" for name in "abcdefghij"]
 
 
-class ScaledColumns:
-    """A file dataset's preprocessor in miniature: named raw columns, standardised with
-    statistics of the training rows (sklearn), float32 out."""
-
-    def __init__(self, train_rows: pd.DataFrame) -> None:
-        self.columns = list(train_rows.columns)
-        self.scaler = StandardScaler().fit(train_rows.to_numpy())
-
-    def transform(self, frame: pd.DataFrame) -> np.ndarray:
-        return self.scaler.transform(frame[self.columns].to_numpy()).astype(np.float32)
-
-
 def _raw(split: Split) -> pd.DataFrame:
     """Raw rows behind a split's features (another scale and offset per column)."""
     x = split.x.numpy().astype(np.float64)
@@ -55,10 +43,11 @@ def _raw(split: Split) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
-    """A model trained on features a fake preprocessor made from raw rows, logged to MLflow."""
+    """A model trained on features a table transform made from raw rows (numbers only,
+    standardised), logged to MLflow."""
     tmp = tmp_path_factory.mktemp("export")
     base = load_dataset("synthetic", {"n": 400})
-    pre = ScaledColumns(_raw(base.train))
+    pre = TablePreprocessor(COLUMNS, [], impute=False).fit(_raw(base.train))
     splits = {name: Split(torch.from_numpy(pre.transform(_raw(split))), split.y, split.g)
               for name, split in base.splits().items()}
     dataset = replace(base, **splits, preprocessor=pre)
@@ -96,7 +85,7 @@ def test_input_example_is_no_training_row(logged):
         dst_path=str(logged["tmp"] / "m"))
     example = mlflow.models.Model.load(local).load_input_example(local)
     assert list(example.columns) == COLUMNS and not example.to_numpy().any()
-    assert (Path(local) / "artifacts" / "preprocessor.pkl").is_file()
+    assert (Path(local) / "artifacts" / "preprocessor.json").is_file()
     tags = mlflow.MlflowClient(logged["tracking"].uri).get_logged_model(
         logged["uri"].removeprefix("models:/")).tags
     assert tags["preprocessing"].startswith("fitted on the training split")
@@ -136,7 +125,7 @@ def test_rows_left_missing_after_preprocessing_are_refused(logged, tmp_path):
     rows = _raw(logged["base"].test).head(3)
     rows.loc[1, COLUMNS[0]] = np.nan  # this preprocessor does not impute
     rows.to_csv(tmp_path / "rows.csv", index=False)
-    with pytest.raises(DataError, match=r"row\(s\) 1 of the input have missing"):
+    with pytest.raises(DataError, match=rf"column '{COLUMNS[0]}' has no value in row\(s\) 1"):
         predict_csv(logged["tracking"], logged["uri"], tmp_path / "rows.csv",
                     tmp_path / "out.csv")
     assert not (tmp_path / "out.csv").exists()
@@ -208,3 +197,52 @@ def test_a_table_read_from_a_file_predicts_from_its_raw_rows(logged):
                                                 dst_path=str(logged["tmp"] / "loans"))
     example = mlflow.models.Model.load(local).load_input_example(local)
     assert (example["Beruf"] == "example").all() and (example["Alter"] == 0).all()
+
+
+class _Planted:
+    """A pickle that, when loaded, writes the file ``marker`` (what an attacker's would do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def test_a_planted_preprocessor_pickle_in_a_model_is_never_loaded(logged, tmp_path):
+    """The model's transform is JSON; a model folder whose preprocessor artifact is a pickle
+    (an older dpfair's, or a planted one) is refused and the pickle never runs."""
+    import pickle
+
+    local = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=model_location(logged["tracking"], logged["uri"]),
+        dst_path=str(tmp_path / "m")))
+    marker = tmp_path / "ran.txt"
+    (local / "artifacts" / "preprocessor.pkl").write_bytes(pickle.dumps(_Planted(marker)))
+    mlmodel = local / "MLmodel"
+    mlmodel.write_text(mlmodel.read_text().replace("artifacts/preprocessor.json",
+                                                   "artifacts/preprocessor.pkl"))
+    with pytest.raises(Exception, match="preprocessor is a pickle"):
+        load(logged["tracking"], str(local))
+    (local / "artifacts" / "preprocessor.json").write_bytes(pickle.dumps(_Planted(marker)))
+    mlmodel.write_text(mlmodel.read_text().replace("artifacts/preprocessor.pkl",
+                                                   "artifacts/preprocessor.json"))
+    with pytest.raises(Exception, match="not a dpfair table transform"):
+        load(logged["tracking"], str(local))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/model", "http://example.org/model",
+                                 "https://u:pw@example.org/m"])
+def test_predict_loads_no_model_from_outside_the_store_or_a_named_folder(logged, uri):
+    with pytest.raises(Exception, match=r"loads models only from the configured tracking store"
+                                        ) as err:
+        model_location(logged["tracking"], uri)
+    assert "pw" not in str(err.value)
+
+
+def test_a_header_only_input_is_a_clear_error(logged, tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text(",".join(COLUMNS) + "\n")
+    with pytest.raises(Exception, match=r"holds no data rows; give a file with a header and rows"):
+        predict_csv(logged["tracking"], logged["uri"], rows, tmp_path / "out.csv")

@@ -292,3 +292,18 @@ def test_cli_train_refuses_a_batchnorm_model_beside_params_yaml(tmp_path, monkey
     text = " ".join(out.output.split())
     assert f"2: BatchNorm1d: {' '.join(BATCHNORM.split())}" in text
     assert "in-place" not in text and "Traceback" not in text
+
+
+def test_a_model_calling_sys_exit_is_an_error_not_a_silent_exit(tmp_path, monkeypatch):
+    """`sys.exit(0)` in a factory or a forward pass made `train` exit 0 with no output."""
+    (tmp_path / "exiting_models.py").write_text(
+        "import sys\nfrom torch import nn\n"
+        "def leaves():\n    sys.exit(0)\n"
+        "class Quits(nn.Linear):\n    def forward(self, x):\n        sys.exit(3)\n"
+        "def quits(input_shape, n_classes):\n    return Quits(input_shape[0], n_classes)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"model exiting_models:leaves called sys.exit\(0\): "
+                                          "your code may not end the process"):
+        build_model(_import("exiting_models:leaves"), (6,), 3)
+    with pytest.raises(ConfigError, match=r"the forward pass called sys.exit\(3\)"):
+        build_model(_import("exiting_models:quits"), (6,), 3)

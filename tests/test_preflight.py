@@ -80,3 +80,70 @@ def test_results_with_an_unreachable_server_is_one_message(monkeypatch, tmp_path
     assert out.exit_code == 2, out.output
     assert "unreachable: tracking server http://127.0.0.1:" in out.output
     assert "Traceback" not in out.output
+
+
+class _BasicAuth(BaseHTTPRequestHandler):
+    """A tracking server behind basic auth (user ``ann``, password ``p@ss:w0rd``): /health and
+    MLflow's experiments search answer only with the right Authorization header."""
+
+    seen: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        import base64
+
+        got = self.headers.get("Authorization", "")
+        type(self).seen.append(self.path)
+        if got != "Basic " + base64.b64encode(b"ann:p@ss:w0rd").decode():
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = b"OK" if self.path == "/health" else b'{"experiments": []}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_basic_auth_tracking_urls_work_and_their_password_is_never_shown(monkeypatch,
+                                                                         tmp_path):
+    """``http://user:password@host`` passes the preflight (it was refused, with the password
+    in the message), MLflow's client sends the same credentials, and every place that shows
+    the URL masks the password."""
+    from mlflow import MlflowClient
+
+    from dpfair.tracking import run_url, ui_command
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    server = HTTPServer(("127.0.0.1", 0), _BasicAuth)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://ann:p%40ss%3Aw0rd@127.0.0.1:{server.server_port}"
+    try:
+        cfg = TrackingConfig(uri=uri, artifact_root=str(tmp_path))
+        check_tracking(cfg)
+        assert MlflowClient(uri).search_experiments() == []
+        assert _BasicAuth.seen[0] == "/health" and len(_BasicAuth.seen) >= 2
+        with pytest.raises(UnreachableError) as err:  # a wrong port: the message is masked
+            check_tracking(TrackingConfig(uri=uri.replace(str(server.server_port),
+                                                          str(_closed_port())),
+                                          artifact_root=str(tmp_path)), timeout=2)
+    finally:
+        server.shutdown()
+    shown = [str(err.value), run_url(cfg, "1", "r"), ui_command(cfg)]
+    assert all("p%40ss" not in s and "w0rd" not in s for s in shown), shown
+    assert "http://ann:***@127.0.0.1" in str(err.value)
+
+
+def test_storage_and_params_never_show_a_password():
+    from dpfair.tracking import flatten
+    from dpfair.urls import mask_text, mask_url
+
+    assert mask_url("postgresql://bob:pw@db/optuna") == "postgresql://bob:***@db/optuna"
+    assert mask_url("sqlite:///optuna.db") == "sqlite:///optuna.db"
+    assert flatten({"tuning": {"storage": "postgresql://bob:pw@db/x"}}) == {
+        "tuning.storage": "postgresql://bob:***@db/x"}
+    assert mask_text("a: mysql://u:pw@h/d\nb: 1\n") == "a: mysql://u:***@h/d\nb: 1\n"

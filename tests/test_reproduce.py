@@ -7,6 +7,7 @@ columns of the report, not the numbers.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,9 +20,15 @@ from tests.conftest import load_benchmark, requires_dataset
 @pytest.fixture(scope="module")
 def reproduce() -> ModuleType:
     module = load_benchmark("reproduce")
-    if not module.PUBLISHED.exists():
-        pytest.skip(f"published numbers not found at {module.PUBLISHED}")
+    if not sys.modules["report_render"].PUBLISHED.exists():
+        pytest.skip(f"published numbers not found at {sys.modules['report_render'].PUBLISHED}")
     return module
+
+
+@pytest.fixture(scope="module")
+def rr(reproduce: ModuleType) -> ModuleType:
+    """``benchmarks/report_render.py``, the report's rendering (loaded with reproduce)."""
+    return sys.modules["report_render"]
 
 
 def _tiny(config_dir: Path, reproduce: ModuleType) -> Path:
@@ -87,17 +94,17 @@ def test_quick_report_has_tables_and_published_columns(
     assert report.read_text() == text
 
 
-def test_xu_published_rows(reproduce: ModuleType) -> None:
+def test_xu_published_rows(reproduce: ModuleType, rr: ModuleType) -> None:
     configs = reproduce.load_configs()
-    table = reproduce.published_table("xu2021.table1")
-    pub = reproduce._xu_published(table, configs["03_xu_adult"])
+    table = rr.published_table("xu2021.table1")
+    pub = rr._xu_published(table, configs["03_xu_adult"])
     assert pub["columns"][:3] == ["acc_total", "acc_M", "acc_F"]
     assert pub["nonprivate"][:3] == [0.8099, 0.7610, 0.9117]
     # DPSGD-F on Adult: Delta_M = -0.0298, Delta_F = -0.0161, gap 0.0137 <= tau 0.05
     assert pub["dpsgd_f"][4:6] == [-0.0298, -0.0161]
     assert pub["dpsgd_f"][6] == pytest.approx(0.0137)
     # MNIST: named columns, our class labels; dpsgd Delta_2 - Delta_8 = -0.0707 + 0.6807
-    mnist = reproduce._xu_published(table, configs["07_xu_mnist"])
+    mnist = rr._xu_published(table, configs["07_xu_mnist"])
     assert mnist["columns"] == ["acc_total", "acc_2", "acc_8", "delta_total", "delta_2",
                                 "delta_8", "delta_gap"]
     assert mnist["nonprivate"][:3] == [0.9855, 0.9903, 0.9292]
@@ -105,7 +112,7 @@ def test_xu_published_rows(reproduce: ModuleType) -> None:
 
 
 def test_mnist_tables_are_shortened_on_cpu_and_say_so(
-    reproduce: ModuleType, monkeypatch: pytest.MonkeyPatch
+    reproduce: ModuleType, rr: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: False)
     cfg = reproduce.effective_config(reproduce.load_configs()["06_esipova_mnist"], False, None)
@@ -113,7 +120,7 @@ def test_mnist_tables_are_shortened_on_cpu_and_say_so(
     assert cfg["shortened"]["from_epochs"] == 60 and cfg["shortened"]["from_seeds"] == 5
     result = {"n_train": 1, "n_test": 1, "settings": {}, "wall_s": 60.0, "machine": "m",
               "finished": "now", "mlflow_run": "r"}
-    text = "\n".join(reproduce.settings_lines(cfg, result))
+    text = "\n".join(rr.settings_lines(cfg, result))
     assert "SHORTENED ON CPU" in text and "instead of the paper's 60" in text
     monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
     full = reproduce.effective_config(reproduce.load_configs()["06_esipova_mnist"], False, None)
@@ -122,7 +129,7 @@ def test_mnist_tables_are_shortened_on_cpu_and_say_so(
 
 @requires_dataset("dutch")
 def test_a_table_cut_short_resumes_without_repeating_runs(
-    reproduce: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    reproduce: ModuleType, rr: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     configs = reproduce.load_configs(_tiny(tmp_path, reproduce))
     cfg = reproduce.effective_config(configs["02_esipova_dutch"], True, None)  # 3 methods x 2
@@ -142,43 +149,43 @@ def test_a_table_cut_short_resumes_without_repeating_runs(
         reproduce.run_one(cfg, tracking, results, log=lambda s: None)
     partial = reproduce.load_results(results, [cfg["name"]])[cfg["name"]]
     assert partial["partial"] and len(partial["done"]) == 3
-    assert reproduce.finished_seeds(cfg, partial) == [0]  # seed 0 has all three methods
+    assert rr.finished_seeds(cfg, partial) == [0]  # seed 0 has all three methods
     calls.clear()
     monkeypatch.setattr(reproduce, "train_and_log", lambda *a, **k: (calls.append(a[1]),
                                                                       real(*a, **k))[1])
     done = reproduce.run_one(cfg, tracking, results, log=lambda s: None)
     assert calls == ["nonprivate", "dpsgd", "dpsgd_global"]  # only seed 1's runs
     assert not done["partial"] and len(done["done"]) == 6
-    assert reproduce.finished_seeds(cfg, done) == [0, 1]
-    assert len(reproduce.table_stats(cfg, done)) == 3
+    assert rr.finished_seeds(cfg, done) == [0, 1]
+    assert len(rr.table_stats(cfg, done)) == 3
 
 
-def test_flag_reasons_name_every_flagged_cell(reproduce: ModuleType) -> None:
+def test_flag_reasons_name_every_flagged_cell(reproduce: ModuleType, rr: ModuleType) -> None:
     notes = [{"cells": ["*.loss_*"], "reason": "their loss is on sigmoid outputs:  0.500"},
              {"cells": ["dpsgd.acc_F"], "reason": "one split"}]
-    lines = reproduce.flag_reasons(
+    lines = rr.flag_reasons(
         ["nonprivate.loss_M", "dpsgd.loss_F", "dpsgd.acc_F", "dpsgd.R_M"], notes)
     assert lines[0] == "Why each ⚠:"
     assert "- nonprivate (loss_M); dpsgd (loss_F): their loss is on sigmoid outputs: 0.500" \
         in lines
     assert "- dpsgd (acc_F): one split" in lines
     assert "- dpsgd (R_M): **no reason recorded yet**" in lines  # never silently dropped
-    assert reproduce.flag_reasons([], notes) == []
+    assert rr.flag_reasons([], notes) == []
 
 
-def test_markdown_flags_list_each_cell_once(reproduce: ModuleType) -> None:
+def test_markdown_flags_list_each_cell_once(reproduce: ModuleType, rr: ModuleType) -> None:
     """A released-code table under the paper's table flags the same cells again."""
     table = ["| method | acc_M | acc_F |", "|:--|:--|:--|", "| dpsgd | 1 / 2 ⚠ | 3 / 3 |",
              "| fairlens | 1 / 1 | 2 / 5 ⚠ |"]
-    assert reproduce.markdown_flags([*table, "", *table]) == ["dpsgd.acc_M", "fairlens.acc_F"]
+    assert rr.markdown_flags([*table, "", *table]) == ["dpsgd.acc_M", "fairlens.acc_F"]
     zhao = ["| ε | method | acc_F ours | acc_F published |", "|--:|:--|:--|:--|",
             "| 0.5 | constant | 0.92 | 0.91 ⚠ |"]
-    assert reproduce.markdown_flags(zhao) == ["constant@0.5.acc_F"]
-    assert reproduce.markdown_flags(["\n".join(zhao), ""]) == ["constant@0.5.acc_F"]
+    assert rr.markdown_flags(zhao) == ["constant@0.5.acc_F"]
+    assert rr.markdown_flags(["\n".join(zhao), ""]) == ["constant@0.5.acc_F"]
 
 
 def test_previous_sections_are_carried_with_their_claims(
-    reproduce: ModuleType, tmp_path: Path
+    reproduce: ModuleType, rr: ModuleType, tmp_path: Path
 ) -> None:
     """A table whose results are not stored keeps its section of the existing report."""
     configs = {"01_a": {"title": "A", "kind": "table", "seeds": 1},
@@ -187,13 +194,13 @@ def test_previous_sections_are_carried_with_their_claims(
     out.write_text("# Reproduction\n\n## A (`01_a`)\n\nSettings of A\n\n| a |\n\n"
                    "## B (`02_b`)\n\nold B\n\n## Checks of the papers' claims\n\n"
                    "- A: claim of A → **yes**\n- B: claim of B → **NO**\n")
-    text = reproduce.render(configs, {}, out)
-    assert "## A (`01_a`)\n\n" + reproduce.CARRIED + "\n\nSettings of A\n\n| a |" in text
+    text = rr.render(configs, {}, out)
+    assert "## A (`01_a`)\n\n" + rr.CARRIED + "\n\nSettings of A\n\n| a |" in text
     assert "old B" in text and "- A: claim of A → **yes**" in text
     assert "- B: claim of B → **NO**" in text
     # rendering again keeps one marker, not two
-    again = reproduce.render(configs, {}, out)
-    assert again.count(reproduce.CARRIED) == 2 and again == text
+    again = rr.render(configs, {}, out)
+    assert again.count(rr.CARRIED) == 2 and again == text
 
 
 @requires_dataset("dutch")
@@ -238,11 +245,97 @@ def test_released_variant_renders_three_columns_and_a_verdict(
 
 
 def test_epsilon_cells_show_a_number_only_for_a_proven_guarantee(
-    reproduce: ModuleType,
+    reproduce: ModuleType, rr: ModuleType,
 ) -> None:
     from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE
 
-    assert reproduce._epsilon_cell("dpsgd", 3.5212) == "3.52"
-    assert reproduce._epsilon_cell("fairlens", float("inf")) == HEURISTIC
-    assert reproduce._epsilon_cell("nonprivate", float("inf")) == NONPRIVATE_REFERENCE
-    assert reproduce._epsilon_cell("fairlens", None) == HEURISTIC
+    assert rr._epsilon_cell("dpsgd", 3.5212) == "3.52"
+    assert rr._epsilon_cell("fairlens", float("inf")) == HEURISTIC
+    assert rr._epsilon_cell("nonprivate", float("inf")) == NONPRIVATE_REFERENCE
+    assert rr._epsilon_cell("fairlens", None) == HEURISTIC
+
+
+_SECTION = ["## T (`t`)", "", "Settings:", "",
+            "- wall time 2.5 min on m; finished now; MLflow parent run `r`",
+            "- **SHORTENED ON CPU** (no GPU in this run): 3 epochs instead of the paper's 60, 3 "
+            "seeds instead of 5.", "",
+            "Ours (mean ± SE over 3 seeds; accuracies in %; ε measured by our accountant):", "",
+            "| method | pi_gap | R_gap | epsilon |", "|:--|:--|:--|--:|",
+            "| nonprivate | - | - | none |", "| dpsgd | 29.5 ± 2.1 | 2.38 ± 0.11 | 2.36 |",
+            "| dpsgd_global | 51.5 ± 0.5 | 1.39 ± 0.11 | 2.36 |", "",
+            "Ours / published (⚠: ...):", "", "| method | pi_gap | R_gap |", "|:--|:--|:--|",
+            "| dpsgd | 29.5 ± 2.1 / 48.9 ± 1.3 ⚠ | 2.378 ± 0.106 / 1.630 ± 0.030 ⚠ |",
+            "| dpsgd_global | 51.5 ± 0.5 / 14.8 ± 2.7 ⚠ | 1.395 ± 0.108 / 0.710 ± 0.040 ⚠ |", "",
+            "2 of 4 comparable cells differ beyond 2 combined SEs.", ""]
+
+
+def test_prose_figures_are_filled_from_the_tables(reproduce: ModuleType) -> None:
+    """A placeholder takes its figure from the table as printed, so a rerun that changes the
+    table changes the prose; a placeholder naming nothing is an error, not a typed number."""
+    from report_figures import MISSING, FigureError, fill, parse_section
+
+    figs = {"t": parse_section(_SECTION)}
+    prose = ("π_gap [[t:dpsgd.pi_gap]] (published [[t:dpsgd.pi_gap|published mean]]; "
+             "[[t:dpsgd.pi_gap|vs published]]), R_gap [[t:dpsgd.R_gap|ours]], global − dpsgd "
+             "[[t:dpsgd_global.pi_gap vs dpsgd.pi_gap]], [[t:wall]] min, [[t:flagged]], "
+             "ε [[t:dpsgd.epsilon]] over [[t:seeds]] seeds")
+    assert fill(prose, figs) == (
+        "π_gap 29.5 ± 2.1 (published 48.9; -19.4, 7.9 combined SEs), R_gap 2.378 ± 0.106, "
+        "global − dpsgd +22.0, 10.2 combined SEs, 2.5 min, 2 of 4, ε 2.36 over 3 seeds")
+    rerun = [ln.replace("29.5 ± 2.1", "31.0 ± 1.0") for ln in _SECTION]
+    assert "π_gap 31.0 ± 1.0" in fill(prose, {"t": parse_section(rerun)})
+    for bad in ("[[t:dpsgd.acc_8]]", "[[t:nonprivate.pi_gap|se]]", "[[t:dpsgd.pi_gap|median]]"):
+        with pytest.raises(FigureError):
+            fill(bad, figs)
+    assert fill("[[u:dpsgd.pi_gap]]", figs) == f"[{MISSING} `u`]"  # a report of some tables
+
+
+def test_claims_say_how_far_the_runs_go_and_their_se_distance(reproduce: ModuleType) -> None:
+    from report_claims import claims
+    from report_figures import parse_section
+
+    cfg = {"title": "T", "kind": "table", "layout": "esipova"}
+    lines = claims({"t": cfg}, {"t": parse_section(_SECTION)}, lambda c: {})
+    assert lines[0] == (
+        "- T [SHORTENED on CPU to 3 of 60 epochs, 3 seeds]: dpsgd_global privacy-cost gap π_gap "
+        "51.5 ± 0.5 vs dpsgd 29.5 ± 2.1 pp → smaller than dpsgd: **NO** (+22.0, 10.2 combined "
+        "SEs)")
+    assert "R_gap 1.395 ± 0.108 vs dpsgd 2.378 ± 0.106 → smaller than dpsgd: **yes**" in lines[1]
+
+
+def test_recorded_gpu_runs_are_a_full_length_table(reproduce: ModuleType, rr: ModuleType) -> None:
+    """The H100 JSON lines become table 06's results at 60 epochs, with their provenance."""
+    import json
+
+    import recorded
+
+    cfg = reproduce.load_configs()["06g_esipova_mnist_h100"]
+    assert cfg["train"]["epochs"] == 60 and cfg["methods"][0]["label"] == "nonprivate"
+    result = recorded.load(cfg)
+    assert result["config"]["seeds"] == [0, 1]
+    assert result["recorded"]["device"].startswith("NVIDIA H100")
+    assert result["recorded"]["commit"] and result["recorded"]["torch"]
+    lines = [json.loads(ln) for ln in
+             (recorded.RAW / cfg["recorded"]).read_text().splitlines()]
+    acc8 = [r["group_accuracy"][8] for r in lines if r["label"] == "dpsgd"]
+    stats = rr.table_stats(result["config"], result)
+    assert stats.at["dpsgd", ("acc_8", "mean")] == pytest.approx(sum(acc8) / 2)
+    assert result["recorded"]["later"][0]["commit"] == "2578129"  # Global-Adapt rerun
+    text = "\n".join(rr.settings_lines(result["config"], result))
+    assert "RECORDED ON A GPU, full length" in text and "2 seeds (0, 1)" in text
+
+
+def test_the_committed_report_is_its_own_rendering(reproduce: ModuleType, rr: ModuleType,
+                                                   tmp_path: Path) -> None:
+    """Rendered again from its own tables, the recorded runs and the configs, the report does
+    not change: every prose figure is a filled placeholder, none is left unfilled."""
+    from report_figures import MISSING
+
+    committed = reproduce.REPORT.read_text()
+    assert "[[" not in committed and MISSING not in committed
+    out = tmp_path / "reproduction.md"
+    out.write_text(committed)
+    configs = reproduce.load_configs()
+    import recorded
+
+    assert rr.render(configs, recorded.recorded_results(configs), out) == committed

@@ -3,6 +3,8 @@ killed process (runs left RUNNING are marked FAILED; results read only finished 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import socket
@@ -48,6 +50,37 @@ def test_logged_metrics_with_dataset_names_reach_mlflow(tmp_path):
                                   "skipped": float("nan")})
     metrics = client.get_run(run_id).data.metrics
     assert metrics == {"acc/le 50K": 0.5, "acc/low 5_4_9": 0.25}
+
+
+def test_group_names_that_are_no_safe_key_reach_mlflow_under_distinct_keys(tmp_path):
+    """Group values with '/', '..', nothing left after cleaning, or two cleaning to the same
+    key each get one distinct key MLflow accepts (they failed after training before); the
+    names are kept in the run's ``dpfair.metric_keys`` tag."""
+    from dpfair.data import load_dataset
+    from dpfair.metric_keys import metric_segments
+    from dpfair.run_log import log_data_input
+    from dpfair.training import flat_metrics
+
+    names = ["a/b", "..", "/", "a b", "", "<=50K", "ok"]
+    assert metric_segments(names) == ["a b", "id 1", "id 2", "a b id 3", "id 4", "le 50K",
+                                      "ok"]
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path / 'm.db'}",
+                         artifact_root=str(tmp_path / "art"))
+    client = MlflowClient(cfg.uri)
+    exp = client.create_experiment("t", artifact_location=(tmp_path / "art").as_uri())
+    values = [0.1 * (k + 1) for k in range(len(names))]
+    flat = flat_metrics({"group_accuracy": values}, "final/test/", group_names=names)
+    dataset = dataclasses.replace(load_dataset("synthetic", {"n": 200}), group_names=names)
+    with run(cfg, exp, "r") as run_id:
+        log_metrics(cfg, run_id, flat)
+        log_data_input(cfg, run_id, dataset, "v", "synthetic")
+    data = client.get_run(run_id).data
+    assert len(data.metrics) == len(names)
+    assert data.metrics["final/test/group_accuracy/id 1"] == pytest.approx(0.2)
+    assert data.metrics["final/test/group_accuracy/a b id 3"] == pytest.approx(0.4)
+    kept = json.loads(data.tags["dpfair.metric_keys"])
+    assert kept["id 1"] == ".." and kept["a b"] == "a/b" and "ok" not in kept
+    assert metric_key("x/../y//z") == "x/_/y/_/z"
 
 
 def test_flatten_nested_params():

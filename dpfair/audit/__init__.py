@@ -12,7 +12,14 @@ claim that does not hold); a bound below it proves nothing about privacy.
 
 from dpfair.audit.bound import epsilon_lower_bound, mu_lower_bound, p_value
 from dpfair.audit.config import AuditSection, AuditSettings
-from dpfair.audit.run import AuditResult, GroupAudit, audit, claimed_epsilon
+from dpfair.audit.run import (
+    AuditResult,
+    GroupAudit,
+    audit,
+    canary_count,
+    claimed_epsilon,
+    group_ids,
+)
 
 __all__ = [
     "AuditResult",
@@ -20,6 +27,8 @@ __all__ = [
     "AuditSettings",
     "GroupAudit",
     "audit",
+    "canary_count",
+    "group_ids",
     "claimed_epsilon",
     "epsilon_lower_bound",
     "mu_lower_bound",

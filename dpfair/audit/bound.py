@@ -12,9 +12,15 @@ them correct. Their main theorem with abstentions, for an (ε, δ)-DP training r
 (the δ term is their bound for approximate DP; with δ = 0 it is the pure-ε theorem). This
 right-hand side is :func:`p_value`. Every ε whose p-value is at most β is rejected at
 confidence 1 - β, so the lower bound is the largest such ε, found by bisection
-(:func:`epsilon_lower_bound`). Trying several guess counts is paid for by a Bonferroni
+(:func:`epsilon_lower_bound`) and rounded *down* (the lower end of the final bracket, an ε
+that is itself rejected). Trying several guess counts is paid for by a Bonferroni
 correction (β divided by the number of counts tried, :func:`best_guesses`), so the reported
 bound keeps its confidence.
+
+What an audit can show at most: with every guess right, ``m`` canaries reject no ε above
+:func:`max_certifiable` (about 0.68 for 20 canaries, 4.8 for 1,000 at β = 0.05 with three
+guess fractions and δ = 1e-6), so an audit meant to catch a claimed ε needs
+:func:`canaries_needed` canaries per group.
 
 The Gaussian (f-DP) view (:func:`mu_lower_bound`): a μ-GDP mechanism is
 (ε, δ_μ(ε))-DP with δ_μ(ε) = Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2) (Dong, Roth & Su 2022,
@@ -24,11 +30,11 @@ Cor. 2.13), so rejecting (ε_lb, δ) also rejects every μ with δ_μ(ε_lb) ≤
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import special, stats
 
 _EPS_MAX = 50.0  # no audit of m <= 10^9 canaries can reject an ε this large
 
@@ -54,12 +60,22 @@ def epsilon_lower_bound(m: int, r: int, v: int, beta: float, delta: float) -> fl
     (0 when they reject none), by bisection on :func:`p_value`, which grows with ε."""
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
-    excess = lambda eps: p_value(m, r, v, eps, delta) - beta  # noqa: E731
-    if excess(0.0) > 0:
-        return 0.0
-    if excess(_EPS_MAX) <= 0:
-        return _EPS_MAX
-    return float(optimize.bisect(excess, 0.0, _EPS_MAX, xtol=1e-6))
+    return _largest_below(lambda eps: p_value(m, r, v, eps, delta) <= beta, 0.0, _EPS_MAX)
+
+
+def _largest_below(holds: Callable[[float], bool], lo: float, hi: float,
+                   xtol: float = 1e-7) -> float:
+    """For ``holds`` true up to a threshold and false above it: a point where it holds within
+    ``xtol`` below the threshold (``lo`` when it fails there, ``hi`` when it holds there).
+    The bisection keeps the bracket's lower end, so the answer never overshoots."""
+    if not holds(lo):
+        return lo
+    if holds(hi):
+        return hi
+    while hi - lo > xtol:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,30 @@ def best_guesses(
     return max(found, key=lambda g: g.epsilon)
 
 
+def max_certifiable(m: int, fractions: Sequence[float], beta: float, delta: float) -> float:
+    """The largest ε an audit of ``m`` canaries can ever certify: every guess right, at the
+    best of ``fractions`` (each at ``beta / len(fractions)``, as :func:`best_guesses`)."""
+    level = beta / len(fractions)
+    return max(epsilon_lower_bound(m, r, r, level, delta)
+               for r in {max(1, round(f * m)) for f in fractions})
+
+
+def canaries_needed(epsilon: float, fractions: Sequence[float], beta: float, delta: float,
+                    most: int) -> int:
+    """The fewest canaries (at most ``most``) whose :func:`max_certifiable` reaches
+    ``epsilon``; ``most`` when even that many cannot (the caller reports the ceiling)."""
+    can = lambda m: max_certifiable(m, fractions, beta, delta) >= epsilon  # noqa: E731
+    if can(1):
+        return 1
+    if not can(most):
+        return most
+    lo, hi = 1, most  # can(lo) false, can(hi) true
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if can(mid) else (mid, hi)
+    return hi
+
+
 def gdp_delta(mu: float, epsilon: float) -> float:
     """δ_μ(ε) of μ-GDP (module docstring); 0 for μ = 0."""
     if mu <= 0:
@@ -122,5 +162,4 @@ def mu_lower_bound(epsilon_lb: float, delta: float) -> float:
     hi = 1.0
     while gdp_delta(hi, epsilon_lb) < delta:
         hi *= 2
-    return float(optimize.bisect(lambda mu: gdp_delta(mu, epsilon_lb) - delta, 1e-9, hi,
-                                 xtol=1e-6))
+    return _largest_below(lambda mu: gdp_delta(mu, epsilon_lb) <= delta, 0.0, hi)

@@ -25,8 +25,12 @@ class AuditSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     config_key_noun: ClassVar[str] = "key"
 
-    canaries: PositiveInt = Field(
-        100, description="canaries per audited group, each included with probability 1/2"
+    canaries: PositiveInt | None = Field(
+        None,
+        description="canaries per audited group, each included with probability 1/2; None: "
+        "enough for the audit to be able to certify the run's claimed ε (at most "
+        "10,000 and, for mislabelled canaries, the smallest audited group's size; 1,000 when "
+        "the run claims no finite ε)",
     )
     kind: CanaryKind = Field(
         "mislabel",

@@ -13,16 +13,18 @@ scale) are stored as their uint8 pixels when that is exact, and divided again on
 gives bit-identical float32 tensors at a quarter of the size.
 
 A dataset with a fitted feature transform (``GroupedDataset.preprocessor``, tables read from a
-file) also gets ``<out_dir>/<name>/preprocessor.pkl`` (pickle: load prepared directories you
-wrote yourself only), read back by ``load_prepared``.
+file) keeps it inside ``arrays.npz`` as JSON (:meth:`TablePreprocessor.to_json`): nothing in a
+prepared folder is a pickle, so loading one runs no code, and the transform is covered by the
+md5 DVC records for the arrays. ``load_prepared(path, md5=...)`` checks that md5 before it
+reads anything (a planted or edited file is refused).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-import pickle
 import shutil
 import uuid
 import zipfile
@@ -37,6 +39,7 @@ from pydantic import BaseModel
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.data.errors import DataError
+from dpfair.data.preprocess import TablePreprocessor
 from dpfair.data.registry import load_dataset
 
 if TYPE_CHECKING:
@@ -44,7 +47,8 @@ if TYPE_CHECKING:
 
 ARRAYS = "arrays.npz"
 SUMMARY = "summary.json"
-PREPROCESSOR = "preprocessor.pkl"
+PREPROCESSOR = "preprocessor"  # the key of the transform's JSON inside arrays.npz
+_OLD_PICKLE = "preprocessor.pkl"  # written by dpfair before the JSON transform: never read
 SPLITS = ("train", "val", "test")
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -136,6 +140,12 @@ def _arrays(ds: GroupedDataset) -> dict[str, np.ndarray]:
     out["group_names"] = np.array(ds.group_names, dtype=str)
     out["name"] = np.array(ds.name)
     out["meta"] = np.array(json.dumps(ds.meta, sort_keys=True))
+    if ds.preprocessor is not None:
+        if not isinstance(ds.preprocessor, TablePreprocessor):
+            raise DataError(f"dataset {ds.name!r}: its preprocessor is a "
+                            f"{type(ds.preprocessor).__name__}; prepared data keeps only "
+                            "dpfair's TablePreprocessor (saved as JSON, never as a pickle)")
+        out[PREPROCESSOR] = np.array(ds.preprocessor.to_json())
     return out
 
 
@@ -152,8 +162,6 @@ def write_prepared(
     try:
         write_npz(tmp / ARRAYS, _arrays(ds))
         (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        if ds.preprocessor is not None:
-            (tmp / PREPROCESSOR).write_bytes(pickle.dumps(ds.preprocessor))
         _replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -192,11 +200,22 @@ def prepare(
     return write_prepared(load_dataset(name, options), out_dir, exact_counts=exact_counts)
 
 
-def load_prepared(path: str | Path) -> GroupedDataset:
+def file_md5(path: Path) -> str:
+    """md5 of a file's bytes (the hash DVC records for an output)."""
+    digest = hashlib.md5()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_prepared(path: str | Path, md5: str | None = None) -> GroupedDataset:
     """Read a dataset written by ``prepare`` (its directory or its ``arrays.npz``).
 
-    A DataError names the file if it is missing, corrupt, or holds a NaN or inf feature or an
-    id out of range (``checks.check_values``).
+    With ``md5`` (the version DVC recorded, :func:`data_version`) the file's bytes must have
+    that md5, checked before anything is read. A DataError names the file if it differs, is
+    missing, corrupt, or holds a NaN or inf feature or an id out of range
+    (``checks.check_values``). Nothing is unpickled (arrays and JSON only).
     """
     import torch
 
@@ -205,8 +224,16 @@ def load_prepared(path: str | Path) -> GroupedDataset:
         path = path / ARRAYS
     if not path.is_file():
         raise DataError(f"no prepared dataset at {path} (run `dpfair data prepare NAME`)")
+    if md5 is not None and (found := file_md5(path)) != md5:
+        raise DataError(f"prepared dataset {path} has md5 {found}, not the {md5} recorded for "
+                        "it (dvc.lock): it changed after it was prepared. Prepare it again "
+                        "(`dvc repro prepare@NAME` or `dpfair data prepare NAME`)")
     try:
         with np.load(path, allow_pickle=False) as z:
+            if PREPROCESSOR not in z.files and (path.parent / _OLD_PICKLE).exists():
+                raise DataError(f"{path.parent} holds {_OLD_PICKLE}, a transform an older "
+                                "dpfair saved as a pickle, which dpfair no longer loads (it "
+                                "could run code): prepare the dataset again")
             splits = {}
             for key in SPLITS:
                 if f"pixels_{key}" in z.files:
@@ -223,19 +250,16 @@ def load_prepared(path: str | Path) -> GroupedDataset:
                 class_names=[str(s) for s in z["class_names"]],
                 group_names=[str(s) for s in z["group_names"]],
                 meta=json.loads(str(z["meta"].item())),
-                preprocessor=_read_preprocessor(path.parent / PREPROCESSOR),
+                preprocessor=(TablePreprocessor.from_json(str(z[PREPROCESSOR].item()), str(path))
+                              if PREPROCESSOR in z.files else None),
             )
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile, pickle.UnpicklingError) as exc:
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
         raise DataError(f"corrupt prepared dataset {path}: {exc}") from exc
     return check_values(
         ds, f"prepared dataset {path}",
         f"prepare it again from its source (`dpfair data prepare {ds.name}`); do not edit "
         "the arrays by hand",
     )
-
-
-def _read_preprocessor(path: Path) -> Any:
-    return pickle.loads(path.read_bytes()) if path.is_file() else None
 
 
 def data_version(name: str, lock_path: str | Path = "dvc.lock") -> str | None:

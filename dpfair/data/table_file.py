@@ -52,6 +52,9 @@ class TableFileOptions(TableOptions):
 def source_path(opts: TableFileOptions) -> Path:
     """The file, which must exist (SourceMissingError naming where it was looked for)."""
     path = Path(opts.path).expanduser()
+    if path.is_dir():
+        raise DataError(f"the dataset's path {path} is a folder; give the CSV or Parquet file "
+                        "in it")
     if not path.is_file():
         where = path if path.is_absolute() else f"{path} (relative to {Path.cwd()})"
         raise SourceMissingError(
@@ -61,9 +64,9 @@ def source_path(opts: TableFileOptions) -> Path:
     return path
 
 
-def _format(path: Path, opts: TableFileOptions) -> str:
-    if opts.format != "auto":
-        return opts.format
+def _format(path: Path, given: str) -> str:
+    if given != "auto":
+        return given
     fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(f"cannot tell the format of {path} from its suffix; name it .csv or "
@@ -71,17 +74,34 @@ def _format(path: Path, opts: TableFileOptions) -> str:
     return fmt
 
 
+def _check_header(first: pd.DataFrame, path: Path) -> None:
+    """pandas renames a repeated header ``y`` to ``y.1``: a duplicated target would become a
+    feature (a label leak). Refuse a header that names a column twice."""
+    names = [str(v) for v in (first.iloc[0].tolist() if len(first) else [])]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DataError(f"the header of {path} names the column(s) {', '.join(map(repr, twice))}"
+                        " more than once; rename or remove the repeated columns")
+
+
 def read_table(opts: TableFileOptions) -> tuple[pd.DataFrame, Where]:
     """The file's rows and where they came from (DataError if the file cannot be parsed)."""
+    return read_rows(source_path(opts), opts.format, opts.separator)
+
+
+def read_rows(path: Path, fmt: str = "auto", separator: str | None = None
+              ) -> tuple[pd.DataFrame, Where]:
+    """The rows of a CSV or Parquet file (format from the suffix unless given) and where they
+    came from; a DataError names a file that cannot be read as its format."""
     import pandas as pd
     import pyarrow
 
-    path = source_path(opts)
-    fmt = _format(path, opts)
+    fmt = _format(path, fmt)
     try:
         if fmt == "csv":
             tab = path.suffix.lower() == ".tsv"
-            sep = opts.separator if opts.separator is not None else ("\t" if tab else ",")
+            sep = separator if separator is not None else ("\t" if tab else ",")
+            _check_header(pd.read_csv(path, sep=sep, header=None, nrows=1), path)
             frame = pd.read_csv(path, sep=sep)
         else:
             frame = pd.read_parquet(path)
@@ -110,7 +130,8 @@ def load_table(name: str, opts: TableFileOptions) -> GroupedDataset:
             raise DataError(f"id column {opts.id_column!r} is not in {where.source}"
                             f"{did_you_mean(opts.id_column, [str(c) for c in frame.columns])}. "
                             f"Fix: set datasets.{name}.id_column to a column of the file")
-        frame = frame.drop(columns=[opts.id_column])
+        if opts.id_column not in opts.id_columns:  # never a feature; carried by predictions
+            opts = opts.model_copy(update={"id_columns": [*opts.id_columns, opts.id_column]})
     ds = build_dataset(frame, opts, name=name, where=where)
     ds.meta["sources"] = {Path(opts.path).name: table_version(opts)}
     return ds

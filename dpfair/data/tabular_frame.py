@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,7 +35,12 @@ from pydantic import Field, ValidationError, field_validator
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.options import HoldoutOptions
-from dpfair.data.preprocess import TablePreprocessor, numeric_problems, to_categories
+from dpfair.data.preprocess import (
+    TablePreprocessor,
+    category_text,
+    numeric_problems,
+    to_categories,
+)
 from dpfair.data.splits import make_split
 from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
 
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 GROUP_SEPARATOR = " × "
+CODED_MAX_VALUES = 10  # an undeclared integer column with 3..this many values gets a warning
 _SHOWN = 5
 _LOOKS_NUMERIC = 0.8  # an object column with this share of numbers holds typos, not categories
 
@@ -54,7 +61,10 @@ class TableOptions(HoldoutOptions):
                                  "combinations are the groups)")
     positive_label: str | int | float | bool | None = Field(
         None, description="binary target: this value is class 1, every other value class 0")
-    features: list[str] | None = Field(None, description="feature columns (default: all others)")
+    features: list[str] | None = Field(None, description="feature columns (default: all others "
+                                       "but the id columns)")
+    id_columns: list[str] = Field(default_factory=list, description="row identifiers: never "
+                                  "features; prediction copies them into its output")
     categorical: list[str] = Field(default_factory=list, description="force these categorical")
     numeric: list[str] = Field(default_factory=list, description="force these numeric")
     missing: Literal["error", "drop", "impute"] = Field(
@@ -65,7 +75,20 @@ class TableOptions(HoldoutOptions):
         "without any statistic of the data (values outside are clipped)")
     categories: dict[str, list[str]] = Field(
         default_factory=dict, description="public category lists: one-hot without looking at "
-        "the data (a value outside the list is an error)")
+        "the data (a value outside the list is an error); values of the column's own type "
+        "(integer codes stay integers)")
+    unknown: Literal["error", "ignore"] = Field(
+        "error", description="prediction on a category value the model never saw: an error "
+        "naming column, value and row, or ignore (its one-hot part is all zeros)")
+
+    @field_validator("categories", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        """Declared values compare as the column's values do (:func:`category_text`)."""
+        if isinstance(value, dict):
+            return {col: [category_text(v) for v in values] if isinstance(values, list)
+                    else values for col, values in value.items()}
+        return value
 
     @field_validator("numeric_ranges")
     @classmethod
@@ -106,7 +129,8 @@ class Where:
 def _columns(frame: pd.DataFrame, opts: TableOptions, where: Where) -> list[str]:
     present = [str(c) for c in frame.columns]
     asked = [("target", [opts.target]), ("protected", opts.protected),
-             ("features", opts.features or []), ("categorical", opts.categorical),
+             ("features", opts.features or []), ("id_columns", opts.id_columns),
+             ("categorical", opts.categorical),
              ("numeric", opts.numeric), ("numeric_ranges", list(opts.numeric_ranges)),
              ("categories", list(opts.categories))]
     for option, names in asked:
@@ -122,11 +146,12 @@ def _columns(frame: pd.DataFrame, opts: TableOptions, where: Where) -> list[str]
         raise DataError(f"columns {sorted(both)} are listed both categorical and numeric; "
                         f"remove them from {where.key('categorical')} or {where.key('numeric')}")
     if opts.features is not None:
-        if opts.target in opts.features:
-            raise DataError(f"the target {opts.target!r} is also listed in "
-                            f"{where.key('features')}; remove it (a model may not see its label)")
+        for col, what in ((opts.target, "target"), *((c, "id column") for c in opts.id_columns)):
+            if col in opts.features:
+                raise DataError(f"the {what} {col!r} is also listed in {where.key('features')}; "
+                                "remove it (a model may not see its label or row ids)")
         return list(opts.features)
-    return [c for c in present if c not in {opts.target, *opts.protected}]
+    return [c for c in present if c not in {opts.target, *opts.protected, *opts.id_columns}]
 
 
 def _missing(frame: pd.DataFrame, opts: TableOptions, where: Where) -> pd.DataFrame:
@@ -161,6 +186,8 @@ def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
         if col in {*opts.categorical, *opts.categories} or pd.api.types.is_bool_dtype(values):
             categorical.append(col)
             continue
+        if col not in {*opts.numeric, *opts.numeric_ranges}:
+            _warn_if_coded(values, col, where)
         if col not in {*opts.numeric, *opts.numeric_ranges} and \
                 not pd.api.types.is_numeric_dtype(values):
             present = int(values.notna().sum())
@@ -179,6 +206,24 @@ def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
             )
         numeric.append(col)
     return numeric, categorical
+
+
+def _warn_if_coded(values: pd.Series, col: str, where: Where) -> None:
+    """One warning for an undeclared integer column with few distinct values: often codes of
+    categories (1 = single, 2 = married, ...), which a model would read as amounts."""
+    import pandas as pd
+
+    if not pd.api.types.is_integer_dtype(values) or pd.api.types.is_bool_dtype(values):
+        return
+    distinct = values.nunique(dropna=True)
+    if 2 < distinct <= CODED_MAX_VALUES:
+        warnings.warn(
+            f"column {col!r} of {where.source} holds integers with only {distinct} distinct "
+            "values and is treated as a number. If they are codes of categories, declare "
+            f"{where.key('categorical')}: [{col}] (or their list under "
+            f"{where.key('categories')}.{col}); if they are amounts, declare "
+            f"{where.key('numeric')}: [{col}] to silence this warning",
+            UserWarning, stacklevel=2)
 
 
 def _check_declared(values: pd.Series, declared: list[str], col: str, where: Where) -> None:
@@ -201,6 +246,14 @@ def _natural(values: list[str]) -> list[str]:
 
 
 def _labels(target: pd.Series, opts: TableOptions, where: Where) -> tuple[np.ndarray, list[str]]:
+    import pandas as pd
+
+    present = target.dropna()
+    if pd.api.types.is_float_dtype(present) and not (present == present.round()).all():
+        raise DataError(
+            f"the target column {opts.target!r} of {where.source} holds fractional numbers: "
+            "dpfair trains classifiers, and a continuous target would make every value a "
+            f"class. Fix: set {where.key('target')} to a categorical column (or bin the values)")
     values = to_categories(target)
     seen = _natural(list(values.unique()))
     if opts.positive_label is not None:
@@ -224,6 +277,22 @@ def _labels(target: pd.Series, opts: TableOptions, where: Where) -> tuple[np.nda
             f"another {where.key('target')} or add rows of the other classes"
         )
     return y, class_names
+
+
+def target_values(target: pd.Series, class_names: list[str]) -> list[Any] | None:
+    """Each class as the target column holds it (``1`` rather than ``"1"``: predictions then
+    compare equal to the column), or None when a class is no single value of the column (``"not
+    yes"``) or the values are text anyway."""
+    import pandas as pd
+
+    if pd.api.types.is_object_dtype(target) or pd.api.types.is_string_dtype(target):
+        return None
+    present = target.dropna()
+    first = dict(zip(to_categories(present), present.tolist(), strict=True))
+    if not all(name in first for name in class_names):
+        return None
+    return [first[name].item() if hasattr(first[name], "item") else first[name]
+            for name in class_names]
 
 
 def _groups(protected: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
@@ -267,6 +336,12 @@ def split_index(y: np.ndarray, g: np.ndarray, opts: HoldoutOptions
     return train, val, test
 
 
+def shown(values: list[str]) -> str:
+    """The first few of ``values`` quoted, and how many more (a message stays readable)."""
+    more = f" and {len(values) - _SHOWN} more" if len(values) > _SHOWN else ""
+    return ", ".join(repr(v) for v in values[:_SHOWN]) + more
+
+
 def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
                  class_names: list[str], group_names: list[str], *, min_rows: int,
                  groups_from: str, target: str, where: Where) -> None:
@@ -279,7 +354,7 @@ def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
     if small:
         plural = len(small) > 1
         raise DataError(
-            f"group{'s' if plural else ''} {', '.join(repr(s) for s in small)} of "
+            f"group{'s' if plural else ''} {shown(small)} of "
             f"{where.source} ({groups_from}) {'have' if plural else 'has'} fewer than "
             f"{min_rows} training rows ({where.key('min_group_train_rows')}). Fix: add rows, "
             f"merge rare groups, or lower {where.key('min_group_train_rows')}"
@@ -288,7 +363,7 @@ def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
     for split in ("val", "test"):
         unseen = sorted(set(np.unique(y[index[split]]).tolist()) - trained)
         if unseen:
-            names = ", ".join(repr(class_names[c]) for c in unseen)
+            names = shown([class_names[c] for c in unseen])
             raise DataError(
                 f"the {split} split of {where.source} holds the label {names} of "
                 f"{target}, never seen in the training split: the class has too "
@@ -300,18 +375,34 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
                   where: Where) -> GroupedDataset:
     """The GroupedDataset of ``frame`` (steps in the module docstring)."""
     frame = frame.rename(columns=str)
+    if frame.columns.duplicated().any():  # a repeated target would become a feature
+        twice = sorted(set(frame.columns[frame.columns.duplicated()]))
+        raise DataError(f"{where.source} has the column(s) {', '.join(map(repr, twice))} more "
+                        "than once; rename or remove the repeated columns")
     features = _columns(frame, opts, where)
     used = list(dict.fromkeys([opts.target, *opts.protected, *features]))
     frame = _missing(frame[used], opts, where)
+    if len(frame) < 2 * opts.min_group_train_rows:
+        raise DataError(
+            f"{where.source} has {len(frame)} usable row(s): too few for two groups of "
+            f"{opts.min_group_train_rows} training rows ({where.key('min_group_train_rows')})."
+            " Fix: give more rows")
     numeric, categorical = _feature_types(frame, features, opts, where)
     y, class_names = _labels(frame[opts.target], opts, where)
+    class_values = target_values(frame[opts.target], class_names)
     g, group_names = _groups(frame[opts.protected])
+    if len(group_names) < 2:
+        raise DataError(
+            f"the protected column(s) {', '.join(opts.protected)} of {where.source} hold a "
+            f"single value ({group_names[0]!r}) in the rows used: there are no groups to "
+            f"compare. Fix: set {where.key('protected')} to column(s) with two or more values")
     index = dict(zip(("train", "val", "test"), split_index(y, g, opts), strict=True))
     check_splits(y, g, index, class_names, group_names, min_rows=opts.min_group_train_rows,
                  groups_from=f"columns {', '.join(opts.protected)}",
                  target=f"the target column {opts.target!r}", where=where)
     pre = TablePreprocessor(numeric, categorical, impute=opts.missing == "impute",
-                            ranges=opts.numeric_ranges, categories=opts.categories)
+                            ranges=opts.numeric_ranges, categories=opts.categories,
+                            unknown=opts.unknown)
     pre.fit(frame.iloc[index["train"]])
     splits = {key: make_split(pre.transform(frame.iloc[idx]), y[idx], g[idx])
               for key, idx in index.items()}
@@ -323,6 +414,9 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
             "feature_names": pre.feature_names,
             "columns": {"numeric": numeric, "categorical": categorical},
             "preprocessing": f"one-hot and scaling from the {pre.fitted_on}",
+            "class_values": class_values,
+            "id_columns": list(opts.id_columns),
+            "protected": list(opts.protected),
         },
         preprocessor=pre,
     )

@@ -5,7 +5,9 @@
 Tables 2-5 (accuracy, privacy cost pi, loss and excess risk R of a named pair of groups, and
 their gaps) and Xu et al. 2021's Table 1 (accuracy, Delta and the equal-cost verdict). The
 definitions are those of :mod:`dpfair.fairness.costs`; the input is the canonical runs frame
-of :func:`dpfair.fairness.records.runs_frame`.
+of :func:`dpfair.fairness.records.runs_frame`. A third layout, ``groups``, shows every group of
+a dataset by name (what a pipeline run reports, :mod:`dpfair.summary`), with the named pair's
+gaps when one is given.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ import pandas as pd
 
 from dpfair.fairness.costs import XU_TAU, equal_cost_of_privacy
 from dpfair.fairness.metrics import ACCURACY, ALL
-from dpfair.fairness.records import mean_se, methods_in_order, metric_table, seed_table
+from dpfair.fairness.records import (
+    cost_by_seed,
+    mean_se,
+    methods_in_order,
+    metric_table,
+    seed_table,
+)
 
 Stats = dict[str, dict[str, tuple[float, float, int]]]  # column -> method -> (mean, se, n)
 
@@ -36,10 +44,12 @@ def comparison_stats(
     *,
     reference: str = "nonprivate",
     labels: Sequence[str] | None = None,
-    layout: Literal["esipova", "xu"] = "esipova",
+    layout: Literal["esipova", "xu", "groups"] = "esipova",
     paired_reference: bool = False,
     tau: float = XU_TAU,
     max_gap_groups: Sequence[str] | None = None,
+    pair: Sequence[str] | None = None,
+    costs: bool = True,
 ) -> pd.DataFrame:
     """Numbers behind :func:`comparison_table`: index method, columns ``(column, stat)``
     with stat in ``mean, se, n``; accuracies and costs as fractions.
@@ -56,6 +66,13 @@ def comparison_stats(
     minus reference accuracy, seed means) for every group in ``groups`` (include
     :data:`ALL` for the "Total" column), ``delta_gap = max |Delta_i - Delta_j|`` over the
     non-``all`` groups and ``equal_cost`` (1.0 when ``delta_gap <= tau``, else 0.0).
+
+    ``layout="groups"`` (every group by name): ``acc_<g>`` and, with ``costs``, the privacy
+    cost ``pi_<g>`` (Esipova et al. 2023, Sec. 3.1) for every group in ``groups``, then
+    ``acc_worst_group``, ``acc_gap_max`` (each seed's largest accuracy difference between two
+    groups, mean and SE over seeds) and ``pi_gap_max``; with ``pair=(a, b)`` also that pair's
+    ``pi_gap`` and ``R_gap`` (Eq. 1-2, as in the esipova layout). Without ``costs`` (no
+    reference run) no privacy cost is shown, and ``reference`` only orders the rows.
     """
     labels = list(labels or groups)
     if len(labels) != len(groups):
@@ -67,10 +84,16 @@ def comparison_stats(
         if max_gap_groups is not None:
             cols.update(_worst_group_stats(runs, max_gap_groups))
             cols.update(_max_gap_stats(runs, max_gap_groups, reference, paired_reference))
+    elif layout == "groups":
+        cols = _groups_stats(runs, list(groups), reference, paired_reference, costs)
+        if pair is not None:
+            paired = _esipova_stats(runs, (pair[0], pair[1]), (pair[0], pair[1]), reference,
+                                    paired_reference)
+            cols.update({k: paired[k] for k in ("pi_gap", "R_gap")})
     elif layout == "xu":
         cols = _xu_stats(runs, list(groups), labels, reference, tau)
     else:
-        raise ValueError(f"unknown layout {layout!r}; use 'esipova' or 'xu'")
+        raise ValueError(f"unknown layout {layout!r}; use 'esipova', 'xu' or 'groups'")
     methods = methods_in_order(runs, reference)
     frame = pd.DataFrame(
         {(col, stat): [cols[col][m][i] for m in methods] for col in cols
@@ -108,6 +131,27 @@ def _worst_group_stats(runs: pd.DataFrame, groups: Sequence[str]) -> Stats:
     """``acc_worst_group``: per seed the lowest test accuracy among ``groups``."""
     worst = metric_table(runs, ACCURACY, list(groups)).min(axis=1)
     return {"acc_worst_group": {m: _cell_stats(v) for m, v in worst.groupby(level="method")}}
+
+
+def _groups_stats(runs: pd.DataFrame, groups: list[str], reference: str, paired: bool,
+                  costs: bool) -> Stats:
+    """Every group's accuracy (and privacy cost), the worst group and the largest gaps."""
+    acc = metric_table(runs, ACCURACY, groups)
+    cols: Stats = {f"acc_{g}": {m: _cell_stats(v) for m, v in acc[g].groupby(level="method")}
+                   for g in groups}
+    if costs:
+        pi = cost_by_seed(runs, groups, kind="pi", reference=reference,
+                          paired_reference=paired)
+        for g in groups:
+            cells = {m: _cell_stats(v) for m, v in pi[g].groupby(level="method")}
+            cols[f"pi_{g}"] = {m: cells.get(m, (math.nan, math.nan, 0))
+                               for m in methods_in_order(runs, reference)}
+    cols.update(_worst_group_stats(runs, groups))
+    spread = acc.max(axis=1) - acc.min(axis=1)
+    cols["acc_gap_max"] = {m: _cell_stats(v) for m, v in spread.groupby(level="method")}
+    if costs and len(groups) > 1:
+        cols.update({"pi_gap_max": _max_gap_stats(runs, groups, reference, paired)["pi_gap_max"]})
+    return cols
 
 
 def _max_gap_stats(
@@ -196,23 +240,26 @@ def comparison_table(
     *,
     reference: str = "nonprivate",
     labels: Sequence[str] | None = None,
-    layout: Literal["esipova", "xu"] = "esipova",
+    layout: Literal["esipova", "xu", "groups"] = "esipova",
     paired_reference: bool = False,
     tau: float = XU_TAU,
     max_gap_groups: Sequence[str] | None = None,
+    pair: Sequence[str] | None = None,
+    costs: bool = True,
     percent: bool | None = None,
     decimals: Mapping[str, int] | None = None,
 ) -> pd.DataFrame:
     """Method x column table of ``"mean ± se"`` strings in a paper's layout.
 
     See :func:`comparison_stats` for the columns and :func:`format_table` for the cells.
-    ``percent`` defaults to True for Esipova's layout (accuracies in %) and False for Xu's
-    (fractions). Render with ``.to_markdown()`` or ``.to_csv(path)``.
+    ``percent`` defaults to True for Esipova's and the groups layout (accuracies in %) and
+    False for Xu's (fractions). Render with ``.to_markdown()`` or ``.to_csv(path)``.
     """
     frame = comparison_stats(
         runs, groups, reference=reference, labels=labels, layout=layout,
-        paired_reference=paired_reference, tau=tau, max_gap_groups=max_gap_groups,
+        paired_reference=paired_reference, tau=tau, max_gap_groups=max_gap_groups, pair=pair,
+        costs=costs,
     )
-    percent = layout == "esipova" if percent is None else percent
+    percent = layout != "xu" if percent is None else percent
     return format_table(frame, percent=percent, decimals=decimals)
 

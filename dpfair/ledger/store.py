@@ -33,9 +33,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from dpfair.errors import PrivacyError
+from dpfair.urls import mask_text, mask_url
 from dpfair.workspace import durable_path
 
-__all__ = ["DEFAULT_LEDGER", "Store", "ledger_url", "mask_password"]
+__all__ = ["DEFAULT_LEDGER", "Store", "ledger_url"]
 
 DEFAULT_LEDGER = ".dpfair/ledger.sqlite"
 _LEGACY_JSON = ".dpfair/privacy_ledger.json"
@@ -70,15 +71,6 @@ FINGERPRINTS = sa.Table("dpfair_fingerprints", _meta,
                         sa.Column("fp", sa.String(40), nullable=False, index=True))
 
 
-def mask_password(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe to print)."""
-    try:
-        parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        return url
-    return parsed.render_as_string(hide_password=True)
-
-
 def ledger_url(location: str, root: str | Path | None = None) -> str:
     """The SQLAlchemy URL of ``budget.ledger``: a URL as given, a path (relative to the
     project root, :func:`dpfair.workspace.durable_path`) as a SQLite file."""
@@ -92,7 +84,7 @@ class Store:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.display = mask_password(url)
+        self.display = mask_url(url)
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
             self.engine = sa.create_engine(url, connect_args={"timeout": 120})
@@ -109,7 +101,7 @@ class Store:
         except sa.exc.SQLAlchemyError as exc:
             raise PrivacyError(
                 f"the privacy ledger {self.display} cannot be opened ({type(exc).__name__}: "
-                f"{mask_password(str(exc.orig) if hasattr(exc, 'orig') else str(exc))[:300]}): "
+                f"{mask_text(str(exc.orig) if hasattr(exc, 'orig') else str(exc))[:300]}): "
                 "it records what was already spent, so nothing may train until it is "
                 "reachable; check budget.ledger") from None
 

@@ -57,7 +57,6 @@ __all__ = [
     "epsilon",
     "event_from_json",
     "event_to_json",
-    "group_epsilons",
     "noise_for_epsilon",
     "rdp_curve",
     "reduced",
@@ -316,24 +315,3 @@ def noise_for_epsilon(
     while eps_of(log_sigma) > target_epsilon and log_sigma < hi:
         log_sigma = min(log_sigma + 1e-7, hi)
     return math.exp(log_sigma)  # eps(σ) <= target at the returned σ
-
-
-# ------------------------------------------------------------------------------ per group
-
-
-def group_epsilons(epsilon_value: float, clip_trajectory: list[list[float]]) -> list[float]:
-    """Per-group epsilon of ``dpsgd_f`` (Xu et al. 5.2): ``ε_k = ε·mean_t C_{t,k}/max_j C_{t,j}``.
-
-    ``clip_trajectory[t][k]`` is group k's clipping bound at step t. A step whose bounds are all
-    zero counts as ratio 1 (the sensitivity is then the max bound, not defined by the ratio).
-    """
-    if not clip_trajectory:
-        raise PrivacyError("clip_trajectory is empty")
-    c = np.asarray(clip_trajectory, dtype=np.float64)
-    if c.ndim != 2 or c.shape[1] == 0:
-        raise PrivacyError("clip_trajectory must be a non-empty list (steps) of lists (groups)")
-    if np.any(c < 0) or not np.all(np.isfinite(c)):
-        raise PrivacyError("clipping bounds must be finite and >= 0")
-    mx = c.max(axis=1, keepdims=True)
-    ratio = np.where(mx > 0, c / np.where(mx > 0, mx, 1.0), 1.0)
-    return [float(epsilon_value * r) for r in ratio.mean(axis=0)]

@@ -20,6 +20,13 @@ from dpfair.models import ModelConfig
 from dpfair.privacy.methods import MethodConfig
 from dpfair.training.progress import ProgressMode
 
+#: The most epochs and optimiser steps one run may take (resource bounds: a typo such as
+#: ``epochs: 1000000000000`` is refused, never planned or started).
+MAX_EPOCHS = 100_000
+MAX_STEPS = 100_000_000
+#: The largest batch, physical batch and evaluation batch (examples).
+MAX_BATCH = 10_000_000
+
 
 class MetricsReleaseConfig(BaseModel):
     """How a run releases its test metrics (:mod:`dpfair.fairness.noisy`). ``exact`` (the
@@ -71,9 +78,11 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     model: ModelConfig | None = Field(
         None, description="required unless train(config, dataset, model=module) gives a module"
     )
-    epochs: PositiveInt | None = None
-    steps: PositiveInt | None = None
-    batch_size: PositiveInt = Field(256, description="expected batch size; q = batch_size / n")
+    epochs: PositiveInt | None = Field(None, le=MAX_EPOCHS)
+    steps: PositiveInt | None = Field(None, le=MAX_STEPS, description="at most MAX_STEPS, "
+                                      "also as epochs x steps per epoch")
+    batch_size: PositiveInt = Field(256, le=MAX_BATCH,
+                                    description="expected batch size; q = batch_size / n")
     lr: PositiveFloat = Field(0.01, allow_inf_nan=False)
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
@@ -108,12 +117,13 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
         "weights, noise and the summed update stay in the parameters' dtype",
     )
     max_physical_batch: PositiveInt | None = Field(
-        None,
+        None, le=MAX_BATCH,
         description="form a larger Poisson batch's per-sample gradients in chunks of at most "
         "this many samples (same update, noise once per step; costs a second pass)",
     )
-    eval_every: PositiveInt = Field(1, description="evaluate on the test split every N epochs")
-    eval_batch_size: PositiveInt = 1024
+    eval_every: PositiveInt = Field(1, le=MAX_EPOCHS,
+                                    description="evaluate on the test split every N epochs")
+    eval_batch_size: PositiveInt = Field(1024, le=MAX_BATCH)
     progress: ProgressMode = Field(
         "auto", description="a progress bar: auto (in an interactive terminal without CI), "
         "true or false")

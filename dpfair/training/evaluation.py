@@ -13,6 +13,7 @@ from torch import nn
 
 from dpfair.data.dataset import Split
 from dpfair.fairness import group_metrics
+from dpfair.metric_keys import metric_segments
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,15 @@ def flat_metrics(
 ) -> dict[str, float]:
     """``{"accuracy": .., "group_accuracy": [a, b]}`` -> ``{"accuracy": .., "group_accuracy/0":
     a, ...}`` with ``prefix`` prepended: the shape MLflow metrics want. Per-group (per-class)
-    lists are keyed by ``group_names`` (``class_names``) when given, else by id."""
+    lists are keyed by ``group_names`` (``class_names``) when given, made safe keys by
+    :func:`metric_segments`, else by id."""
     flat: dict[str, float] = {}
     for key, value in metrics.items():
         if isinstance(value, list):
             names = group_names if key.startswith("group_") else (
                 class_names if key.startswith("class_") else None)
-            keys = names if names is not None else [str(i) for i in range(len(value))]
+            keys = (metric_segments(names) if names is not None
+                    else [str(i) for i in range(len(value))])
             flat.update({f"{prefix}{key}/{k}": float(v) for k, v in zip(keys, value, strict=True)})
         else:
             flat[f"{prefix}{key}"] = float(value)

@@ -51,7 +51,7 @@ from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError
 from dpfair.fairness.noisy import noisy_group_metrics
 from dpfair.models import build_model, check_output_shape
-from dpfair.privacy import accounting
+from dpfair.privacy import group_accounting
 from dpfair.privacy.methods import Method, build_method
 from dpfair.privacy.model_check import check_model
 from dpfair.privacy.step import PrivateStep
@@ -119,11 +119,18 @@ def _nanmean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def _group_epsilons(epsilon: float, trajectory: list[dict[str, Any]]) -> list[float] | None:
-    """Per-group ε of DPSGD-F (Xu 5.2) from its per-group bounds ``C_k``; None for others."""
-    if not trajectory or "C_k" not in trajectory[0] or not math.isfinite(epsilon):
+def _group_epsilons(plan: RunPlan, count_sigma: float | None,
+                    trajectory: list[dict[str, Any]]) -> list[float] | None:
+    """Per-group ε of DPSGD-F from its per-step bounds ``C_k``, each group's steps accounted
+    on their own (:mod:`dpfair.privacy.group_accounting`); None for other methods. Steps
+    missing from the trajectory count at the top bound (the run's own ε)."""
+    if not trajectory or "C_k" not in trajectory[0] or not math.isfinite(plan.epsilon):
         return None
-    return accounting.group_epsilons(epsilon, [entry["C_k"] for entry in trajectory])
+    bounds = [entry["C_k"] for entry in trajectory]
+    bounds += [[1.0] * len(bounds[0])] * max(0, plan.steps - len(bounds))
+    found = group_accounting.group_epsilons(plan.sigma, count_sigma, plan.sample_rate, bounds,
+                                            plan.delta)
+    return [min(e, plan.epsilon) for e in found]  # both bound the group: keep the tighter
 
 
 def train(
@@ -266,7 +273,7 @@ def _result(
         event=plan.event,
         epsilon=plan.epsilon,
         delta=plan.delta,
-        group_epsilons=_group_epsilons(plan.epsilon, log.clip_trajectory),
+        group_epsilons=_group_epsilons(plan, method.count_sigma, log.clip_trajectory),
         clip_trajectory=log.clip_trajectory,
         nonprivate_stats=log.nonprivate_stats,
         wall_time_s=time.perf_counter() - started,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dp_accounting import dp_event
@@ -24,7 +25,7 @@ from dpfair.errors import ConfigError
 from dpfair.fairness import noisy
 from dpfair.privacy import accounting
 from dpfair.privacy.methods import MethodSpec, PrivacyGuarantee, build_method
-from dpfair.training.config import TrainConfig
+from dpfair.training.config import MAX_STEPS, TrainConfig
 
 #: The label of exact test metrics (an MLflow tag, a results note): see MetricsRelease.label.
 EXACT_TEST_METRICS = "exact (held-out test data; not covered by ε)"
@@ -80,20 +81,56 @@ class RunPlan:
     epsilon: float
     delta: float
     reproducible: bool
-    eval_epochs: tuple[int, ...]
+    eval_epochs: EvalEpochs
     test: MetricsRelease
 
 
-def evaluated_epochs(n_epochs: int, eval_every: int) -> tuple[int, ...]:
+@dataclass(frozen=True, eq=False)
+class EvalEpochs:
+    """The epochs whose test metrics a run releases: every ``every``-th of ``1..n_epochs`` and
+    the last. Held as two numbers (O(1) whatever the epoch count); ``epoch in``, ``len``,
+    iteration, and ``==`` with another or with a tuple of the epochs."""
+
+    n_epochs: int
+    every: int
+
+    def __contains__(self, epoch: object) -> bool:
+        return (isinstance(epoch, int) and 1 <= epoch <= self.n_epochs
+                and (epoch % self.every == 0 or epoch == self.n_epochs))
+
+    def __len__(self) -> int:
+        return self.n_epochs // self.every + (1 if self.n_epochs % self.every else 0)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from range(self.every, self.n_epochs + 1, self.every)
+        if self.n_epochs % self.every:
+            yield self.n_epochs
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EvalEpochs):
+            return (self.n_epochs, self.every) == (other.n_epochs, other.every)
+        return isinstance(other, tuple) and len(other) == len(self) and tuple(self) == other
+
+    def __hash__(self) -> int:
+        return hash((self.n_epochs, self.every))
+
+
+def evaluated_epochs(n_epochs: int, eval_every: int) -> EvalEpochs:
     """The epochs whose test metrics a run releases: every ``eval_every``-th and the last."""
-    return tuple(e for e in range(1, n_epochs + 1) if e % eval_every == 0 or e == n_epochs)
+    return EvalEpochs(n_epochs, eval_every)
 
 
-def _schedule(config: TrainConfig, n_train: int) -> tuple[int, int, tuple[int, ...]]:
-    """Steps per epoch, steps and the evaluated epochs of ``config`` on ``n_train`` examples."""
+def _schedule(config: TrainConfig, n_train: int) -> tuple[int, int, EvalEpochs]:
+    """Steps per epoch, steps and the evaluated epochs of ``config`` on ``n_train`` examples
+    (integers only: O(1) in the epoch and step counts). More than ``MAX_STEPS`` steps is a
+    ConfigError."""
     per_epoch = accounting.steps_for_epochs(1, n_train, config.batch_size)
     steps = config.steps if config.steps is not None else config.epochs * per_epoch
-    return per_epoch, steps, evaluated_epochs(math.ceil(steps / per_epoch), config.eval_every)
+    if steps > MAX_STEPS:
+        raise ConfigError(
+            f"epochs: {config.epochs} x {per_epoch} steps per epoch = {steps} steps, over the "
+            f"maximum of {MAX_STEPS} for one run; train fewer epochs or a larger batch")
+    return per_epoch, steps, evaluated_epochs(-(-steps // per_epoch), config.eval_every)
 
 
 @functools.lru_cache(maxsize=256)

@@ -32,7 +32,9 @@ class TrainResult:
     release (no per-class metric, no count) and ``test_predictions`` is None. ``nonprivate_stats``
     (training-batch loss, computed from the raw batch) is *not* private; it is only recorded
     when ``TrainConfig.nonprivate_stats`` is set. ``event`` is the planned run event
-    (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``.
+    (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``; DPSGD-F's
+    ``group_epsilons`` bound each group's ε at ``delta`` from that group's own per-step clip
+    bounds (:mod:`dpfair.privacy.group_accounting`), each at most ``epsilon``.
 
     No field determines the noise: by default the batches and noise come from OS entropy that
     is kept nowhere. ``reproducible`` (from the config) says they were drawn from

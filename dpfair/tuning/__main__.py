@@ -18,7 +18,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     w = sub.add_parser("worker", help="run one tuning worker of a prepared job")
     w.add_argument("spec", help="pickle written by dpfair.tuning.write_spec")
     w.add_argument("index", type=int, help="worker index (0, 1, ...)")
+    w.add_argument("--parent", type=int, default=None,
+                   help="pid of the process that started this worker: die with it")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        from dpfair.processes import die_with_parent
+
+        die_with_parent(args.parent)
 
     import optuna
 
@@ -26,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no per-trial INFO lines
     job = pickle.loads(Path(args.spec).read_bytes())
-    run_worker(job, args.index)
+    run_worker(job, args.index, parent=args.parent)
     return 0
 
 

@@ -23,8 +23,14 @@ from pydantic import (
 )
 
 from dpfair.errors import TuningError
+from dpfair.urls import mask_url
 
 __all__ = ["Scalar", "ScoreName", "TuningConfig"]
+
+#: The most training runs one search may plan (``mu``, ``n_runs``) and the most worker
+#: processes one command starts: resource bounds, refused before any work.
+MAX_RUNS = 1_000
+MAX_WORKERS = 256
 
 ScoreName = Literal["macro_accuracy", "worst_group_accuracy", "accuracy", "loss"]
 #: A value a search space may list (its JSON form keys the planned events and the fingerprint).
@@ -46,8 +52,9 @@ class TuningConfig(BaseModel):
 
     mode: Literal["tnb", "poisson", "fixed", "grid"] = "tnb"
     eta: float = Field(0.0, description="TNB shape η > -1 (0 logarithmic, 1 geometric)")
-    mu: float = Field(10.0, description="mean number of runs (tnb, poisson), >= 1")
-    n_runs: PositiveInt | None = Field(None, description="number of runs (mode fixed)")
+    mu: float = Field(10.0, description=f"mean number of runs (tnb, poisson), 1 to {MAX_RUNS}")
+    n_runs: PositiveInt | None = Field(None, le=MAX_RUNS,
+                                       description="number of runs (mode fixed)")
     # Items are checked by _check (one message naming the key), not by pydantic's union.
     space: dict[str, list[SkipValidation[Scalar]]] = Field(default_factory=dict)
     score: ScoreName = "macro_accuracy"
@@ -75,16 +82,18 @@ class TuningConfig(BaseModel):
     )
     budget_epsilon: PositiveFloat | None = None
     delta: float | None = Field(None, gt=0.0, lt=1.0, description="None: the training delta")
-    workers: PositiveInt = 1
-    heartbeat_interval: PositiveInt = 10
-    grace_period: PositiveInt | None = Field(None, description="None: 2 * heartbeat_interval")
+    workers: PositiveInt = Field(1, le=MAX_WORKERS)
+    heartbeat_interval: PositiveInt = Field(10, le=3600, description="seconds, at most an hour")
+    grace_period: PositiveInt | None = Field(None, le=86400,
+                                             description="None: 2 * heartbeat_interval")
 
     @model_validator(mode="after")
     def _check(self) -> TuningConfig:
         if not math.isfinite(self.eta) or self.eta <= -1:
             raise ValueError(f"eta must be a finite number > -1 (got {self.eta})")
-        if not math.isfinite(self.mu) or self.mu < 1:
-            raise ValueError(f"mu (the mean number of runs) must be >= 1 (got {self.mu})")
+        if not math.isfinite(self.mu) or not 1 <= self.mu <= MAX_RUNS:
+            raise ValueError(f"mu (the mean number of runs) must be between 1 and {MAX_RUNS} "
+                             f"(got {self.mu:g})")
         if self.mode == "fixed" and self.n_runs is None:
             raise ValueError("mode 'fixed' needs n_runs")
         if self.mode != "fixed" and self.n_runs is not None:
@@ -134,7 +143,8 @@ def check_storage(url: str) -> None:
     path = storage_file(url)
     if path is None:
         if "://" not in url:
-            raise TuningError(f"storage {url!r} is not a storage URL; give {STORAGE_FORMS}")
+            raise TuningError(f"storage {mask_url(url)!r} is not a storage URL; give "
+                              f"{STORAGE_FORMS}")
         return
     folder = path.parent
     if not folder.is_dir():

@@ -47,6 +47,7 @@ from dpfair.errors import TuningError
 from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
+from dpfair.urls import mask_url
 from dpfair.workspace import durable_path, durable_sqlite_uri
 
 if TYPE_CHECKING:
@@ -77,7 +78,8 @@ _SQLITE_DEFAULT = "optuna.db"
 
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
-    """The Optuna storage of ``cfg.storage`` and a printable description of it."""
+    """The Optuna storage of ``cfg.storage`` and a printable description of it (its password
+    masked: :func:`dpfair.urls.mask_url`)."""
     url = (durable_sqlite_uri(cfg.storage) if cfg.storage
            else f"sqlite:///{durable_path(_SQLITE_DEFAULT)}")
     check_storage(url)
@@ -95,7 +97,7 @@ def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
             heartbeat_interval=cfg.heartbeat_interval,
             grace_period=cfg.grace,
         )
-    return storage, url
+    return storage, mask_url(url)
 
 
 class TrialSeededRandomSampler(optuna.samplers.RandomSampler):

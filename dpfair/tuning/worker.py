@@ -1,9 +1,11 @@
 """A tuning worker: claim run slots of the study and train, until K runs are claimed.
 
 One process runs :func:`run_worker` in-process; ``workers=N`` (N > 1) spawns N processes
-``python -m dpfair.tuning worker SPEC INDEX`` (SPEC: the job pickled by :func:`write_spec`
-into a temporary folder ``dpfair-tuning-<owner pid>-*``, removed on every exit, SIGTERM
-included; one left by a killed owner is removed by the next :func:`spawn_workers`).
+``python -m dpfair.tuning worker SPEC INDEX --parent PID`` (SPEC: the job pickled by
+:func:`write_spec` into a temporary folder ``dpfair-tuning-<owner pid>-*``, removed on every
+exit, SIGTERM included; one left by a killed owner is removed by the next start of any command,
+:func:`dpfair.processes.remove_stale_job_dirs`). A spawned worker dies with its owner
+(:func:`dpfair.processes.die_with_parent`) and starts no trial once it is gone.
 How slots are claimed and what counts as a run: :mod:`dpfair.tuning.ledger`. After each run
 the event the trainer reports must equal the one the search was accounted with, else the
 tuning stops with an error.
@@ -30,7 +32,13 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from dpfair.privacy import accounting
-from dpfair.processes import alive, sigterm_raises
+from dpfair.processes import (
+    JOB_DIR_PREFIX,
+    parent_gone,
+    remove_stale_job_dirs,
+    sigterm_raises,
+    stop_requested,
+)
 from dpfair.tuning.events import result_event
 from dpfair.tuning.job import TuningJob, config_json, make_config, params_key, resolve, seed_of_run
 from dpfair.tuning.ledger import Heartbeat, fail_stale, is_run, ledger_row
@@ -52,11 +60,13 @@ class _AccountingMismatch(RuntimeError):
 
 
 def run_worker(
-    job: TuningJob, index: int = 0, *, keep_best: bool = False
+    job: TuningJob, index: int = 0, *, keep_best: bool = False, parent: int | None = None
 ) -> tuple[int, RunOutcome] | None:
     """Claim and run trials until K runs are claimed (see :mod:`dpfair.tuning.ledger`). With
     ``keep_best`` returns ``(trial number, train_fn result)`` of this worker's best run (else
-    None)."""
+    None). Before each claim: no new trial once this process was told to stop (SIGTERM,
+    :func:`~dpfair.processes.stop_requested`) or, for a spawned worker, once the ``parent``
+    that started it is gone."""
     cfg = job.cfg
     study = load_study(job)
     study.sampler = sampler_for(cfg, index, study)
@@ -65,7 +75,8 @@ def run_worker(
     on_trial_fn = resolve(job.on_trial) if job.on_trial is not None else None
     best: tuple[float, int, RunOutcome] | None = None
     sign = -1.0 if cfg.score == "loss" else 1.0
-    while (trial := _claim(study, job, dists)) is not None:
+    while not (stop_requested() or parent_gone(parent)) and (
+            trial := _claim(study, job, dists)) is not None:
         outcome = _run(study, trial, job, index, train_fn)
         if outcome is None:
             continue
@@ -180,22 +191,20 @@ def write_spec(job: TuningJob, path: str | Path) -> Path:
     return path
 
 
-_JOB_DIR = "dpfair-tuning-"
-
-
 def spawn_workers(job: TuningJob, n: int) -> list[int]:
     """Run ``n`` worker processes on ``job`` and wait for them; returns their exit codes. If
     this process is interrupted (an exception, or SIGTERM where it can be caught) the workers
     are terminated; the job's temporary folder is removed on every exit."""
     remove_stale_job_dirs()
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_JOB_DIR}{os.getpid()}-"))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{JOB_DIR_PREFIX}{os.getpid()}-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with sigterm_raises():
             spec = write_spec(job, tmp / "job.pkl")
             for i in range(n):  # one by one: a failed start still ends those started
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "dpfair.tuning", "worker", str(spec), str(i)]))
+                    [sys.executable, "-m", "dpfair.tuning", "worker", str(spec), str(i),
+                     "--parent", str(os.getpid())]))
             codes = [p.wait() for p in procs]
     finally:
         for proc in procs:
@@ -206,18 +215,3 @@ def spawn_workers(job: TuningJob, n: int) -> list[int]:
     if any(codes):
         _log.warning("tuning worker exit codes: %s", codes)
     return codes
-
-
-def remove_stale_job_dirs() -> list[Path]:
-    """Remove the job folders (``dpfair-tuning-<pid>-*`` in the temporary directory) whose
-    owner process is dead; returns them."""
-    removed = []
-    for path in Path(tempfile.gettempdir()).glob(f"{_JOB_DIR}*-*"):
-        pid = path.name[len(_JOB_DIR):].split("-", 1)[0]
-        if not pid.isdigit() or not path.is_dir():
-            continue
-        with contextlib.suppress(OSError):
-            if not alive(int(pid), since=path.stat().st_mtime):
-                shutil.rmtree(path)
-                removed.append(path)
-    return removed

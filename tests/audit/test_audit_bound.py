@@ -23,7 +23,34 @@ def test_pure_epsilon_p_value_is_the_binomial_tail():
 def test_all_correct_gives_the_closed_form_bound(r, beta):
     # q^r = beta  <=>  eps = logit(beta^(1/r))
     expected = special.logit(beta ** (1 / r))
-    assert bound.epsilon_lower_bound(r, r, r, beta, 0.0) == pytest.approx(expected, abs=1e-5)
+    assert expected - 1e-6 <= bound.epsilon_lower_bound(r, r, r, beta, 0.0) <= expected
+
+
+@pytest.mark.parametrize("m, r, v, delta", [(100, 20, 16, 0.0), (1000, 200, 150, 1e-6),
+                                            (1000, 500, 420, 1e-5), (50, 50, 41, 1e-6),
+                                            (5000, 2500, 1800, 1e-6)])
+def test_the_bound_is_rounded_down(m, r, v, delta):
+    """The reported ε is itself rejected (p-value <= β) and lies within 1e-6 of the first ε
+    that is not: a lower bound must never be rounded up."""
+    eps = bound.epsilon_lower_bound(m, r, v, 0.05, delta)
+    assert 0 < eps < 50
+    assert bound.p_value(m, r, v, eps, delta) <= 0.05 < bound.p_value(m, r, v, eps + 1e-6, delta)
+    if delta > 0:
+        mu = bound.mu_lower_bound(eps, delta)
+        assert bound.gdp_delta(mu, eps) <= delta < bound.gdp_delta(mu + 1e-6, eps)
+
+
+def test_the_ceiling_of_an_audit_and_the_canaries_that_lift_it():
+    fractions = [0.1, 0.25, 0.5]
+    # 20 canaries: 10 guesses all right at beta / 3, closed form logit((beta / 3)^(1/10))
+    assert bound.max_certifiable(20, fractions, 0.05, 0.0) == pytest.approx(
+        special.logit((0.05 / 3) ** (1 / 10)), abs=1e-6)
+    assert bound.max_certifiable(20, fractions, 0.05, 1e-6) < 0.7
+    assert bound.max_certifiable(1000, fractions, 0.05, 1e-6) > 4.7
+    m = bound.canaries_needed(3.0, fractions, 0.05, 1e-6, 100_000)
+    assert bound.max_certifiable(m, fractions, 0.05, 1e-6) >= 3.0
+    assert bound.max_certifiable(m - 1, fractions, 0.05, 1e-6) < 3.0
+    assert bound.canaries_needed(30.0, fractions, 0.05, 1e-6, 500) == 500  # capped
 
 
 def test_chance_level_guesses_bound_nothing_and_more_correct_bound_more():

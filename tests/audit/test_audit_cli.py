@@ -26,6 +26,7 @@ def _params(tmp_path, train: dict | None = None, **audit: object) -> None:
         "tracking": {"uri": f"sqlite:///{tmp_path / 'm.db'}",
                      "artifact_root": str(tmp_path / "art")},
         "audit": {"canaries": 30, "kind": "ood", **audit},
+        "budget": {"allow_heuristic": True},  # the fairlens audit: released without an ε
     }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
 

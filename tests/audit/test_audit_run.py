@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from dpfair.audit import AuditSettings, audit
+from dpfair.audit import AuditSettings, audit, bound
 from dpfair.audit.canaries import coin_generator, make_canaries, with_canaries
+from dpfair.audit.run import canary_count
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, DataError
 from dpfair.privacy.methods import Dpsgd, DpsgdConfig
-from dpfair.training import TrainConfig
+from dpfair.training import TrainConfig, make_plan
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,8 @@ def test_real_methods_stay_below_their_claim(data, method, kind):
     assert [g.group for g in result.groups] == data.group_names
     for g in result.groups:
         assert math.isfinite(g.epsilon_claimed) and g.epsilon_lower_bound < g.epsilon_claimed
-    if method["name"] == "dpsgd_f":  # Xu's per-group ε, one per group
+        assert g.joint_lower_bound <= g.epsilon_lower_bound <= g.max_certifiable
+    if method["name"] == "dpsgd_f":  # each group's own steps accounted, one per group
         claims = [g.epsilon_claimed for g in result.groups]
         assert claims == result.train_result.group_epsilons
 
@@ -106,3 +108,27 @@ def test_bad_requests_name_the_fix(data):
         audit(config, data, AuditSettings(canaries=10_000))
     with pytest.raises(ConfigError, match="did you mean 'minority'"):
         audit(config, data, AuditSettings(groups=["minorty"]))
+
+
+def test_the_default_canary_count_can_certify_the_claim(data):
+    config = _config({"name": "dpsgd", "C": 1.0})
+    plan = make_plan(config, len(data.train), data.n_groups)
+    settings = AuditSettings(kind="ood")
+    m = canary_count(config, data, settings, [0, 1])
+    ceiling = [bound.max_certifiable(n, settings.guesses, settings.beta, plan.delta)
+               for n in (m - 1, m)]
+    assert ceiling[0] < plan.epsilon <= ceiling[1]
+    assert canary_count(config, data, AuditSettings(canaries=7), [0, 1]) == 7
+
+
+def test_an_audit_that_cannot_catch_its_claim_says_so(data):
+    """Mislabelled canaries are capped by the smallest group; against ε of about 30 the audit
+    says that it could not certify the claim, and states the joint confidence."""
+    config = _config({"name": "dpsgd", "C": 1.0}, sigma=0.3, epochs=1)
+    result = audit(config, data, AuditSettings(kind="mislabel"))
+    smallest = min(int((data.train.g == k).sum()) for k in range(data.n_groups))
+    assert all(g.canaries == smallest for g in result.groups)
+    text = "\n".join(result.statement())
+    assert "on its own" in text and "jointly over the 2 groups" in text
+    assert all(f"{g.group}: {smallest} canaries can certify at most" in text
+               for g in result.groups)

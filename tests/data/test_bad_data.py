@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,7 @@ def test_nothing_half_written_after_an_error(tmp_path: Path):
     out = tmp_path / "prepared"
     prepare("loans", table_options(good), out)
     before = {p.name: p.read_bytes() for p in (out / "loans").iterdir()}
-    assert "preprocessor.pkl" in before
+    assert sorted(before) == ["arrays.npz", "summary.json"]  # the transform is inside arrays
     bad = _csv(tmp_path, loans_frame().assign(Alter="x"), "bad.csv")
     with pytest.raises(DataError):
         prepare("loans", table_options(bad, categorical=[], numeric=["Alter"]), out)
@@ -138,3 +139,43 @@ def test_infinite_number_is_refused_with_its_feature(tmp_path: Path):
     frame.loc[5, "Einkommen"] = np.inf
     msg = _error(_csv(tmp_path, frame))
     assert "column 'Einkommen'" in msg and "non-numeric or infinite values 'inf' (lines 7)" in msg
+
+
+def test_a_repeated_header_is_refused_not_renamed_into_a_feature(tmp_path: Path):
+    """pandas would rename a second target column to 'Ausfall.1' and train on it (a label
+    leak: 100% accuracy); the file and a DataFrame with a column twice are refused."""
+    frame = loans_frame()
+    path = tmp_path / "loans.csv"
+    frame.assign(copy=frame[TARGET]).rename(columns={"copy": TARGET}).to_csv(path, index=False)
+    assert f"the header of {path} names the column(s) 'Ausfall' more than once" in _error(path)
+    from dpfair.data.tabular_frame import dataset_from_frame
+
+    twice = pd.concat([frame, frame[[TARGET]]], axis=1)
+    with pytest.raises(DataError, match="'Ausfall' more than once"):
+        dataset_from_frame(twice, target=TARGET, protected="Geschlecht", positive_label="ja")
+
+
+def test_a_single_valued_protected_column_is_refused(tmp_path: Path):
+    path = _csv(tmp_path, loans_frame().assign(Geschlecht="w", Herkunft="Nord"))
+    msg = _error(path)
+    assert "hold a single value ('w" in msg
+    assert "no groups to compare" in msg and "datasets.loans.protected" in msg
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda f: f.assign(Ausfall=np.linspace(0.0, 1.0, len(f)) + 0.5),
+     "holds fractional numbers"),
+    (lambda f: f.assign(Geschlecht=[str(i % 600) for i in range(len(f))]),
+     r"groups '.*', '.*', '.*', '.*', '.*' and \d+ more of"),
+    (lambda f: f.head(1), r"has 1 usable row\(s\): too few for two groups"),
+])
+def test_weak_messages_are_short_and_name_the_problem(tmp_path: Path, change, expected):
+    """A continuous target, a 600-valued protected column and a 1-row file each get one short
+    message naming the problem (never every value, never a positive_label complaint)."""
+    msg = _error(_csv(tmp_path, change(loans_frame(1200))), positive_label=None)
+    assert len(msg) < 600, msg
+    assert re.search(expected, msg), msg
+
+
+def test_a_folder_given_as_the_data_file_says_so(tmp_path: Path):
+    assert "is a folder; give the CSV or Parquet file in it" in _error(tmp_path)

@@ -22,7 +22,7 @@ from dpfair.data.sources import md5sum
 from dpfair.errors import DataError
 
 FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
-         "bin/dvc-python")
+         "bin/dvc-python", "data/raw/.gitkeep")
 
 
 def _copy_repo(repo_root: Path, dest: Path, packages: tuple[str, ...] = ("dpfair",)) -> Path:
@@ -74,10 +74,11 @@ def test_dvc_pipeline_definition(repo_root):
     summaries (split sizes) are no DVC metric; no stage command relies on PATH's python."""
     assert "no_scm" not in (repo_root / ".dvc" / "config").read_text()
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
-    assert "celeba" not in stages["prepare"]["foreach"]
-    assert stages["prepare"]["foreach"] == [
-        "adult", "dutch", "mnist", "fashion_mnist", "digits", "synthetic"
-    ]
+    # one prepare stage per dataset declared in params.yaml (celeba is not: ~10 GB of arrays)
+    assert stages["prepare"]["foreach"] == "${datasets}"
+    assert "data/raw" in stages["prepare"]["do"]["deps"]
+    declared = yaml.safe_load((repo_root / "params.yaml").read_text())["datasets"]
+    assert list(declared) == ["adult", "dutch", "mnist", "fashion_mnist", "digits", "synthetic"]
     assert list(stages) == ["prepare", "run", "evaluate"]
     assert "metrics" not in stages["prepare"]["do"]
     for stage in (stages["prepare"]["do"], stages["run"], stages["evaluate"]):
@@ -184,11 +185,13 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     [(_, files)] = shown.items()
     metrics = files["data"]["evaluation/metrics.json"]["data"]
     dpsgd, reference = metrics["methods"]["dpsgd"], metrics["methods"]["nonprivate"]
-    assert set(dpsgd) == {"worst_group_accuracy", "largest_cost_gap", "epsilon_run",
-                          "epsilon_released"}
+    assert set(dpsgd) == {"group_accuracy", "worst_group_accuracy", "largest_accuracy_gap",
+                          "largest_cost_gap", "epsilon_run", "epsilon_released"}
+    assert set(dpsgd["group_accuracy"]) == {"majority", "minority"}  # every group by name
     assert 0.0 <= dpsgd["worst_group_accuracy"] <= 100.0
     assert 0.0 < dpsgd["epsilon_run"] <= dpsgd["epsilon_released"] == metrics["epsilon_total"]
-    assert set(reference) == {"worst_group_accuracy"}  # no ε without a DP guarantee
+    assert set(reference) == {"group_accuracy", "worst_group_accuracy",
+                              "largest_accuracy_gap", "privacy"}  # a label, no ε
     assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
 
     plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
@@ -226,9 +229,9 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 
 
 def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
-    """The evaluate stage's numbers are the table's: worst group (the acc_worst_group column,
-    else the lower of the pair), the largest cost gap, ε only for methods with a guarantee."""
-    from dpfair.dvc_outputs import write_outputs
+    """The evaluate stage's numbers are the table's: every group's accuracy by name, the worst
+    group, the largest accuracy and cost gaps, ε only for methods with a guarantee."""
+    from dpfair.dvc_outputs import TEST_METRICS_LABEL, write_outputs
     from dpfair.release import (
         EPSILON_METHOD,
         EPSILON_RUN,
@@ -240,7 +243,9 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     table = pd.DataFrame(
         {"acc_2": ["98.0 ± 0.1", "90.0 ± 0.5", "91.0 ± 0.4", ""],
          "acc_8": ["90.0 ± 0.3", "60.5 ± 2.0", "70.0 ± 1.0", ""],
+         "acc_9": ["89.5 ± 0.3", "61.0 ± 2.0", "69.5 ± 1.0", ""],
          "acc_worst_group": ["89.5 ± 0.2", "60.5 ± 2.0", "69.0 ± 1.0", ""],
+         "acc_gap_max": ["8.5 ± 0.2", "29.5 ± 2.0", "21.0 ± 1.0", ""],
          "pi_gap": ["-", "22.0 ± 2.0", "14.0 ± 1.0", ""],
          "pi_gap_max": ["-", "25.0 ± 2.0", "15.0 ± 1.0", ""],
          EPSILON_RUN: [NONPRIVATE_REFERENCE, "2.81", HEURISTIC, ""],
@@ -250,13 +255,20 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     table.to_csv(tmp_path / "results.csv")
     paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
     metrics = json.loads(paths["metrics.json"].read_text())
-    assert metrics == {"epsilon_total": 5.62, "methods": {
-        "nonprivate": {"worst_group_accuracy": 89.5},
-        "dpsgd": {"worst_group_accuracy": 60.5, "largest_cost_gap": 25.0, "epsilon_run": 2.81,
+    # the labels MLflow shows travel with the numbers: no ε, replayable noise, exact tests
+    assert metrics == {"epsilon_total": 5.62, "test_metrics": TEST_METRICS_LABEL, "methods": {
+        "nonprivate": {"group_accuracy": {"2": 98.0, "8": 90.0, "9": 89.5},
+                       "worst_group_accuracy": 89.5, "largest_accuracy_gap": 8.5,
+                       "privacy": NONPRIVATE_REFERENCE},
+        "dpsgd": {"group_accuracy": {"2": 90.0, "8": 60.5, "9": 61.0},
+                  "worst_group_accuracy": 60.5, "largest_accuracy_gap": 29.5,
+                  "largest_cost_gap": 25.0, "epsilon_run": 2.81,
                   "epsilon_released": 5.62, "note": "replayable noise"},
-        "fairlens": {"worst_group_accuracy": 69.0, "largest_cost_gap": 15.0}}}
-    groups = pd.read_csv(paths["group_accuracy.csv"])
-    assert len(groups) == 9 and set(groups["group"]) == {"2", "8", "worst group"}
+        "fairlens": {"group_accuracy": {"2": 91.0, "8": 70.0, "9": 69.5},
+                     "worst_group_accuracy": 69.0, "largest_accuracy_gap": 21.0,
+                     "largest_cost_gap": 15.0, "privacy": HEURISTIC}}}
+    groups = pd.read_csv(paths["group_accuracy.csv"], dtype={"group": str})
+    assert len(groups) == 12 and set(groups["group"]) == {"2", "8", "9", "worst group"}
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])
     assert curve.to_dict("records") == [
         {"method": "dpsgd", "epsilon": 5.62, "worst_group_accuracy": 60.5}]
@@ -271,3 +283,29 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(DataError, match="not a results table"):
         write_outputs(tmp_path / "other.csv", tmp_path / "evaluation")
+
+
+@pytest.mark.slow
+def test_a_declared_own_csv_gets_its_stage_and_reruns_when_the_file_changes(tmp_path,
+                                                                          repo_root):
+    """Declaring a table in params.yaml is enough: `dvc add data/raw/...`, then `dvc repro`
+    prepares it; a changed CSV re-runs its stage, and the new data version follows the file."""
+    from tests.data.own_tables import loans_frame, table_options
+
+    repo = _copy_repo(repo_root, tmp_path / "repo")
+    (repo / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")
+    csv = repo / "data" / "raw" / "loans.csv"
+    loans_frame(300).to_csv(csv, index=False)
+    _dvc(repo, "add", "data/raw/loans.csv")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["datasets"] = {"loans": table_options(Path("data/raw/loans.csv"))}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = _dvc(repo, "repro", "prepare@loans")
+    assert "Running stage 'prepare@loans'" in out
+    first = data_version("loans", repo / "dvc.lock")
+    assert "didn't change" in _dvc(repo, "repro", "prepare@loans")
+
+    loans_frame(300, seed=1).to_csv(csv, index=False)  # the file changes
+    assert "prepare@loans" in _dvc(repo, "status", "prepare@loans")
+    assert "Running stage 'prepare@loans'" in _dvc(repo, "repro", "prepare@loans")
+    assert data_version("loans", repo / "dvc.lock") not in (None, first)

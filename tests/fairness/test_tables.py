@@ -87,3 +87,26 @@ def test_format_table_cells() -> None:
     # -0.04 % rounds to 0.0 (not "-0.0"); a single seed has no SE
     assert out.loc["m"].tolist() == ["0.0 ± 0.1", "0.512"]
     assert format_table(frame, percent=False).loc["m", "pi_M"] == "-0.0004 ± 0.0010"
+
+
+def test_groups_layout_shows_every_group_by_name(runs: pd.DataFrame) -> None:
+    """Three groups (``all`` stands in for a third): each one's accuracy and privacy cost, the
+    worst group, the largest accuracy and cost gaps; the named pair adds its own gaps."""
+    stats_ = comparison_stats(runs, ("a", "b", "all"), layout="groups")
+    assert list(dict.fromkeys(stats_.columns.get_level_values(0))) == [
+        "acc_a", "acc_b", "acc_all", "pi_a", "pi_b", "pi_all", "acc_worst_group",
+        "acc_gap_max", "pi_gap_max"]
+    dpsgd = stats_.loc["dpsgd"]
+    # pi per seed: a .06, .04; b .19, .29; all .17, .15 (reference means .91, .79, .87)
+    assert [dpsgd[(f"pi_{g}", "mean")] for g in ("a", "b", "all")] == pytest.approx(
+        [0.05, 0.24, 0.16])
+    # accuracy spread per seed: .85 - .60 = .25, .87 - .50 = .37 -> .31 +- .06
+    assert dpsgd[("acc_gap_max", "mean")] == pytest.approx(0.31)
+    assert dpsgd[("acc_gap_max", "se")] == pytest.approx(0.06)
+    assert dpsgd[("pi_gap_max", "mean")] == pytest.approx(0.19)
+    assert np.isnan(stats_.loc["nonprivate", ("pi_b", "mean")])
+    paired = comparison_table(runs, ("a", "b", "all"), layout="groups", pair=("a", "b"))
+    assert paired.loc["dpsgd", "pi_gap"] == "19.0 ± 6.0"
+    assert paired.loc["dpsgd", "acc_all"] == "71.0 ± 1.0"
+    no_costs = comparison_stats(runs, ("a", "b", "all"), layout="groups", costs=False)
+    assert not [c for c in no_costs.columns.get_level_values(0) if c.startswith("pi_")]

@@ -36,6 +36,7 @@ def make_workspace(root: Path, repo: Path, experiment: dict, tuning: dict | None
     (root / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")  # not git
     shutil.copytree(repo / "dpfair" / "data", root / "dpfair" / "data",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "data" / "raw").mkdir(parents=True, exist_ok=True)  # the prepare stages' dependency
     params = {
         "datasets": {"synthetic": {"n": 800, "n_features": 6, "minority_fraction": 0.2}},
         "experiment": experiment,

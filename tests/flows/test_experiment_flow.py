@@ -14,13 +14,14 @@ from dp_accounting.rdp import RdpAccountant
 from mlflow import MlflowClient
 
 from dpfair.config import ConfigError, load_params
-from dpfair.data import data_version, load_dataset
+from dpfair.data import data_version, load_dataset, source_version
 from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
 from dpfair.release import (
     EPSILON_METHOD,
     EPSILON_RUN,
     HEURISTIC,
+    NO_NOISE,
     NONPRIVATE_REFERENCE,
     PRIVATE_LEDGER_STATUS,
     SECRET_NOISE,
@@ -69,10 +70,20 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     assert out["tracking_url"].endswith(f"/#/experiments/{out['experiment_id']}/runs/"
                                         f"{out['parent_run_id']}")
     assert out["registered_model"] == {"name": "dpfair-synthetic", "version": "1"}
-    # the data version is dvc.lock's hash of the prepared arrays
-    version = data_version("synthetic", tmp_path / "dvc.lock")
-    assert version and parent.data.tags["dpfair.data_version"] == version
-    assert out["data_version"] == version
+    # one published data-version id (keyed: no md5 of the data, which would let anyone who
+    # knows the other rows test whether a row is in it), the ledger's and nothing else
+    from dpfair.ledger import SourceLedger
+    from dpfair.ledger.people import version_id
+
+    md5 = source_version("synthetic", params.dataset("synthetic"))
+    arrays_md5 = data_version("synthetic", tmp_path / "dvc.lock")
+    version = version_id(SourceLedger(".dpfair/ledger.sqlite", tmp_path).secret(), md5)
+    assert parent.data.tags["dpfair.data_version"] == version == out["data_version"]
+    published = " ".join([*(v for r in runs for v in r.data.tags.values()),
+                          *(v for r in runs for v in r.data.params.values()),
+                          *(d.dataset.digest for r in runs for d in r.inputs.dataset_inputs),
+                          json.dumps(out, default=str)])
+    assert md5 not in published and arrays_md5 not in published
 
     finals = [r for r in runs if r.data.tags.get("dpfair.stage") == "final"]
     pairs = sorted((r.data.tags["dpfair.method"], int(r.data.tags["dpfair.seed"])) for r in finals)
@@ -97,6 +108,13 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     # the public base with the selected lr; no trial seed (it would tell the trial's number)
     assert selected["best_config"]["lr"] == float(tune_run.data.params["selected.lr"])
     assert "seed" not in selected["best_config"]
+    # the search ran before its run opened: no published timestamp spans the trials (K)
+    import optuna
+
+    study = optuna.load_study(study_name=parent.data.tags["dpfair.study.dpsgd"],
+                              storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    last_trial = max(t.datetime_complete for t in study.trials).timestamp() * 1000
+    assert tune_run.info.start_time >= last_trial
     # ... the ledger is private working state beside the Optuna storage (the cwd's optuna.db)
     [ledger] = tmp_path.glob("*.ledger.PRIVATE.json")
     private = json.loads(ledger.read_text())
@@ -110,9 +128,10 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
         if summary["label"] == "nonprivate":  # no epsilon: its tag says why
             assert "epsilon" not in run.data.metrics
             assert run.data.tags["dpfair.epsilon"].startswith(NONPRIVATE_REFERENCE)
+            assert run.data.tags["dpfair.noise"] == NO_NOISE  # it has none to keep secret
         else:
             assert run.data.metrics["epsilon"] == pytest.approx(summary["epsilon"])
-        assert run.data.tags["dpfair.noise"] == SECRET_NOISE
+            assert run.data.tags["dpfair.noise"] == SECRET_NOISE
         assert 0.0 <= run.data.metrics["final/test/accuracy"] <= 1.0
         groups = load_dataset("synthetic", params.dataset("synthetic")).group_names
         assert all(f"final/test/group_accuracy/{g}" in run.data.metrics for g in groups)

@@ -1,9 +1,12 @@
-"""Issue #16's end-to-end case: a CSV the project has never seen (renamed columns, a
+"""Issue #16's and #27's end-to-end cases: a CSV the project has never seen (renamed columns, a
 three-valued protected attribute, missing values) runs through the pipeline with params.yaml
 edits only, gives the per-group table and registers a model that ``mlflow.pyfunc`` loads and
 uses on raw rows, predicting what the training-time evaluation predicted."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -14,6 +17,7 @@ import yaml
 from dpfair.config import load_params
 from dpfair.data import load_dataset
 from dpfair.errors import PrivacyError
+from dpfair.model_export import model_location
 from dpfair.tracking import metric_key
 from tests.data.own_tables import TARGET, loans_frame, table_options
 from tests.data.test_own_table import _matches
@@ -65,7 +69,8 @@ def test_own_csv_runs_registers_and_predicts_raw_rows(prefect_harness, tmp_path,
     client = mlflow.MlflowClient(params.tracking.uri)
     version = client.get_model_version(registered["name"], registered["version"])
     assert version.tags["method"] == "dpsgd"
-    assert version.tags["data_version"] == dataset.meta["data_version"]
+    # the registry names the data version by the published id, never the file's md5
+    assert version.tags["data_version"] == out["data_version"] != dataset.meta["data_version"]
     assert "fitted on the training split" in version.tags.get("preprocessing", "")
     assert set(np.unique(predicted)) <= set(dataset.class_names)
     # the training-time evaluation: the raw rows of the test split, through the registered
@@ -80,3 +85,81 @@ def test_own_csv_runs_registers_and_predicts_raw_rows(prefect_harness, tmp_path,
         if (groups == k).any():
             assert logged[metric_key(f"final/test/group_accuracy/{name}")] == pytest.approx(
                 right[groups == k].mean(), abs=1e-9)
+
+
+CENSUS_MODEL = """
+import torch.nn as nn
+
+
+def make_net(input_shape, n_classes, width=8):
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.Tanh(),
+                         nn.Linear(width, n_classes))
+"""
+
+
+@pytest.mark.slow
+def test_census_with_three_nationalities_and_integer_codes_end_to_end(
+        prefect_harness, tmp_path, repo_root, monkeypatch):
+    """Issue #27's done-when: an unseen table with a 3-valued protected attribute and
+    integer-coded categories (declared as integers), an own-architecture model: every group in
+    every output (table, results files, `dpfair results`, parent metrics, DVC metrics), registry
+    tags that tell the protected attribute and groups, predictions typed like the target, and
+    the registered model predicting from a fresh process in another directory."""
+    from typer.testing import CliRunner
+
+    from dpfair.cli import app
+    from dpfair.dvc_outputs import write_outputs
+    from flows.experiment import run_experiment
+    from tests.test_model_travels import predict_elsewhere
+    from tests.test_strict_predictions import census_frame
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "census_models.py").write_text(CENSUS_MODEL)
+    frame = census_frame(600)
+    (tmp_path / "data" / "raw").mkdir(parents=True)
+    frame.to_csv(tmp_path / "data" / "raw" / "census.csv", index=False)
+    experiment = {**SMALL_EXPERIMENT, "dataset": "census", "seeds": [0],
+                  "methods": {"dpsgd": {"C": 1.0}}, "nonprivate_reference": True,
+                  "model": {"name": "import", "target": "census_models:make_net"},
+                  "train": {**SMALL_EXPERIMENT["train"], "epochs": 1, "batch_size": 64}}
+    params_path = make_workspace(tmp_path, repo_root, experiment, pipeline={"use_dvc": False})
+    raw = yaml.safe_load(params_path.read_text())
+    raw["datasets"] = {"census": {
+        "kind": "table", "path": "data/raw/census.csv", "target": "Income",
+        "protected": "Nationality", "id_columns": ["person"],
+        "categories": {"Activity": [1, 2, 3], "Gender": ["F", "M"]},
+        "numeric_ranges": {"Hours": [0, 100]}}}
+    params_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    out = run_experiment(str(params_path), str(tmp_path))
+    groups = ["A", "B", "C"]
+    results = pd.read_csv(Path(out["results_dir"]) / "results.csv", index_col=0)
+    for g in groups:  # every group by name: accuracy and privacy cost
+        assert f"acc_{g}" in results.columns and f"pi_{g}" in results.columns
+        assert f"acc_{g}" in out["table"]
+    assert {"acc_worst_group", "acc_gap_max", "pi_gap_max"} <= set(results.columns)
+    shown = CliRunner().invoke(app, ["results", "--params", str(params_path)])
+    assert shown.exit_code == 0 and all(f"acc_{g}" in shown.output for g in groups)
+    metrics = json.loads(write_outputs(Path(out["results_dir"]) / "results.csv",
+                                       tmp_path / "evaluation")["metrics.json"].read_text())
+    assert set(metrics["methods"]["dpsgd"]["group_accuracy"]) == set(groups)
+
+    params = load_params(params_path)
+    client = mlflow.MlflowClient(params.tracking.uri)
+    parent = client.get_run(out["parent_run_id"]).data.metrics
+    assert {f"group_accuracy/{g}/dpsgd" for g in groups} <= set(parent)
+    registered = out["registered_model"]
+    tags = client.get_model_version(registered["name"], registered["version"]).tags
+    assert (tags["protected_attributes"], tags["group_names"], tags["target"]) == (
+        "Nationality", "A, B, C", "Income")
+    assert tags["data_version"] == out["data_version"]  # the published data-version id
+
+    # the registered model, from a fresh process in another directory, on raw rows
+    location = model_location(params.tracking,
+                              f"{registered['name']}/{registered['version']}")
+    found = predict_elsewhere(location, tmp_path / "data" / "raw" / "census.csv",
+                              tmp_path.parent / f"{tmp_path.name}-elsewhere", "census_models")
+    assert len(found["predictions"]) == len(frame)
+    assert set(found["predictions"]) <= {0, 1}  # typed like the target: integers
+    assert "/code/" in found["module"]

@@ -100,7 +100,7 @@ def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_
     assert out["release"]["methods"]["dpsgd_global"]["epsilon"] == pytest.approx(
         _oracle(dp_event.SelfComposedDpEvent(event, 4), delta), rel=1e-6)
     first, resumed = SourceLedger(params.budget.ledger, tmp_path).releases("synthetic")
-    assert first.status == "released" and resumed.status == "released"
+    assert first.status == "failed" and resumed.status == "released"  # failed: it counts
     assert resumed.context["resumes"] == crashed.info.run_id
     assert resumed.epsilon == pytest.approx(
         _oracle(dp_event.SelfComposedDpEvent(event, 2), delta), rel=1e-6)

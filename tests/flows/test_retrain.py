@@ -21,7 +21,7 @@ from dpfair.data import source_version
 from dpfair.errors import BudgetExceededError
 from dpfair.ledger import SourceLedger
 from dpfair.ledger.people import version_id
-from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
+from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, make_workspace
 
 TINY = {**SMALL_EXPERIMENT, "seeds": [0], "methods": {"dpsgd": {"C": 1.0}},
         "nonprivate_reference": False,
@@ -132,3 +132,33 @@ def test_deployment_parameters_are_relative(tmp_path, repo_root, monkeypatch):
     assert served.parameters == {"params_path": "params.yaml", "root": "."}
     assert served.name == "nightly" and served.flow_name == "dpfair-retrain"
     assert str(tmp_path) not in repr(served.parameters)
+
+
+@pytest.mark.slow
+def test_a_failed_retrain_is_charged_and_retried_on_the_next_trigger(prefect_harness, tmp_path,
+                                                                     repo_root, monkeypatch):
+    """A retrain that fails after its trainings started may have released something: it is
+    charged, but it completes nothing, so the next trigger retries it (charged again) instead
+    of skipping the version as unchanged."""
+    from dpfair import experiment
+    from flows.schedule import retrain_flow
+
+    monkeypatch.chdir(tmp_path)
+    make_workspace(tmp_path, repo_root, TINY, pipeline={"use_dvc": False})
+    real_train = experiment.train
+    fail_training_of(monkeypatch, "dpsgd")
+    with pytest.raises(Exception, match="boom in the middle of training"):
+        retrain_flow(params_path="params.yaml", root=str(tmp_path))
+    ledger = SourceLedger(".dpfair/ledger.sqlite", tmp_path)
+    [failed] = ledger.releases("synthetic")
+    assert failed.status == "failed" and failed.epsilon > 0
+    assert ledger.latest_version("synthetic") is None
+    monkeypatch.setattr(experiment, "train", real_train)
+    retried = retrain_flow(params_path="params.yaml", root=str(tmp_path))
+    assert not retried["skipped"] and retried["registered_model"] is not None
+    first, second = ledger.releases("synthetic")
+    assert (first.status, second.status) == ("failed", "released")
+    assert second.accounts == first.accounts and second.epsilon > 0
+    assert ledger.spent("synthetic", second.version, second.delta) > first.epsilon
+    # now the version is complete: the next trigger skips it
+    assert retrain_flow(params_path="params.yaml", root=str(tmp_path))["skipped"]

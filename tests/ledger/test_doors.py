@@ -114,3 +114,35 @@ def test_fit_goes_through_the_gate(tmp_path):
     first, second = SourceLedger(where).releases()
     assert first.epsilon == pytest.approx(result.epsilon) and second.source == "copy"
     assert first.accounts == second.accounts and again.epsilon == pytest.approx(result.epsilon)
+
+
+def test_sigterm_ends_train_with_its_run_failed_and_its_release_settled(tmp_path):
+    """`dpfair train` handles SIGTERM like `dpfair run`: the MLflow run ends FAILED (not
+    RUNNING forever) and its ledger release is settled (`failed`: it may have released
+    per-epoch metrics), not left pending."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _params(tmp_path, {}, epochs=5000)
+    proc = subprocess.Popen([sys.executable, "-m", "dpfair.cli", "train", "--method", "dpsgd"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    deadline = time.monotonic() + 180
+    running = []
+    while not running and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(1.0)
+        if (tmp_path / "m.db").exists():
+            running = [r for e in client.search_experiments()
+                       for r in client.search_runs([e.experiment_id])]
+    assert running, proc.communicate()[0]
+    time.sleep(2.0)  # inside the training loop
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, output
+    [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert run.info.status == "FAILED"
+    [release] = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
+    assert release.status == "failed"

@@ -12,8 +12,9 @@ import pytest
 from dp_accounting import dp_event
 
 from dpfair.ledger import SourceLedger
-from dpfair.ledger.store import ledger_url, mask_password
+from dpfair.ledger.store import ledger_url
 from dpfair.privacy import accounting
+from dpfair.urls import mask_url as mask_password
 from dpfair.workspace import durable_sqlite_uri, project_root
 
 DELTA = 1e-5

@@ -197,15 +197,6 @@ def test_max_of_event_and_negative_shape():
     assert e_small == pytest.approx(e0, rel=1e-4)
 
 
-def test_group_epsilons_hand_example():
-    # step 1: C = (1, 2) -> ratios (0.5, 1); step 2: C = (3, 3) -> (1, 1)
-    out = acc.group_epsilons(2.0, [[1.0, 2.0], [3.0, 3.0]])
-    assert out == pytest.approx([2.0 * 0.75, 2.0])
-    assert acc.group_epsilons(1.0, [[0.0, 0.0]]) == [1.0, 1.0]
-    with pytest.raises(ValueError):
-        acc.group_epsilons(1.0, [])
-
-
 def test_tnb_mean_inverse():
     for eta in [-0.5, 0.0, 0.5, 1.0, 3.0]:
         for mu in [1.5, 10.0, 64.0]:

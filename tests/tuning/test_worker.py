@@ -17,7 +17,7 @@ import pytest
 import dpfair.tuning.worker as worker_module
 from dpfair import tuning
 from dpfair.tuning.ledger import is_run
-from dpfair.tuning.study import TrialSeededRandomSampler, distributions
+from dpfair.tuning.study import CONFIG_SEED, TrialSeededRandomSampler, distributions
 from tests.tuning.conftest import (
     BASE,
     METHOD,
@@ -108,12 +108,15 @@ def test_two_workers_journal(tmp_path, monkeypatch):
         study_name="j",
         storage=f"journal:{tmp_path / 'journal.log'}",
         heartbeat_interval=5,  # grace 10 s: no live worker is failed under load
-    )  # not reproducible: the configuration draws are public randomness, seeded all the same
+    )  # not reproducible: the configuration draws are seeded by the study's secret
     res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
     check_exactly_k(res)
     assert res.K == 8 and all(r["state"] == "COMPLETE" for r in res.trials if r["ledger"] == "run")
-    # configurations depend on the trial number only (i.i.d., reproducible)
-    sampler = TrialSeededRandomSampler(0, 0)
+    # configurations depend on the trial number and the study's seed only, whichever worker
+    # ran them (i.i.d., and the same for every worker, resume and machine)
+    study = optuna.load_study(study_name="j", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log"))))
+    sampler = TrialSeededRandomSampler(study.user_attrs[CONFIG_SEED], 0)
     dists = distributions(SPACE)
     for r in res.trials:
         t = SimpleNamespace(number=r["number"])
@@ -122,7 +125,13 @@ def test_two_workers_journal(tmp_path, monkeypatch):
         }
 
 
+def _readme_form(url: str) -> str:
+    """``postgresql://...`` as the README writes it (SQLAlchemy 2 picks psycopg 3 for it)."""
+    return url.replace("postgresql+psycopg2://", "postgresql://")
+
+
 def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
+    postgres_url = _readme_form(postgres_url)
     monkeypatch.setenv("PYTHONPATH", worker_env()["PYTHONPATH"])
     ds = make_dataset()
     seed = seed_with_k(5, 9, mu=6.0, eta=1.0)
@@ -146,3 +155,17 @@ def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
     )
     assert {r["worker"] for r in res.trials if r["ledger"] == "run"} <= {0, 1}
     assert optuna.load_study(study_name="pg", storage=postgres_url).user_attrs["dpfair.K"] == res.K
+
+
+def test_readme_postgresql_url_serves_an_mlflow_store(postgres_url):
+    """The README's `postgresql://user@host/db` (SQLAlchemy 2's psycopg driver) also backs
+    MLflow's tracking store, as `mlflow server --backend-store-uri` uses it."""
+    import psycopg
+    from mlflow import MlflowClient
+
+    postgres_url = _readme_form(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # its own database
+        conn.execute("CREATE DATABASE mlflow_store")
+    client = MlflowClient(postgres_url.rsplit("/", 1)[0] + "/mlflow_store")
+    exp = client.create_experiment("pg-store")
+    assert client.get_experiment(exp).name == "pg-store"

@@ -46,9 +46,10 @@ class BuildContext:
 
 class MethodSpec(BaseModel):
     """A method's configuration; subclasses set ``name: Literal["..."]`` with that default,
-    ``method_class`` (the rule they build), :meth:`build` and :meth:`example`."""
+    ``method_class`` (the rule they build), :meth:`build` and :meth:`example`. Every number
+    is finite: an infinite clip bound would bound no one's contribution (sensitivity ∞)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     #: the rule this config builds; its ``privacy_guarantee`` is the config's.
     method_class: ClassVar[type[Method]]

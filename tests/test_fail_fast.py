@@ -1,0 +1,79 @@
+"""`dpfair run` validates everything before any work (issue 27): a wrong pair, a category
+missing from a declaration, a BatchNorm model are each one clear user error (exit code 2, its
+label, printed once, no traceback) before Prefect, MLflow or the tracking server is touched."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from tests.test_strict_predictions import census_frame
+
+BN_MODULE = """
+import torch.nn as nn
+
+
+def make_net(input_shape, n_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], 8), nn.BatchNorm1d(8),
+                         nn.Linear(8, n_classes))
+"""
+
+BASE = {
+    "datasets": {"census": {"kind": "table", "path": "census.csv", "target": "Income",
+                            "protected": "Nationality", "id_columns": ["person"],
+                            "categories": {"Activity": [1, 2, 3], "Gender": ["F", "M"]},
+                            "numeric_ranges": {"Hours": [0, 100]}}},
+    "experiment": {"dataset": "census", "model": {"name": "logistic_regression"},
+                   "train": {"epochs": 1, "batch_size": 16, "lr": 0.5, "sigma": 1.0,
+                             "delta": 1e-5, "progress": False},
+                   "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0],
+                   "nonprivate_reference": False},
+    # nothing may reach it: a server that does not exist
+    "tracking": {"uri": "http://127.0.0.1:9", "artifact_root": "art"},
+}
+
+CASES = {
+    "pair": (lambda p: p["experiment"].update(pair={"census": ["A", "Z"]}),
+             "configuration error", "experiment.pair: 'Z' is not a group"),
+    "categories": (lambda p: p["datasets"]["census"]["categories"].update(Activity=[1, 2]),
+                   "data error", "holds '3'"),
+    "batchnorm": (lambda p: p["experiment"].update(
+        model={"name": "import", "target": "bn_models:make_net"}),
+        "privacy error", "BatchNorm1d"),
+}
+
+
+def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Path) -> None:
+    census_frame(600).to_csv(tmp_path / "census.csv", index=False)
+    (tmp_path / "bn_models.py").write_text(BN_MODULE)
+    for name, (edit, _, _) in CASES.items():
+        params = copy.deepcopy(BASE)
+        edit(params)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(params))
+    script = textwrap.dedent(f"""
+        import json, sys
+        from typer.testing import CliRunner
+        from dpfair.cli import app
+        out = {{}}
+        for name in {list(CASES)!r}:
+            result = CliRunner().invoke(app, ["run", "--params", name + ".yaml"])
+            out[name] = [result.exit_code, result.output]
+        out["loaded"] = [m for m in ("prefect", "mlflow", "optuna") if m in sys.modules]
+        print(json.dumps(out))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found.pop("loaded") == []  # neither Prefect nor the tracking libraries
+    for name, (_, label, message) in CASES.items():
+        code, output = found[name]
+        assert code == 2, (name, output)
+        assert output.count(f"{label}: ") == 1 and output.count(message) == 1, output
+        assert "Traceback" not in output and "bug" not in output
