@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -50,6 +51,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import opacus
 import torch
@@ -60,6 +62,7 @@ from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from pydantic import TypeAdapter
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from dpfair.data import load_dataset
 from dpfair.models import build_model, n_params, parse_model_config
@@ -114,16 +117,23 @@ class Setting:
     methods: tuple[str, ...] | None = None
     #: further materialised arms timed (BAM_MATERIALIZED)
     also: tuple[str, ...] = ()
+    #: the batch of the kernel and memory columns (``--memory``) where it differs from the
+    #: timed one (a GPU-sized setting a CPU times at a smaller batch)
+    memory_batch: int | None = None
+    #: the arms measured with ``--memory`` (default: all)
+    memory_arms: tuple[str, ...] | None = None
 
 
+#: the arms whose kernels and memory a setting measures where it does not measure all
+KEY_ARMS = (PLAIN, OPACUS, OPACUS_GHOST, "dpsgd", "bam")
 SETTINGS = [
     Setting("Adult MLP, B=256", "adult", {}, {"name": "mlp", "hidden": [256, 256],
                                               "activation": "tanh"}, 256, True,
-            also=(BAM_MATERIALIZED[0],)),
+            also=(BAM_MATERIALIZED[0],), memory_arms=KEY_ARMS + (HANDWRITTEN, "fairlens")),
     Setting("Adult MLP, B=2048", "adult", {}, {"name": "mlp", "hidden": [256, 256],
                                                "activation": "tanh"}, 2048, True),
     Setting("MNIST CNN (esipova_cnn), B=256", "mnist", None, {"name": "esipova_cnn"}, 256, False,
-            also=(BAM_MATERIALIZED[0],)),
+            also=(BAM_MATERIALIZED[0],), memory_arms=KEY_ARMS),
     # issue #18's architectures on random inputs (benchmarks/arch_models.py), scaled for a CPU
     Setting(
         "Transformer (Embedding 8000x128, 4 blocks, T=64), B=32", "random_tokens", None,
@@ -136,7 +146,27 @@ SETTINGS = [
         {"name": "wide_resnet", "size": 16}, 32, False,
         ("nonprivate", "dpsgd", "dpsgd_global", "dp_sat", "bam"), also=(BAM_MATERIALIZED[0],),
     ),
+    # issue 29's GPU-sized settings: timed at a CPU-sized batch, kernels and memory at B=256/64
+    Setting(
+        "WideResNet-16-4 (GroupNorm), 3x32x32, timed at B=16, kernels and memory at B=256",
+        "random_images", None, {"name": "wide_resnet", "size": 32}, 16, False,
+        ("dpsgd", "bam"), memory_batch=256, memory_arms=(PLAIN, OPACUS_GHOST, "dpsgd"),
+    ),
+    Setting(
+        "Transformer (Embedding 8000x256, 4 blocks, T=128), timed at B=8, kernels and memory "
+        "at B=64", "random_tokens", None,
+        {"name": "transformer", "vocab": 8000, "dim": 256, "blocks": 4, "seq": 128}, 8, False,
+        ("dpsgd", "bam"), memory_batch=64, memory_arms=(PLAIN, OPACUS_GHOST, "dpsgd"),
+    ),
 ]
+#: aten ops that launch no kernel on a GPU: views, allocations and metadata
+NO_KERNEL = frozenset(f"aten::{name}" for name in (
+    "view as_strided as_strided_ empty empty_strided empty_like new_empty new_empty_strided "
+    "reshape _reshape_alias _unsafe_view transpose t permute expand expand_as unsqueeze "
+    "squeeze select slice narrow split split_with_sizes unbind chunk unfold flatten unflatten "
+    "view_as detach alias lift_fresh resize_ set_ item _local_scalar_dense is_nonzero "
+    "result_type resolve_conj resolve_neg contiguous to _to_copy diagonal movedim"
+).split())
 
 
 @dataclass
@@ -390,13 +420,47 @@ def _status_mb(field_name: str) -> float:
     raise RuntimeError(f"{field_name} not in /proc/self/status")
 
 
+def kernel_count(events: list) -> int:
+    """Kernels a step launches, counted on the CPU from a ``torch.profiler`` trace: each aten op
+    that does work (not :data:`NO_KERNEL`) and calls no such op itself counts once (a
+    composite op counts its parts), and a ``_foreach_`` op once (one launch per chunk of
+    tensors on a GPU, a loop on the CPU)."""
+
+    def count(event) -> int:
+        if event.name.startswith("aten::_foreach_"):
+            return 1
+        inner = sum(count(child) for child in event.cpu_children)
+        if inner:
+            return inner
+        return int(event.name.startswith("aten::") and event.name not in NO_KERNEL)
+
+    return sum(count(e) for e in events if e.cpu_parent is None)
+
+
+def peak_allocated(events: list) -> int:
+    """Peak bytes allocated by the tensors of a profiled CPU step above its start, op by op:
+    each op's own allocations and frees (``profile_memory``) and those between ops, in order."""
+    current = peak = 0
+    for event in sorted(events, key=lambda e: e.time_range.start):
+        current += (
+            event.cpu_memory_usage if event.name == "[memory]" else event.self_cpu_memory_usage
+        )
+        peak = max(peak, current)
+    return peak
+
+
 def measure_memory(setting: Setting, label: str, device: torch.device, seed: int) -> dict:
-    """Peak memory of three full steps of one arm, in this (fresh) process, in MB: on CUDA
-    the maximum allocated, on the CPU the peak resident set size (VmHWM, reset just before the
-    steps through /proc/self/clear_refs; ``ru_maxrss`` would carry the parent's peak across
-    exec) and its rise over the resident set once the model and batch are built."""
-    build = dict(arm_factories(setting, device, seed)[0])[label]
-    arm = build()
+    """Kernels and peak memory of one step of one arm, after a warm-up step, in this (fresh)
+    process, at the setting's ``memory_batch``: on CUDA the kernels launched and the maximum
+    allocated; on the CPU :func:`kernel_count` and :func:`peak_allocated` from one profiled
+    step, and the peak resident set (VmHWM, reset through /proc/self/clear_refs just before;
+    ``ru_maxrss`` would carry the parent's peak across exec) with its rise over the set before.
+    The arm's state from the warm-up step (the engine's retained factors or graph) counts in
+    the resident set, not in the allocated peak."""
+    setting = dataclasses.replace(setting, batch=setting.memory_batch or setting.batch)
+    arm = dict(arm_factories(setting, device, seed)[0])[label]()
+    arm.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -404,18 +468,23 @@ def measure_memory(setting: Setting, label: str, device: torch.device, seed: int
     else:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
         before = _status_mb("VmRSS")
-    for _ in range(3):
+    with profile(activities=activities, profile_memory=device.type == "cpu") as prof:
         arm.step()
+        _sync(device)
+    events = list(prof.events())
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
         peak = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak = _status_mb("VmHWM")
-    return {"peak_mb": peak, "rise_mb": peak - before}
+        return {"kernels": kernels, "allocated_mb": peak - before, "peak_mb": peak,
+                "rise_mb": peak - before}
+    peak = _status_mb("VmHWM")
+    return {"kernels": kernel_count(events), "allocated_mb": peak_allocated(events) / 2**20,
+            "peak_mb": peak, "rise_mb": peak - before}
 
 
-def memory_column(index: int, labels: list[str], args: argparse.Namespace) -> dict[str, str]:
-    """Each arm's peak memory, measured in its own subprocess (``--measure``)."""
+def memory_column(index: int, labels: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Each arm's kernels and memory (:func:`measure_memory`), each in its own subprocess
+    (``--measure``); ``"failed"`` where the subprocess failed."""
     out = {}
     for label in labels:
         cmd = [sys.executable, __file__, "--measure", str(index), label, "--device", args.device,
@@ -425,8 +494,7 @@ def memory_column(index: int, labels: list[str], args: argparse.Namespace) -> di
         if done.returncode or not lines:
             out[label] = "failed"
             continue
-        got = json.loads(lines[-1])
-        out[label] = f"{got['rise_mb']:.0f} (peak {got['peak_mb']:.0f})"
+        out[label] = json.loads(lines[-1])
     return out
 
 
@@ -489,8 +557,9 @@ def _ms(seconds: float) -> str:
 SUMMARY_HEAD = (
     "| setting | dpsgd ÷ plain SGD (≤ 1.6×) | Opacus hooks ÷ dpsgd (≥ 20×) "
     "| Opacus hooks ÷ plain (issue: ~80×) | ≥ 20× needs dpsgd ≤ | noise draw ÷ plain "
-    "| hand-written minimal DP-SGD ÷ plain | nonprivate ÷ plain "
-    "| slowest fast-path method ÷ plain |\n|---|---|---|---|---|---|---|---|---|"
+    "| hand-written minimal DP-SGD ÷ plain | dpsgd ÷ hand-written (≤ 1.15×) "
+    "| nonprivate ÷ plain | slowest fast-path method ÷ plain |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -501,7 +570,9 @@ def table(
     by = {a.label: a for a in arms}
     plain = by[PLAIN].median
     hooks = by[OPACUS].median if OPACUS in by else math.nan
-    mem_head, mem_rule = (" peak memory, MB: rise (total) |", "---:|") if memory else ("", "")
+    mem_head, mem_rule = (
+        " kernels / step | peak allocated (MB) | peak RSS, MB: rise (total) |", "---:|---:|---:|"
+    ) if memory else ("", "")
     lines = [
         "| arm | median step (ms) | IQR (ms) | × plain SGD | Opacus hooks ÷ arm | steps / block |"
         + mem_head,
@@ -513,7 +584,7 @@ def table(
         lines.append(
             f"| {name} | {_ms(arm.median)} | {_ms(qs[0])}–{_ms(qs[2])} | "
             f"{arm.median / plain:.2f} | {hooks / arm.median:.1f} | {inner[arm.label]} |"
-            + (f" {memory.get(arm.label, 'n/a')} |" if memory else "")
+            + (f" {_memory_cells(memory.get(arm.label))} |" if memory else "")
         )
     fast = [
         a for a in arms
@@ -529,7 +600,12 @@ def table(
         "handwritten_vs_plain": (
             f"{by[HANDWRITTEN].median / plain:.2f}×" if HANDWRITTEN in by else "n/a (MLP only)"
         ),
-        "nonprivate_vs_plain": by["nonprivate"].median / plain,
+        "nonprivate_vs_plain": (
+            by["nonprivate"].median / plain if "nonprivate" in by else math.nan
+        ),
+        "clip_vs_handwritten": (
+            by[CLIP_RULE].median / by[HANDWRITTEN].median if HANDWRITTEN in by else math.nan
+        ),
         "slowest_fast": f"{slowest.label} {slowest.median / plain:.2f}×",
         "materialized_vs_plain": (
             by[MATERIALIZED[0]].median / plain if MATERIALIZED[0] in by else math.nan
@@ -538,32 +614,50 @@ def table(
     return "\n".join(lines), key
 
 
+def _memory_cells(got: Any) -> str:
+    """The kernel and memory cells of one arm (:func:`measure_memory`)."""
+    if not isinstance(got, dict):
+        return "n/a | n/a | n/a"
+    return (f"{got['kernels']} | {got['allocated_mb']:.0f} | {got['rise_mb']:.0f} "
+            f"({got['peak_mb']:.0f})")
+
+
 MEMORY_NOTE = (
-    "peak resident set size, VmHWM reset just before three steps; the allocator may keep freed "
-    "pages, so a rise is what the steps touched beyond what the process held"
+    "kernels: aten ops doing work in one profiled step (views and allocations left out, a "
+    "composite op counted by its parts); peak allocated: the tensors' bytes at their peak over "
+    "the step, op by op from torch.profiler's memory events; peak RSS: VmHWM reset just "
+    "before the step (the allocator may keep freed pages)"
 )
 ARCH_HEAD = (
     "| setting | dpsgd ÷ plain | Opacus hooks ÷ plain | Opacus ghost ÷ plain "
-    "| dpsgd faster than Opacus hooks | dpsgd on the materialised engine ÷ plain "
-    "| peak memory rise, MB: plain / dpsgd / Opacus ghost / Opacus hooks |\n"
+    "| dpsgd faster than Opacus hooks | kernels / step: plain / dpsgd / Opacus ghost "
+    "(dpsgd ÷ plain, target ≤ 2×) | peak allocated, MB: plain / dpsgd / Opacus ghost "
+    "(dpsgd ÷ ghost, target ≤ 1×) |\n"
     "|---|---|---|---|---|---|---|"
 )
 
 
-def arch_row(label: str, key: dict, memory: dict[str, str] | None) -> str:
-    """One row of the issue #18 summary: the ratios and the memory of the key arms."""
-    mem = " / ".join(
-        (memory or {}).get(arm, "n/a").split(" ")[0]
-        for arm in (PLAIN, CLIP_RULE, OPACUS_GHOST, OPACUS)
-    )
+def arch_row(label: str, key: dict, memory: dict[str, Any] | None) -> str:
+    """One row of the engine summary: the ratios, and the kernels and memory of the key arms."""
+    got = {arm: (memory or {}).get(arm) for arm in (PLAIN, CLIP_RULE, OPACUS_GHOST)}
+
+    def column(field: str, fmt: str, over: str) -> str:
+        if not all(isinstance(g, dict) for g in got.values()):
+            return "n/a"
+        values = [g[field] for g in got.values()]  # type: ignore[index]
+        ratio = values[1] / (values[0] if over == PLAIN else values[2])
+        return " / ".join(format(v, fmt) for v in values) + f" ({ratio:.2f}×)"
+
     faster = key["hooks_vs_clip"]
     verdict = "n/a" if math.isnan(faster) else f"{faster:.2f}× ({'yes' if faster > 1 else 'NO'})"
+
     def ratio(name: str) -> str:
         return "n/a" if math.isnan(key[name]) else f"{key[name]:.2f}×"
 
     return (
         f"| {label} | {ratio('clip_vs_plain')} | {ratio('hooks_vs_plain')} "
-        f"| {ratio('ghost_vs_plain')} | {verdict} | {ratio('materialized_vs_plain')} | {mem} |"
+        f"| {ratio('ghost_vs_plain')} | {verdict} | {column('kernels', 'd', PLAIN)} "
+        f"| {column('allocated_mb', '.0f', OPACUS_GHOST)} |"
     )
 
 
@@ -652,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
             arms, device, warmup=warmup, budget_s=budget, min_rounds=min_rounds,
             max_rounds=args.max_rounds, block_s=args.block, seed=args.seed,
         )
-        memory = memory_column(index, [a.label for a in arms], args) if args.memory else None
+        measured = [a.label for a in arms if a.label in (setting.memory_arms or [a.label])]
+        memory = memory_column(index, measured, args) if args.memory else None
         text, key = table(arms, inner, memory)
         skipped = "".join(
             f"\n\n*{label}* could not run this model: `{why}`"
@@ -678,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
             + (f" ({'met' if met_hooks else 'NOT met'})" if target else "")
             + f" | {key['hooks_vs_plain']:.1f}× | {key['hooks_vs_plain'] / 20:.2f}× plain"
             + f" | {key['noise_vs_plain']:.2f}× | {key['handwritten_vs_plain']}"
+            + (" | n/a" if math.isnan(key["clip_vs_handwritten"]) else
+               f" | {key['clip_vs_handwritten']:.2f}×"
+               f" ({'met' if key['clip_vs_handwritten'] <= 1.15 else 'NOT met'})")
             + f" | {key['nonprivate_vs_plain']:.2f}×"
             + f" | {key['slowest_fast']} |"
         )
@@ -740,14 +838,16 @@ which is below 1 + (noise draw ÷ plain) whenever h < 20 (1 + noise ÷ plain).
 
 {SUMMARY_HEAD}
 """
-    arch_text = f"""**Issue #18** (sequence models, memory): each setting's dpsgd step
-against plain SGD and Opacus, and the rise of each arm's peak memory over its process once the
-model and the batch are built ({MEMORY_NOTE if device.type == "cpu" else "CUDA max allocated"};
-`--memory`, one subprocess per arm; "n/a" without it). Targets on the GPU: transformer
-≤ 2.5× plain and faster than Opacus hooks, WideResNet ≤ 2× plain with peak memory ≤ Opacus
-ghost clipping; on the CPU the transformer faster than Opacus hooks. The transformer and the
-WideResNet are scaled down for the CPU (issue: Embedding 8000×256, T = 128, B = 64;
-WideResNet on 3×32×32 at B = 1024).
+    arch_text = f"""**Engine** (issues #18 and #29): each setting's dpsgd step against plain
+SGD and Opacus, and with `--memory` (one subprocess per arm, at the batch the setting names)
+each arm's kernels and memory ({MEMORY_NOTE if device.type == "cpu" else
+"CUDA kernels launched and max allocated"}; "n/a" without it). Issue #29's CPU proxies: the
+WideResNet's dpsgd kernels ≤ 2× plain's and its peak allocated memory ≤ Opacus ghost
+clipping's; the MLP's dpsgd step ≤ 1.15× the hand-written one (summary above). GPU targets
+(verified on a GPU only): WideResNet ≤ 2.0× plain with memory ≤ Opacus ghost, transformer
+≤ 2.0× in fp32, Adult MLP ≤ 1.6×, BAM ≤ 3× and FairLens ≤ 5×. The 3×16×16 WideResNet and
+the small transformer are scaled down for the CPU; the two GPU-sized settings (issue: B = 1024
+and B = 64) are timed at a small batch and measured at the named one.
 
 {ARCH_HEAD}
 """ + "\n".join(arch) + "\n\n"

@@ -166,7 +166,8 @@ def _check_one_run(params: Params, label: str, configs: list[TrainConfig], n_tra
     cheapest = min(accounting.epsilon(e, delta) for e in events)
     fix = ("raise experiment.train.sigma (or target a smaller ε), train fewer epochs or a "
            "smaller batch" + (", or search a cheaper space" if tuned else ""))
-    if budget.epsilon is not None and not cheapest <= budget.epsilon:
+    calibrated = budget.calibrate_noise  # the noise will be scaled to meet budget.epsilon
+    if budget.epsilon is not None and not calibrated and not cheapest <= budget.epsilon:
         raise PrivacyError(
             f"budget.epsilon: {budget.epsilon:g} is too small for even one training run of "
             f"{label!r} (ε {cheapest:.4g} at δ {delta:g} for n_train = {n_train}): raise "

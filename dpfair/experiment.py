@@ -13,6 +13,7 @@ own MLflow run through explicit run ids, so steps may run in threads or processe
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from dpfair.release import (
     search_release,
     write_ledger,
 )
+from dpfair.release_budget import budget_first
 from dpfair.run_log import (
     EpochLogger,
     epsilon_by_group,
@@ -170,6 +172,48 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
         releases.append(method_release(label, base.method.privacy_guarantee, exp.seeds,
                                        events, search, base.reproducible, delta, tests))
     return release_plan(releases, delta)
+
+
+#: explicit count noise multipliers of the methods (a count σ left to its default is already a
+#: multiple of the training σ)
+_COUNT_SIGMAS = ("sigma_count", "sigma1", "sigma2")
+
+
+def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
+    """``params`` trained at the noise that makes the run's total meet ``budget.epsilon`` when
+    ``budget.calibrate_noise`` is on (else ``params``): ``experiment.train.sigma``, every
+    method's explicit count σ and ``tuning.sigma_score`` multiplied by the factor of
+    :func:`dpfair.release_budget.budget_first`. The factor is found on a plan whose searches
+    are prepared in a throwaway storage (K is drawn only in the real study, later), for a
+    fresh run: a resumed run keeps the noise of the run it resumes."""
+    budget = params.budget
+    if not budget.calibrate_noise:
+        return params
+    if params.experiment.train.sigma is None or budget.keep_noise or any(
+            "sigma" in space for space in params.tuning.spaces.values()):
+        raise ConfigError(
+            "budget.calibrate_noise in a pipeline run scales experiment.train.sigma, which "
+            "every method shares: give experiment.train.sigma (not target_epsilon), search no "
+            "sigma in tuning.spaces and leave budget.keep_noise empty, or set the noise "
+            "yourself with calibrate_noise: false")
+    with tempfile.TemporaryDirectory(prefix="dpfair-calibrate-") as tmp:
+        scratch = params.model_copy(deep=True)
+        scratch.tuning.settings["storage"] = f"sqlite:///{Path(tmp) / 'scratch.db'}"
+        studies = {label: f"calibrate-{label}" for label in params.experiment.methods
+                   if label in params.tuning.spaces}
+        factor = budget_first(plan_release(scratch, dataset, studies), budget).noise_scale or 1.0
+    data = params.model_dump(mode="json")
+    data["experiment"]["train"]["sigma"] *= factor
+    for method in data["experiment"]["methods"].values():
+        for key in _COUNT_SIGMAS:
+            if method.get(key) is not None:
+                method[key] *= factor
+    if params.tuning.spaces:
+        score = params.tuning.settings.get("sigma_score", TuningConfig.model_fields[
+            "sigma_score"].default)
+        data["tuning"]["settings"]["sigma_score"] = score * factor
+    data["budget"]["calibrate_noise"] = False  # the noise above is the calibrated one
+    return type(params).model_validate(data)
 
 
 def _check_planned(result: TuningResult, cfg: TuningConfig, release: MethodRelease,

@@ -142,6 +142,9 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
     source = source_version(exp.dataset, params.dataset(exp.dataset))
     prepared = prepare_data(params, root, params_path)
     dataset = load_data(prepared)
+    # budget.calibrate_noise: every noise scaled so that the run's total meets budget.epsilon
+    params = steps.calibrated_params(params, dataset)
+    exp = params.experiment
     privacy = gate(params, root)
     data = privacy.identify(exp.dataset, dataset, params.dataset(exp.dataset), source)
     earlier = None

@@ -96,3 +96,40 @@ def test_scale_noise_reaches_every_gaussian():
         dp_event.ComposedDpEvent([want, dp_event.GaussianDpEvent(10.0)]), 3.0, 1.0)
     with pytest.raises(PrivacyError, match="factor"):
         scale_noise(event, 0.0)
+
+
+def test_a_pipeline_run_trains_at_the_calibrated_noise(tmp_path, monkeypatch):
+    """`budget.calibrate_noise` in params.yaml: the run's σ, count σ and score σ are scaled
+    by one factor, and the plan of what trains meets budget.epsilon to 2%, never above."""
+    import yaml
+
+    from dpfair.config import load_params
+    from dpfair.data import load_dataset
+    from dpfair.experiment import calibrated_params, plan_release
+
+    monkeypatch.chdir(tmp_path)
+    raw = {
+        "datasets": {"synthetic": {"n": 600}},
+        "experiment": {"dataset": "synthetic", "model": {"name": "logistic_regression"},
+                       "train": {"epochs": 3, "batch_size": 50, "sigma": 1.0, "delta": 1e-5},
+                       "methods": {"dpsgd": {"C": 1.0}, "dpsgd_f": {"C0": 1.0}},
+                       "seeds": [0, 1], "nonprivate_reference": False},
+        "tuning": {"mode": "fixed", "n_runs": 2, "spaces": {"dpsgd": {"lr": [0.1, 0.5]}}},
+        "budget": {"epsilon": 4.0, "calibrate_noise": True},
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    params = load_params(tmp_path / "params.yaml")
+    dataset = load_dataset("synthetic", params.dataset("synthetic"))
+    studies = {"dpsgd": "s-dpsgd"}
+    calibrated = calibrated_params(params, dataset)
+    assert not list(tmp_path.glob("*.db"))  # the factor was found without any real study
+    assert plan_release(params, dataset, {"dpsgd": "at-1"}).epsilon_total > 4.0  # over at σ 1
+    factor = calibrated.experiment.train.sigma
+    assert factor > 1.0
+    assert calibrated.tuning.settings["sigma_score"] == pytest.approx(10.0 * factor)
+    plan = plan_release(calibrated, dataset, studies)
+    assert 0.98 * 4.0 <= plan.epsilon_total <= 4.0
+    raw["tuning"]["spaces"]["dpsgd"]["sigma"] = [1.0, 2.0]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(Exception, match="search no sigma"):
+        calibrated_params(load_params(tmp_path / "params.yaml"), dataset)

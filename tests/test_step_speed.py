@@ -51,3 +51,22 @@ def test_issue_18_models_take_the_fast_path_at_every_layer(step_speed, index):
     assert plan.slow == [] and len(plan.fast) > 10
     assert batch_free_calls(model, plan, x[:2]) == []
     assert info["n_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_kernel_count_and_peak_allocated_read_a_profile(step_speed):
+    """Views and allocations launch nothing, a composite op counts its parts, a _foreach_ op
+    counts once; the allocated peak sees a tensor freed before the step ends."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        c = torch.mm(a, b).t().unsqueeze(0)  # one kernel, then views
+        torch.linalg.vecdot(a, b)  # composite: mul and sum
+        torch._foreach_add_([a, b], [b, a])  # one launch
+        big = torch.empty(1 << 20)  # 4 MiB, allocated and freed: no kernel
+        big.fill_(1.0)  # one kernel
+        del big
+    events = list(prof.events())
+    assert step_speed.kernel_count(events) == 5
+    assert step_speed.peak_allocated(events) >= 4 << 20
+    assert c.numel() == 64 * 64

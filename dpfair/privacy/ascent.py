@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpfair.privacy.conv_factors import padded_input
+from dpfair.privacy.factors import balanced
 from dpfair.privacy.gradients import (
     GhostClipping,
     LossFn,
@@ -41,13 +43,14 @@ from dpfair.privacy.gradients import (
 )
 from dpfair.privacy.layer_grads import (
     EmbeddingGrads,
-    balance_factors,
-    gram_is_cheaper,
     layer_factors,
     norm_layer_grads,
-    padded_input,
-    row_sq_norms,
 )
+
+
+def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
+    """Gram trick (``B T^2 (d_in + d_out)`` flops) vs materialising (``B T d_in d_out``)."""
+    return t * (d_in + d_out) < d_in * d_out
 
 
 def ascent_scale(lam: float, norm: Tensor) -> Tensor:
@@ -135,7 +138,7 @@ class _LinearShift(_Shift):
 
     def __init__(
         self, module: nn.Linear, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
-        still: Tensor | None,
+        still: Tensor | None, normal: bool | None = None,
     ) -> None:
         super().__init__(scale, still)
         b, scale = len(scale), scale.view(-1, 1, 1)
@@ -143,7 +146,7 @@ class _LinearShift(_Shift):
         self.a = self.sd = None
         if module.weight.requires_grad:
             a = _positions([a for a, _ in calls], b)  # (B, T, d_in)
-            self.a, d_w, _, _ = balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
+            self.a, d_w, _, _ = balanced(a, d, normal)
             self.sd = scale * d_w
         self.sb = None  # s_i sum_s d_s: the bias's shift, the same at every position
         if module.bias is not None and module.bias.requires_grad:
@@ -174,7 +177,7 @@ class _ConvShift(_Shift):
 
     def __init__(
         self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
-        still: Tensor | None,
+        still: Tensor | None, normal: bool | None = None,
     ) -> None:
         super().__init__(scale, still)
         self.module, b = module, len(scale)
@@ -186,7 +189,7 @@ class _ConvShift(_Shift):
         if module.weight.requires_grad and self.gram:
             factors = [layer_factors(module, a, d) for a, d in calls]
             a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-            a, d, _, _ = balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
+            a, d, _, _ = balanced(a, d, normal)
             self.factors = (a, scale.view(-1, 1, 1, 1) * d)
         elif module.weight.requires_grad:
             grads = [
@@ -234,7 +237,7 @@ class _NormShift(_Shift):
     ) -> None:
         super().__init__(scale, still)
         self.module = module
-        per_call = [norm_layer_grads(module, a, d) for a, d in calls]
+        per_call = [norm_layer_grads(module, a, d).grads for a, d in calls]
         self.grads = {  # s_i times the per-sample gradient, per affine parameter
             name: scale.view(-1, *([1] * p.dim())) * sum(c[p] for c in per_call)
             for name, p in (("weight", module.weight), ("bias", module.bias))
@@ -286,13 +289,15 @@ class _EmbeddingShift(_Shift):
 
 
 def _shift(
-    module: nn.Module, calls: list[tuple[Tensor, Tensor]], scale: Tensor, still: Tensor | None
+    module: nn.Module, calls: list[tuple[Tensor, Tensor]], scale: Tensor, still: Tensor | None,
+    normal: bool | None,
 ) -> _Shift:
-    """The forward hook shifting ``module``'s output by each sample's ascent."""
+    """The forward hook shifting ``module``'s output by each sample's ascent; ``normal``: pass
+    1's overflow check of all weight factors passed, so they need no rescaling."""
     if isinstance(module, nn.Linear):
-        return _LinearShift(module, calls, scale, still)
+        return _LinearShift(module, calls, scale, still, normal)
     if isinstance(module, nn.Conv2d):
-        return _ConvShift(module, calls, scale, still)
+        return _ConvShift(module, calls, scale, still, normal)
     if isinstance(module, nn.Embedding):
         return _EmbeddingShift(module, calls, scale, still)
     assert isinstance(module, nn.LayerNorm | nn.GroupNorm)
@@ -324,7 +329,10 @@ class AscentGhost(GhostClipping):
         still = scale == 0
         still = still if bool(still.any()) else None
         with torch.autocast(x.device.type, enabled=False):  # as the engine forms its norms
-            shifts = [(m, _shift(m, calls, scale, still)) for m, calls in self._calls.items()]
+            normal = self._normal or None  # pass 1's check of every weight factor
+            shifts = [
+                (m, _shift(m, calls, scale, still, normal)) for m, calls in self._calls.items()
+            ]
         self._layers, self._calls = [], {}  # pass 1's state: the shifts hold what they need
         hooks = [m.register_forward_hook(shift) for m, shift in shifts]
         try:

@@ -8,15 +8,19 @@ Two implementations of one interface:
   gradient is ``sum_t d_t a_t^T`` (``t`` runs over sequence positions, or over the im2col
   patches of a convolution), so its squared norm is ``|a|^2 |d|^2`` for a Linear applied once
   per sample (the ghost-norm trick), else ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the
-  norm of the materialised per-sample gradient of that layer, whichever is cheaper.
-  A convolution's per-sample gradient is materialised by one batched matmul per kernel tap,
-  only for its norms, a chunk of samples at a time. An embedding's norm is exact from the token
-  ids (:mod:`dpfair.privacy.layer_grads`). The weighted sum is one contraction of the
-  ``w``-scaled output gradients with the inputs, added in place to the tensors the caller
+  norm of the materialised per-sample gradient of that layer, whichever is expected faster.
+  A convolution's per-sample gradient is materialised by one batched matmul over the im2col
+  patches of all its kernel taps, only for its norms, a chunk of samples at a time (chunks
+  sized to a memory budget, :mod:`dpfair.privacy.factors`). An embedding's norm is exact from
+  the token ids (:mod:`dpfair.privacy.layer_grads`). The weighted sum is one contraction of
+  the ``w``-scaled output gradients with the inputs, added in place to the tensors the caller
   passes (the step's noise). LayerNorm and GroupNorm parameters are small: their per-sample
   gradients are materialised from the same captured input and output gradient. Any other
   layer with trainable parameters is materialised alone, by vmap of that layer
-  (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer.
+  (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer. Where the
+  layers' output gradients would not fit the memory budget, the norms are formed inside the
+  backward pass, one layer's output gradient at a time, and the weighted sum by a second
+  backward (:mod:`dpfair.privacy.low_memory`).
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
   every per-sample gradient; it serves BAM where its fast ascent does not
   (:mod:`dpfair.privacy.ascent`), models whose parameters are shared between modules, and
@@ -43,19 +47,27 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from dpfair.privacy.layer_fallback import output_tensors, vmap_layer_grads
-from dpfair.privacy.layer_grads import (
-    LayerGrads,
-    mask_rows,
-    materialise_reason,
-    model_layer_grads,
+from dpfair.privacy.factors import cast_float, engine_budget, in_dtype, mask_rows
+from dpfair.privacy.layer_fallback import (
+    LayerPlan,
+    batch_free_calls,
+    output_tensors,
+    plan_layers,
+    vmap_layer_grads,
+)
+from dpfair.privacy.layer_grads import LayerGrads, check_weight_factors, model_layer_grads
+from dpfair.privacy.low_memory import (
+    NormSink,
+    Tap,
+    cuda_devices,
+    rng_state,
+    set_rng_state,
 )
 
 log = logging.getLogger(__name__)
@@ -121,72 +133,6 @@ class PerSampleGradients(ABC):
 # --------------------------------------------------------------------------- fast path
 
 
-@dataclass(frozen=True)
-class LayerPlan:
-    """Which modules the fast path serves by a rule (``fast``) and which by ``vmap`` of the
-    layer alone (``slow``: module, its name and why), for one model."""
-
-    fast: list[nn.Module]
-    slow: list[tuple[str, nn.Module, str]]
-
-    @functools.cached_property
-    def fast_ids(self) -> frozenset[int]:
-        """``id`` of every fast layer."""
-        return frozenset(id(m) for m in self.fast)
-
-
-def plan_layers(model: nn.Module) -> LayerPlan:
-    """Splits the modules owning trainable parameters into fast layers and fallback units (a
-    module the fast path has no rule for, with its whole subtree; see
-    :func:`dpfair.privacy.layer_grads.materialise_reason`)."""
-    fast: list[nn.Module] = []
-    slow: list[tuple[str, nn.Module, str]] = []
-
-    def visit(name: str, module: nn.Module) -> None:
-        if any(p.requires_grad for p in module.parameters(recurse=False)):
-            reason = materialise_reason(module)
-            if reason is not None:
-                slow.append((name or "model", module, reason))
-                return
-            fast.append(module)
-        for child, sub in module.named_children():
-            visit(f"{name}.{child}" if name else child, sub)
-
-    visit("", model)
-    return LayerPlan(fast, slow)
-
-
-def batch_free_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> list[str]:
-    """Names of the planned layers some call of which does not carry the batch axis first
-    (a position embedding of ``arange(T)`` broadcast over the batch): their output gradient is
-    a sum over samples, so hooks cannot give per-sample gradients. Found from the output sizes
-    of two probe forwards, on batches of 1 and 2 copies of the first sample (a batch axis
-    doubles), without gradients and leaving the random number generators as they were."""
-    names = {id(m): n or "model" for n, m in model.named_modules()}
-    sizes: dict[int, list[int]] = {}
-
-    def record(module: nn.Module, args: tuple, output: Any) -> None:
-        first = output_tensors(output)[0]
-        sizes.setdefault(id(module), []).append(first.shape[0] if first.dim() else 0)
-
-    modules = plan.fast + [m for _, m, _ in plan.slow]
-    handles = [m.register_forward_hook(record) for m in modules]
-    devices = [x.device] if x.device.type == "cuda" else []
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            model(x[:1])
-            model(torch.cat([x[:1], x[:1]]))
-    finally:
-        for h in handles:
-            h.remove()
-    found = []
-    for key, seen in sizes.items():
-        half = len(seen) // 2
-        if seen[:half] != [1] * half or seen[half:] != [2] * half:
-            found.append(names[key])
-    return found
-
-
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, Tensor) else value
 
@@ -213,8 +159,11 @@ class GhostClipping(PerSampleGradients):
     #: in ``_calls``, for a subclass's second pass (:class:`dpfair.privacy.ascent.AscentGhost`).
     keeps_calls = False
 
-    def __init__(self, clone_outputs: bool = False) -> None:
-        self.clone_outputs = clone_outputs
+    def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
+        self.clone_outputs, self.low_memory = clone_outputs, low_memory
+        self._held = 0  # bytes of the last step's layer output gradients
+        self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
+        self._normal = False  # whether the last factor path's overflow check passed
         self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers: list[LayerGrads] = []
         self._params: list[nn.Parameter] = []
@@ -261,8 +210,12 @@ class GhostClipping(PerSampleGradients):
             norms = whole.compute(model, loss_fn, x, y, groups)
             self.losses = whole.losses
             return norms
+        self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
+        sink = NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
+            plan, x) else None
+        rng = rng_state(x.device) if sink is not None else None
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             outs = output_tensors(output)
@@ -270,6 +223,8 @@ class GhostClipping(PerSampleGradients):
                 module, tuple(_detached(a) for a in args),
                 {k: _detached(v) for k, v in kwargs.items()}, outs, [o._version for o in outs],
             ))
+            if sink is not None:  # only fast layers, one tensor out: norms in the backward
+                return Tap.apply(output, sink.anchor, sink, len(calls) - 1)
             if not self.clone_outputs:
                 return output
             if isinstance(output, Tensor):
@@ -286,6 +241,20 @@ class GhostClipping(PerSampleGradients):
         losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
+        self._held = sum(o.numel() * o.element_size() for o in targets)
+        if sink is not None and len({id(c[0]) for c in calls}) == len(calls):
+            del targets  # the outputs: held no longer than autograd holds them
+            norms = sink.norms(losses, x.shape[0])
+            if norms is not None:
+                self._graph, self._all_finite = losses, True
+                return norms
+            with torch.random.fork_rng(devices=cuda_devices(x.device)):  # as the first forward drew
+                set_rng_state(rng, x.device)  # type: ignore[arg-type]
+                self.low_memory, low = False, self.low_memory
+                try:
+                    return self.compute(model, loss_fn, x, y, groups)
+                finally:
+                    self.low_memory = low
         found = iter(torch.autograd.grad(losses.sum(), targets, allow_unused=True))
         fast, batch = plan.fast_ids, x.shape[0]
         per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
@@ -298,31 +267,48 @@ class GhostClipping(PerSampleGradients):
                         f"the output of {module} was modified in place after the layer ran; "
                         "use GhostClipping(clone_outputs=True) or an out-of-place activation"
                     )
-                grads = [_cast(next(found), dtype) if o.requires_grad else None for o in outs]
+                grads = [cast_float(next(found), dtype) if o.requires_grad else None for o in outs]
                 if outs[0].dim() == 0 or outs[0].shape[0] != batch:
                     raise RuntimeError(f"{module} ran on an input without the batch axis")
                 if id(module) in fast:
                     grad = torch.zeros_like(outs[0], dtype=dtype) if grads[0] is None else grads[0]
-                    per_layer.setdefault(module, []).append((_cast(args[0], dtype), grad))
+                    per_layer.setdefault(module, []).append((cast_float(args[0], dtype), grad))
                 else:
                     self._layers.append(vmap_layer_grads(
-                        module, tuple(_cast(a, dtype) for a in args),
-                        {k: _cast(v, dtype) for k, v in kwargs.items()},
-                        [_cast(o.detach(), dtype) for o in outs], grads,
+                        module, tuple(cast_float(a, dtype) for a in args),
+                        {k: cast_float(v, dtype) for k, v in kwargs.items()},
+                        [cast_float(o.detach(), dtype) for o in outs], grads,
                         tolerance=1e-4 if outs[0].dtype == dtype else 5e-2,
                     ))
-            self._layers += model_layer_grads(per_layer)
+            check = check_weight_factors(per_layer)
+            self._normal = bool(check[1])
+            self._layers += model_layer_grads(per_layer, check=check)
             self._calls = per_layer if self.keeps_calls else {}
             squares = [layer.sq_norms() for layer in self._layers]
-            norms = functools.reduce(torch.add, squares) if squares else (
-                self._params[0].new_zeros(batch)
-            )
-            norms = norms.sqrt()
+            if len(squares) > 2:  # one stack and one sum, not a sum per layer
+                norms = torch.stack(squares).sum(0).sqrt()
+            elif squares:
+                norms = functools.reduce(torch.add, squares).sqrt()
+            else:
+                norms = self._params[0].new_zeros(batch)
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
         # The norms are >= 0 or NaN, so their sum is finite only if every one is (one reduction;
         # a sum overflowing on finite norms only takes the masking path, exact as well).
         self._all_finite = math.isfinite(norms.sum())
         return norms
+
+    def _low_memory(self, plan: LayerPlan, x: Tensor) -> bool:
+        """Whether this step forms its norms inside the backward pass and its weighted sum by a
+        second one (:mod:`dpfair.privacy.low_memory`): where ``low_memory`` says so, or
+        (``None``) where the last step's layer output gradients took more than
+        :func:`engine_budget`; never for a model with fallback layers, in-place activations or a
+        subclass's second pass, nor under autocast (the second backward would run in bfloat16,
+        not at the norms' precision)."""
+        if self.low_memory is False or self.keeps_calls or self.clone_outputs or plan.slow:
+            return False
+        if torch.is_autocast_enabled(x.device.type):
+            return False
+        return bool(self.low_memory) or self._held > engine_budget(x.device)
 
     def _whole_model(self) -> Materialized | None:
         """The materialised engine serving the whole model, where some layer runs without the
@@ -339,6 +325,15 @@ class GhostClipping(PerSampleGradients):
         if whole is not None:
             whole.add_weighted_grad(weights, into)
             return
+        if self._graph is not None:  # one more backward, through the retained graph
+            grads = torch.autograd.grad(
+                self._graph, self._params, in_dtype(weights, self._graph.dtype),
+                retain_graph=True, allow_unused=True,
+            )
+            pairs = [(o, g) for o, g in zip(into, grads, strict=True) if g is not None]
+            if pairs:
+                torch._foreach_add_([o for o, _ in pairs], [g for _, g in pairs])
+            return
         keep = None if self._all_finite else weights != 0
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
@@ -351,15 +346,6 @@ def _autocast_off(device_type: str) -> AbstractContextManager:
     if torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
     return nullcontext()
-
-
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    """A floating tensor in ``dtype`` (autocast's bf16 activations and output gradients are
-    widened, so norms and the weighted sum are formed from the same tensors in full precision);
-    anything else unchanged."""
-    if isinstance(value, Tensor) and value.is_floating_point() and value.dtype != dtype:
-        return value.to(dtype)
-    return value
 
 
 def _clone(value: Any) -> Any:

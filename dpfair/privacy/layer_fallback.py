@@ -1,4 +1,5 @@
-"""Per-sample gradients of one layer the fast path has no rule for, by ``vmap`` of that layer.
+"""Per-sample gradients of one layer the fast path has no rule for, by ``vmap`` of that layer,
+and the plan of which layers those are (:func:`plan_layers`).
 
 The fast path (:class:`dpfair.privacy.gradients.GhostClipping`) captures each such layer's
 inputs in the forward pass and its output gradients in the one backward pass; the layer's
@@ -18,13 +19,15 @@ of a different function, so it raises instead.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 
-from dpfair.privacy.layer_grads import PerSampleLayer
+from dpfair.privacy.layer_grads import PerSampleLayer, materialise_reason
 
 
 def output_tensors(output: Any) -> list[Tensor]:
@@ -92,4 +95,70 @@ def vmap_layer_grads(
                 "did not reproduce its batched output (randomness such as dropout inside it, or "
                 "a batch axis that is not the first); use engine='materialized'"
             )
-    return PerSampleLayer({trained[n]: g for n, g in per_sample.items()})
+    return PerSampleLayer.of({trained[n]: g for n, g in per_sample.items()})
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which modules the fast path serves by a rule (``fast``) and which by ``vmap`` of the
+    layer alone (``slow``: module, its name and why), for one model."""
+
+    fast: list[nn.Module]
+    slow: list[tuple[str, nn.Module, str]]
+
+    @functools.cached_property
+    def fast_ids(self) -> frozenset[int]:
+        """``id`` of every fast layer."""
+        return frozenset(id(m) for m in self.fast)
+
+
+def plan_layers(model: nn.Module) -> LayerPlan:
+    """Splits the modules owning trainable parameters into fast layers and fallback units (a
+    module the fast path has no rule for, with its whole subtree; see
+    :func:`dpfair.privacy.layer_grads.materialise_reason`)."""
+    fast: list[nn.Module] = []
+    slow: list[tuple[str, nn.Module, str]] = []
+
+    def visit(name: str, module: nn.Module) -> None:
+        if any(p.requires_grad for p in module.parameters(recurse=False)):
+            reason = materialise_reason(module)
+            if reason is not None:
+                slow.append((name or "model", module, reason))
+                return
+            fast.append(module)
+        for child, sub in module.named_children():
+            visit(f"{name}.{child}" if name else child, sub)
+
+    visit("", model)
+    return LayerPlan(fast, slow)
+
+
+def batch_free_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> list[str]:
+    """Names of the planned layers some call of which does not carry the batch axis first
+    (a position embedding of ``arange(T)`` broadcast over the batch): their output gradient is
+    a sum over samples, so hooks cannot give per-sample gradients. Found from the output sizes
+    of two probe forwards, on batches of 1 and 2 copies of the first sample (a batch axis
+    doubles), without gradients and leaving the random number generators as they were."""
+    names = {id(m): n or "model" for n, m in model.named_modules()}
+    sizes: dict[int, list[int]] = {}
+
+    def record(module: nn.Module, args: tuple, output: Any) -> None:
+        first = output_tensors(output)[0]
+        sizes.setdefault(id(module), []).append(first.shape[0] if first.dim() else 0)
+
+    modules = plan.fast + [m for _, m, _ in plan.slow]
+    handles = [m.register_forward_hook(record) for m in modules]
+    devices = [x.device] if x.device.type == "cuda" else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            model(x[:1])
+            model(torch.cat([x[:1], x[:1]]))
+    finally:
+        for h in handles:
+            h.remove()
+    found = []
+    for key, seen in sizes.items():
+        half = len(seen) // 2
+        if seen[:half] != [1] * half or seen[half:] != [2] * half:
+            found.append(names[key])
+    return found

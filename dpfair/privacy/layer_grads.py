@@ -9,12 +9,15 @@ ghost norm ``|a|^2 |d|^2`` of a Linear applied once per sample (:class:`_DenseGr
 ``T x T`` Gram trick or the materialised per-sample gradient (:class:`_LayerGrads`), a
 convolution's per-sample weight by kernel taps (:class:`_ConvGrads`), an embedding's sparse
 row scatter (:class:`EmbeddingGrads`), or the small LayerNorm/GroupNorm parameters
-materialised (:class:`PerSampleLayer`). Materialised per-sample gradients only live while a
-layer's norms are formed (in chunks of samples, :data:`CHUNK_ELEMENTS`): the weighted sum is
-one contraction of the kept factors. :func:`balance_factors` keeps factors whose squares over- or
-underflow in range by exact powers of two (see the engine's module docstring, "Overflow");
-:func:`model_layer_grads` makes that check once for all dense layers of a model (a small MLP's
-step is dominated by such per-layer bookkeeping) and per layer only when it fails.
+materialised (:class:`PerSampleLayer`). Materialised per-sample gradients (and a convolution's
+im2col patches) only live while a layer's norms are formed, in chunks of samples sized to the
+device's memory budget (:func:`engine_budget`); the route per layer is the one of least
+estimated time (:func:`cheapest`: flops, memory traffic and kernel launches, not flops
+alone). The weighted sum is one contraction of the kept factors. :func:`balance_factors`
+keeps factors whose squares over- or underflow in range by exact powers of two (see the
+engine's module docstring, "Overflow"); :func:`model_layer_grads` makes that check once for
+the weight factors of all layers of a model (per-layer bookkeeping is what a small model's
+step launches most) and per layer only when it fails.
 Layers not listed here get their per-sample gradients one layer at a time by
 :mod:`dpfair.privacy.layer_fallback`; :func:`materialise_reason` says which and why.
 """
@@ -28,15 +31,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-#: Layers whose per-sample gradient norms the fast path computes without materialising them.
+from dpfair.privacy.conv_factors import conv_patches, conv_tap_grads, padded_input
+from dpfair.privacy.factors import (
+    Route,
+    all_normal,
+    balance_factors,
+    balanced,
+    cheapest,
+    chunks,
+    engine_budget,
+    gram_route,
+    in_dtype,
+    mask_rows,
+    row_norms,
+    row_sq_norms,
+    same_dtype,
+)
+
+#: Layers whose per-sample gradient norms the fast path forms from their factors.
 GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Small layers the fast path materialises per sample, from the same input and output gradient.
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm)
 FAST_LAYERS = GHOST_LAYERS + PER_SAMPLE_LAYERS + (nn.Embedding,)
-#: At most this many elements of materialised per-sample gradients exist at once (per layer).
-CHUNK_ELEMENTS = 1 << 24
-
-
 def materialise_reason(module: nn.Module) -> str | None:
     """``None`` when the fast path handles this leaf module's own parameters (or it has none),
     else why its per-sample gradients are materialised, layer by layer."""
@@ -55,18 +71,6 @@ def materialise_reason(module: nn.Module) -> str | None:
         return None
     return f"{name}: no ghost-norm rule for this layer type; its per-sample gradients are " \
         "materialised by vmap of the layer alone"
-
-
-def _chunks(batch: int, per_sample: int) -> list[slice]:
-    """Slices of the batch holding at most :data:`CHUNK_ELEMENTS` elements of per-sample
-    tensors of ``per_sample`` elements each (at least one sample)."""
-    step = max(1, CHUNK_ELEMENTS // max(per_sample, 1))
-    return [slice(i, min(i + step, batch)) for i in range(0, batch, step)]
-
-
-def mask_rows(t: Tensor, keep: Tensor | None) -> Tensor:
-    """Zero the rows outside ``keep``, so that a non-finite sample cannot turn a sum into NaN."""
-    return t if keep is None else torch.where(keep.view(-1, *([1] * (t.dim() - 1))), t, 0)
 
 
 class _DenseGrads:
@@ -115,42 +119,53 @@ class _DenseGrads:
             into[self.bias].addmv_(mask_rows(self.d, keep).T, w)
 
 
+def _factor_sq_norms(a: Tensor, d: Tensor, gram: bool) -> Tensor:
+    """Per-sample ``|sum_t d_t a_t^T|^2`` for ``a: (B, G, K, T)``, ``d: (B, G, O, T)``: the Gram
+    trick ``<a^T a, d^T d>`` (``B T^2 (K + O)`` flops) or the norm of the materialised gradient
+    (``B T K O``), one batched matmul each way."""
+    if gram:
+        aa = torch.einsum("bgkt,bgks->bgts", a, a)
+        dd = torch.einsum("bgot,bgos->bgts", d, d)
+        return torch.linalg.vecdot(aa.flatten(1), dd.flatten(1))
+    return row_sq_norms(torch.einsum("bgkt,bgot->bgko", a, d))
+
+
 class _LayerGrads:
     """A Linear layer on inputs with extra dimensions ``(B, T, d)``, or called several times:
     its per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``.
 
     ``a``: ``(B, T, 1, d_in)``, ``d``: ``(B, T, 1, d_out)`` (:func:`layer_factors`'s layout). The
-    weight's factors are kept (balanced, :func:`balance_factors`); its squared
-    norms come from the Gram trick or from per-sample gradients materialised a chunk of samples
-    at a time, whichever is cheaper, and the weighted sum is one contraction of the factors.
+    weight's factors are kept (balanced, :func:`balance_factors`); its squared norms come from
+    the Gram trick or from per-sample gradients materialised a chunk of samples at a time,
+    whichever :func:`gram_route` expects faster, and the weighted sum is one contraction of the
+    factors.
     """
 
-    def __init__(self, module: nn.Linear, a: Tensor, d: Tensor) -> None:
-        self.module, self.batch_size = module, a.shape[0]
+    def __init__(
+        self, module: nn.Linear, a: Tensor, d: Tensor, budget: int, normal: bool | None = None
+    ) -> None:
+        self.module, self.batch_size, self.budget = module, a.shape[0], budget
         has_bias = module.bias is not None and module.bias.requires_grad
         self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
         self.a: Tensor | None = None
         self.d: Tensor | None = None
-        self.gram = gram_is_cheaper(a.shape[1], a.shape[-1], d.shape[-1])
+        _, t, _, d_in = a.shape
+        self.gram = gram_route(
+            len(a), t, d_in, d.shape[-1], a.element_size(), a.device, budget
+        )
         if module.weight.requires_grad:
-            self.a, self.d, _, _ = balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
+            self.a, self.d, _, _ = balanced(a, d, normal)
 
     def sq_norms(self) -> Tensor:
-        sq = self.module.weight.new_zeros(self.batch_size)
-        if self.bias_grad is not None:
-            sq = sq + row_sq_norms(self.bias_grad)
-        if self.a is None or self.d is None:
-            return sq
-        if self.gram:  # B T^2 (d_in + d_out) flops
-            aa = torch.einsum("btgi,bsgi->bgts", self.a, self.a)
-            dd = torch.einsum("btgo,bsgo->bgts", self.d, self.d)
-            return sq + (aa * dd).sum((1, 2, 3))
-        _, _, g, d_in = self.a.shape  # materialise, a chunk at a time: B T d_in d_out flops
-        parts = [
-            row_sq_norms(torch.einsum("btgo,btgi->bgoi", self.d[c], self.a[c]))
-            for c in _chunks(self.batch_size, g * d_in * self.d.shape[-1])
-        ]
-        return sq + torch.cat(parts)
+        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
+        if self.a is not None and self.d is not None:
+            a, d = self.a, self.d
+            t, g, d_in, d_out = a.shape[1], a.shape[2], a.shape[3], d.shape[3]
+            held = 3 * t * t if self.gram else g * d_in * d_out
+            slices = chunks(self.batch_size, held * a.element_size(), self.budget)
+            a, d = a.permute(0, 2, 3, 1), d.permute(0, 2, 3, 1)  # (B, G, d, T)
+            parts.append(_cat([_factor_sq_norms(a[c], d[c], self.gram) for c in slices]))
+        return _total(parts)
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -171,65 +186,91 @@ class _LayerGrads:
 
 class _ConvGrads:
     """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
-    come, a chunk of samples at a time, from the per-sample weight gradients (one batched
-    matmul per kernel tap, :func:`_conv_tap_grads`) or, where there are few positions, from
-    the Gram trick over im2col patches (:func:`layer_factors`), whichever is cheaper; neither the
-    per-sample gradients nor the patches outlive their chunk. The weighted sum is one
-    convolution weight-gradient of the ``w``-scaled output gradients
-    (``torch.nn.grad.conv2d_weight``)."""
+    come a chunk of samples at a time, by the route :func:`cheapest` expects fastest: the
+    per-sample weight gradients by one batched matmul per kernel tap (no copy of the input),
+    or by one matmul over the im2col patches of all taps (one copy, fewer kernels), or, where
+    there are few positions, the Gram trick over those patches
+    (:mod:`dpfair.privacy.conv_factors`); neither patches nor per-sample gradients outlive
+    their chunk, whose size the memory budget sets. The weighted sum is one convolution
+    weight-gradient of the ``w``-scaled output gradients (``torch.nn.grad.conv2d_weight``,
+    padding inside it where the module pads with zeros)."""
 
-    def __init__(self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]]) -> None:
-        self.module, self.batch_size = module, calls[0][0].shape[0]
+    def __init__(
+        self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], budget: int,
+        normal: bool | None = None,
+    ) -> None:
+        self.module, self.batch_size, self.budget = module, calls[0][0].shape[0], budget
         self.calls: list[tuple[Tensor, Tensor]] = []
-        self.gram = not _conv_materialises(module, calls[0][1])
         self.bias_grad = None
         if module.bias is not None and module.bias.requires_grad:
-            self.bias_grad = sum(grad.sum((2, 3)) for _, grad in calls)
+            self.bias_grad = functools.reduce(torch.add, [grad.sum((2, 3)) for _, grad in calls])
         if module.weight.requires_grad:
-            for inp, grad in calls:
-                a, d, _, _ = balance_factors(inp, grad, row_sq_norms(inp), row_sq_norms(grad))
-                self.calls.append((a, d))
+            self.calls = [balanced(inp, grad, normal)[:2] for inp, grad in calls]
+        c_out, c_in_g, kh, kw = module.weight.shape
+        g, taps = module.groups, kh * kw
+        t = sum(grad.shape[-1] * grad.shape[-2] for _, grad in calls)
+        k, self.o = c_in_g * taps, c_out // g
+        inp = calls[0][0]
+        x = inp[0].numel()  # the padded input, about
+        o_t = self.o * t * g
+        self.routes = {
+            "taps": Route(2 * t * k * c_out, taps * (x + o_t) + 2 * k * c_out,
+                          k * c_out + 2 * o_t + x, taps + 4),
+            "im2col": Route(2 * t * k * c_out, 2 * t * k * g + o_t + 2 * k * c_out,
+                            t * k * g + k * c_out + x, 5),
+            "gram": Route(2 * t * t * (k + self.o + 1) * g, 2 * t * k * g + o_t + 6 * t * t * g,
+                          (t * k + 3 * t * t) * g + x, 6),
+        }
+        self.route = cheapest(
+            self.routes, self.batch_size, inp.element_size(), inp.device, budget
+        )
 
     def _chunk_sq(self, c: slice) -> Tensor:
+        """A chunk's squared norms: per-tap products, or from patches ``(B, G, K, T)`` and
+        ``d: (B, G, O, T)``."""
         m = self.module
-        if self.gram:
-            factors = [layer_factors(m, a[c], d[c]) for a, d in self.calls]
-            a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-            aa = torch.einsum("btgi,bsgi->bgts", a, a)
-            dd = torch.einsum("btgo,bsgo->bgts", d, d)
-            return (aa * dd).sum((1, 2, 3))
-        taps = sum(_conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls)
-        return torch.linalg.vector_norm(taps, dim=(0, 2)).square()  # type: ignore[arg-type]
+        if self.route == "taps":
+            grads = functools.reduce(torch.add, [
+                conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls
+            ])
+            return torch.linalg.vector_norm(grads, dim=(0, 2)).square()
+        a = _cat([conv_patches(m, a[c]) for a, _ in self.calls], 3)
+        d = _cat([d[c].reshape(len(a), m.groups, self.o, -1) for _, d in self.calls], 3)
+        return _factor_sq_norms(a, d, self.route == "gram")
 
     def sq_norms(self) -> Tensor:
-        w = self.module.weight
-        sq = w.new_zeros(self.batch_size)
-        if self.bias_grad is not None:
-            sq = sq + row_sq_norms(self.bias_grad)  # type: ignore[arg-type]
-        if not self.calls:
-            return sq
-        a, d = self.calls[0]
-        positions = len(self.calls) * d.shape[-1] * d.shape[-2]
-        per_sample = (
-            positions * (a.shape[1] * w.shape[-1] * w.shape[-2] + positions)
-            if self.gram else 2 * w.numel()
-        )
-        return sq + torch.cat([self._chunk_sq(c) for c in _chunks(self.batch_size, per_sample)])
+        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
+        if self.calls:
+            a = self.calls[0][0]
+            held = self.routes[self.route].held * a.element_size()
+            slices = chunks(self.batch_size, held, self.budget)
+            parts.append(_cat([self._chunk_sq(c) for c in slices]))
+        return _total(parts)
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
         m, w = self.module, in_dtype(weights, self.module.weight.dtype)
+        inner_pad = m.padding_mode == "zeros" and not isinstance(m.padding, str)
         for a, d in self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
+            a = mask_rows(a, keep)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
-                padded_input(m, mask_rows(a, keep)), m.weight.shape, dw,
-                stride=m.stride, padding=0, dilation=m.dilation, groups=m.groups,
+                a if inner_pad else padded_input(m, a), m.weight.shape, dw, stride=m.stride,
+                padding=m.padding if inner_pad else 0, dilation=m.dilation, groups=m.groups,
             ))
         if self.bias_grad is not None:
             bias = into[m.bias]  # type: ignore[index]
             bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
+
+
+def _cat(parts: list[Tensor], dim: int = 0) -> Tensor:  # no copy for one part
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def _total(parts: list[Tensor]) -> Tensor:  # a trainable weight or bias gives one part
+    return functools.reduce(torch.add, parts)
 
 
 class EmbeddingGrads:
@@ -265,192 +306,95 @@ class EmbeddingGrads:
         into[self.module.weight].index_add_(0, self.ids.flatten(), dw.reshape(-1, dw.shape[-1]))
 
 
-def gram_is_cheaper(t: int, d_in: int, d_out: int) -> bool:
-    """Gram trick (``B T^2 (d_in + d_out)`` flops) vs materialising (``B T d_in d_out``)."""
-    return t * (d_in + d_out) < d_in * d_out
-
-
-def row_sq_norms(t: Tensor) -> Tensor:
-    """Per-sample squared norm over all but the batch axis."""
-    flat = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
-    return torch.linalg.vecdot(flat, flat)
-
-
-def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``t`` in ``dtype`` (no call at all where it is already)."""
-    return t if t.dtype == dtype else t.to(dtype)
-
-
-@functools.cache
-def _powers_of_two(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, int]:
-    """``2^j`` for ``j = -lim .. lim``, exact in ``dtype`` (``2^lim``: its largest power of 2)."""
-    lim = math.frexp(torch.finfo(dtype).max)[1] - 1
-    powers = [math.ldexp(1.0, j) for j in range(-lim, lim + 1)]
-    return torch.tensor(powers, dtype=dtype, device=device), lim
-
-
-def _exponents(t: Tensor) -> tuple[Tensor, Tensor]:
-    """Per sample, the binary exponent ``e`` of the largest entry (``max |t_i|`` lies in
-    ``[2^(e-1), 2^e)``) and whether the sample is all zero."""
-    mantissa, exponent = torch.frexp(t.flatten(1).abs().amax(1))  # vector_norm(inf): slow on CPU
-    return exponent, mantissa == 0
-
-
-def all_normal(squares: list[Tensor]) -> bool:
-    """Whether every entry of ``squares`` is a normal number of its dtype: neither zero,
-    subnormal, infinite nor NaN. One reduction (NaN propagates through it) and one read, for
-    any number of tensors of one dtype."""
-    if any(sq.dtype != squares[0].dtype for sq in squares):
-        return all(all_normal([sq]) for sq in squares)  # each in its own range
-    flat = torch.cat(squares) if len(squares) > 1 else squares[0]
-    if flat.numel() == 0:
-        return True
-    lo, hi = torch.stack(torch.aminmax(flat)).tolist()  # one device sync
-    info = torch.finfo(flat.dtype)
-    return info.tiny <= lo and hi <= info.max
-
-
-def balance_factors(
-    a: Tensor, d: Tensor, sq_a: Tensor, sq_d: Tensor, normal: bool | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(a, d, |a_i|^2, |d_i|^2)`` for the factors of per-sample gradients
-    ``g_i = sum_t d_t a_t^T``, given their squared norms, rescaled where products could overflow.
-
-    Unchanged when every ``|a_i|^2`` and ``|d_i|^2`` is a normal number (one check): their
-    products then overflow or underflow only where ``|g_i|^2`` does. Otherwise (a huge input, a
-    saturated or dead layer) ``(a_i 2^-k_i, d_i 2^k_i)`` for each sample, ``k_i`` half the gap
-    between the binary exponents of the largest entries of ``a_i`` and ``d_i`` (a zero factor
-    leaves the other scaled to about 1). ``g_i`` is unchanged (scaling by a power of two is
-    exact) and both factors now have about the magnitude ``sqrt(max_jk |d_j a_k|)``: squared
-    norms, Gram products and their products overflow or underflow only where ``|g_i|^2`` does,
-    and the weighted sum's ``w_i a`` or ``w_i d`` stays near ``s / sqrt(|g_i|)`` for a weight
-    ``w_i = s / |g_i|``. ``normal``: the outcome of that check if the caller made it
-    already (:func:`all_normal` of ``sq_a`` and ``sq_d``, e.g. for several layers at once).
-    """
-    if normal is None:
-        normal = all_normal([sq_a, sq_d])
-    if normal:
-        return a, d, sq_a, sq_d
-    e_a, zero_a = _exponents(a)
-    e_d, zero_d = _exponents(d)
-    e_a = torch.where(zero_a, -e_d, e_a)
-    e_d = torch.where(zero_d, -e_a, e_d)
-    powers, lim = _powers_of_two(a.dtype, a.device)
-    k = torch.div(e_a - e_d, 2, rounding_mode="floor").clamp_(-lim, lim)
-    shape = (-1,) + (1,) * (a.dim() - 1)
-    a, d = a * powers[lim - k].view(shape), d * powers[lim + k].view(shape)
-    return a, d, row_sq_norms(a), row_sq_norms(d)
-
-
 def layer_factors(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``.
-
-    For a convolution ``a`` holds the im2col patches, so only use this where the Gram trick
-    wins (few positions); otherwise :func:`_conv_tap_grads` is cheaper.
-    """
+    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``
+    (for a convolution ``a`` holds its im2col patches, :func:`conv_patches`)."""
     b = inp.shape[0]
     if isinstance(module, nn.Linear):
         return inp.reshape(b, -1, 1, inp.shape[-1]), grad_out.reshape(b, -1, 1, grad_out.shape[-1])
     assert isinstance(module, nn.Conv2d)
-    g = module.groups
-    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
-    # im2col from strided views and one copy (aten's CPU im2col is far slower at these sizes):
-    # (B, C, H_out, W_out, dh (kh - 1) + 1, dw (kw - 1) + 1), then every dilation-th tap.
-    padded = padded_input(module, inp)
-    patches = padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
-    patches = patches[..., ::dh, ::dw]
-    t = patches.shape[2] * patches.shape[3]
-    a = patches.permute(0, 2, 3, 1, 4, 5).reshape(b, t, g, -1)  # C-major, then kh, kw
-    d = grad_out.reshape(b, g, -1, t).permute(0, 3, 1, 2)
-    return a, d
-
-
-def padded_input(module: nn.Conv2d, inp: Tensor) -> Tensor:
-    """The input padded exactly as the module pads it ('same', non-zero padding modes)."""
-    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-    return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
-
-
-def _conv_tap_grads(module: nn.Conv2d, padded: Tensor, grad_out: Tensor) -> Tensor:
-    """Per-sample weight gradients of a convolution in tap-major layout
-    ``(kh kw, B, G c_in c_out)``, one batched matmul per kernel tap:
-    ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col; only their norms are
-    used, so the layout is the matmuls'). ``padded``: the input padded as the module pads it.
-
-    With stride 1 each tap reads the padded input in place: the output gradient is laid out on
-    the padded width (zeros in the ``w_pad - w_out`` extra columns), so tap ``(u, v)`` is the
-    flat window starting at ``u dh w_pad + v dw``, with no copy of the input per tap."""
-    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
-    b, g = padded.shape[0], module.groups
-    c_in, c_out = padded.shape[1] // g, grad_out.shape[1] // g
-    h_out, w_out = grad_out.shape[-2:]
-    out = grad_out.new_empty(kh * kw, b * g, c_in, c_out)
-    d = grad_out.reshape(b * g, c_out, h_out, w_out)
-    if (sh, sw) == (1, 1):
-        w_pad = padded.shape[-1]
-        flat = padded.reshape(b * g, c_in, -1)
-        span = (h_out - 1) * w_pad + w_out
-        wide = d.new_zeros(b * g, c_out, h_out, w_pad)
-        wide[..., :w_out] = d
-        d = wide.reshape(b * g, c_out, -1)[:, :, :span].transpose(1, 2)
-        for u in range(kh):
-            for v in range(kw):
-                start = u * dh * w_pad + v * dw
-                torch.bmm(flat[:, :, start : start + span], d, out=out[u * kw + v])
-    else:
-        d = d.reshape(b * g, c_out, h_out * w_out).transpose(1, 2)
-        for u in range(kh):
-            for v in range(kw):
-                tap = padded[
-                    :, :, u * dh : u * dh + sh * (h_out - 1) + 1 : sh,
-                    v * dw : v * dw + sw * (w_out - 1) + 1 : sw,
-                ]
-                torch.bmm(tap.reshape(b * g, c_in, h_out * w_out), d, out=out[u * kw + v])
-    return out.view(kh * kw, b, -1)
+    a = conv_patches(module, inp)
+    d = grad_out.reshape(*a.shape[:2], -1, a.shape[-1])
+    return a.permute(0, 3, 1, 2), d.permute(0, 3, 1, 2)
 
 
 class PerSampleLayer:
-    """A small layer's materialised per-sample gradients ``{param: (B, *shape)}``."""
+    """A small layer's materialised per-sample gradients: one ``(B, N)`` matrix whose columns
+    run over its trainable ``params`` in order, each flattened."""
 
-    def __init__(self, grads: dict[nn.Parameter, Tensor]) -> None:
-        self.grads = grads
+    def __init__(self, params: list[nn.Parameter], flat: Tensor) -> None:
+        self.params, self.flat = params, flat
+
+    @classmethod
+    def of(cls, grads: dict[nn.Parameter, Tensor]) -> PerSampleLayer:
+        """From per-parameter per-sample gradients ``{param: (B, *shape)}``."""
+        flat = [g.reshape(len(g), -1) for g in grads.values()]
+        return cls(list(grads), _cat(flat, 1))
+
+    @property
+    def grads(self) -> dict[nn.Parameter, Tensor]:
+        """``{param: (B, *shape)}``, views of the matrix."""
+        parts = self.flat.split([p.numel() for p in self.params], 1)
+        return {p: g.view(-1, *p.shape) for p, g in zip(self.params, parts, strict=True)}
 
     def sq_norms(self) -> Tensor:
-        return sum(row_sq_norms(g) for g in self.grads.values())  # type: ignore[return-value]
+        return row_sq_norms(self.flat)
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
     ) -> None:
-        for p, g in self.grads.items():
-            per_sample = mask_rows(g, keep).reshape(len(g), -1)
-            into[p].view(-1).addmv_(per_sample.T, in_dtype(weights, g.dtype))
+        """Adds ``sum_i w_i g_i``: one matrix-vector product where the targets lie side by side
+        in one buffer (the step's noise), else one per parameter."""
+        per_sample, w = mask_rows(self.flat, keep), in_dtype(weights, self.flat.dtype)
+        joint = _joint_view([into[p] for p in self.params], self.flat.dtype)
+        if joint is not None:
+            joint.addmv_(per_sample.T, w)
+            return
+        parts = per_sample.split([p.numel() for p in self.params], 1)
+        for p, g in zip(self.params, parts, strict=True):
+            into[p].view(-1).addmv_(g.T, w)
+
+
+def _joint_view(targets: list[Tensor], dtype: torch.dtype) -> Tensor | None:
+    """One flat view over ``targets`` where they are contiguous tensors of ``dtype`` laid out
+    one after the other in one storage, else ``None``."""
+    first = targets[0]
+    offset = first.storage_offset()
+    for t in targets:
+        if not t.is_contiguous() or t.dtype != dtype or t.storage_offset() != offset or (
+            t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+        ):
+            return None
+        offset += t.numel()
+    return first.as_strided((offset - first.storage_offset(),), (1,))
 
 
 def norm_layer_grads(
     module: nn.LayerNorm | nn.GroupNorm, inp: Tensor, grad_out: Tensor
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of a LayerNorm's or GroupNorm's affine parameters."""
+) -> PerSampleLayer:
+    """Per-sample gradients of a LayerNorm's or GroupNorm's affine parameters (weight, then
+    bias): ``sum x_hat d`` and ``sum d`` over the positions, ``x_hat`` the input normalised
+    without the affine part, formed together in one reduction."""
     b = inp.shape[0]
     if isinstance(module, nn.LayerNorm):
         normalised = F.layer_norm(inp, module.normalized_shape, eps=module.eps)
-        shape = (b, -1, *module.normalized_shape)
+        axis = inp.dim() - len(module.normalized_shape)  # the affine part's first axis
     else:
         normalised = F.group_norm(inp, module.num_groups, eps=module.eps)
-        shape = (b, module.num_channels, -1)
-    dims = 1 if isinstance(module, nn.LayerNorm) else 2
-    grads = {}
+        axis = 1
+    params, parts = [], []
     if module.weight is not None and module.weight.requires_grad:
-        grads[module.weight] = (normalised * grad_out).reshape(shape).sum(dims)
+        params.append(module.weight)
+        parts.append(normalised * grad_out)
     if module.bias is not None and module.bias.requires_grad:
-        grads[module.bias] = grad_out.reshape(shape).sum(dims)
-    return grads
-
-
-def _conv_materialises(module: nn.Conv2d, grad_out: Tensor) -> bool:
-    """Whether materialising beats the Gram trick for this convolution's weight."""
-    t = grad_out.shape[-2] * grad_out.shape[-1]
-    d_in = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-    return not gram_is_cheaper(t, d_in, module.out_channels // module.groups)
+        params.append(module.bias)
+        parts.append(grad_out)
+    joint = parts[0] if len(parts) == 1 else torch.cat(parts, axis)
+    if isinstance(module, nn.LayerNorm):  # sum over the positions before the affine axes
+        flat = joint.reshape(b, math.prod(joint.shape[1:axis]), -1).sum(1)
+    else:  # sum over the positions after the channels
+        flat = joint.reshape(b, joint.shape[1], -1).sum(2)
+    return PerSampleLayer(params, flat)
 
 
 def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
@@ -458,42 +402,94 @@ def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
     return len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2
 
 
-def model_layer_grads(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]) -> list[LayerGrads]:
-    """:func:`layer_grads` of every layer, in order, with one overflow check
-    (:func:`all_normal`) for the factors of all dense layers together: when it passes, none of
-    them needs :func:`balance_factors`'s rescaling; otherwise each layer makes its own check."""
+def _balanced_weight(module: nn.Module) -> bool:
+    """Whether the layer keeps balanced weight factors (a trainable Linear or Conv2d weight)."""
+    return isinstance(module, GHOST_LAYERS) and module.weight.requires_grad
+
+
+#: Per dense layer its factors' squared norms (``None`` for a frozen weight's input), and whether
+#: all weight factors' squared norms are normal numbers (``None``: nothing to check).
+FactorCheck = tuple[dict[nn.Module, tuple[Tensor | None, Tensor]], bool | None]
+
+
+def check_weight_factors(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]) -> FactorCheck:
+    """One overflow check (:func:`all_normal`) for the weight factors of all Linear and Conv2d
+    layers together: when it passes, none of them needs :func:`balance_factors`'s rescaling."""
     dense: dict[nn.Module, tuple[Tensor | None, Tensor]] = {}
+    checked: list[Tensor] = []
+    norms: list[Tensor] = []  # of the other layers' factors: one square for all of them
     for module, calls in per_layer.items():
         if _is_dense(module, calls):
             a, d = calls[0]
             dense[module] = (row_sq_norms(a) if module.weight.requires_grad else None,
                              row_sq_norms(d))
-    checked = [sq for module, pair in dense.items() if module.weight.requires_grad for sq in pair]
-    normal = all_normal(checked) if checked else None  # type: ignore[arg-type]
+            checked += dense[module] if module.weight.requires_grad else []  # type: ignore[arg-type]
+        elif _balanced_weight(module):
+            norms += [row_norms(t) for call in calls for t in call]
+    if norms:
+        checked += [_cat(norms).square()] if same_dtype(norms) else [n.square() for n in norms]
+    return dense, all_normal(checked) if checked else None
+
+
+def model_layer_grads(
+    per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]], budget: int | None = None,
+    check: FactorCheck | None = None,
+) -> list[LayerGrads]:
+    """:func:`layer_grads` of every layer, in order, after one overflow check for all of them
+    (``check``, :func:`check_weight_factors` if not given): where it fails, each layer makes its
+    own check. ``budget``: bytes of per-sample intermediates per layer (default
+    :func:`engine_budget` of the factors' device)."""
+    dense, normal = check_weight_factors(per_layer) if check is None else check
+    if budget is None and per_layer:
+        budget = engine_budget(next(iter(per_layer.values()))[0][1].device)
     return [
         _DenseGrads(module, *calls[0], dense[module], normal or None)  # type: ignore[arg-type]
-        if module in dense else layer_grads(module, calls)
+        if module in dense else layer_grads(module, calls, budget, normal or None)
         for module, calls in per_layer.items()
     ]
 
 
-def layer_grads(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> LayerGrads:
-    """One layer's per-sample gradients from its (input, output gradient) per call."""
+def layer_grads(
+    module: nn.Module, calls: list[tuple[Tensor, Tensor]], budget: int | None = None,
+    normal: bool | None = None,
+) -> LayerGrads:
+    """One layer's per-sample gradients from its (input, output gradient) per call.
+    ``budget``: as for :func:`model_layer_grads`; ``normal``: whether its factors' squared norms
+    are known to be normal numbers (``None``: check them here)."""
+    if budget is None:
+        budget = engine_budget(calls[0][1].device)
     if isinstance(module, nn.Embedding):
         return EmbeddingGrads(module, calls)
     if isinstance(module, nn.Conv2d):
-        return _ConvGrads(module, calls)
+        return _ConvGrads(module, calls, budget, normal)
     if isinstance(module, GHOST_LAYERS):
         if _is_dense(module, calls):
-            return _DenseGrads(module, *calls[0])
+            return _DenseGrads(module, *calls[0], normal=normal)
         factors = [layer_factors(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:
-            return _LayerGrads(module, *factors[0])
+            return _LayerGrads(module, *factors[0], budget, normal)
         a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-        return _LayerGrads(module, a, d)
+        return _LayerGrads(module, a, d, budget, normal)
     per_call = [norm_layer_grads(module, inp, grad) for inp, grad in calls]
-    return PerSampleLayer({p: sum(c[p] for c in per_call) for p in per_call[0]})
+    flat = functools.reduce(torch.add, [c.flat for c in per_call])
+    return PerSampleLayer(per_call[0].params, flat)
 
 
 #: What :func:`layer_grads` returns for one layer.
 LayerGrads = _DenseGrads | _LayerGrads | _ConvGrads | EmbeddingGrads | PerSampleLayer
+
+
+def tap_sq_norms(
+    module: nn.Module, a: Tensor, d: Tensor, budget: int
+) -> tuple[Tensor, list[Tensor]]:
+    """A layer called once, from its raw factors (no rescaling): its per-sample squared norms,
+    and the squared norms of its weight factors, which must all be normal numbers
+    (:func:`all_normal`) for those norms to be exact (:func:`balance_factors`)."""
+    calls = [(a, d)]
+    if _is_dense(module, calls):
+        trained = module.weight.requires_grad
+        squares = (row_sq_norms(a) if trained else None, row_sq_norms(d))
+        layer = _DenseGrads(module, a, d, squares, normal=True)  # type: ignore[arg-type]
+        return layer.sq_norms(), list(squares) if trained else []  # type: ignore[arg-type]
+    checked = [row_norms(a).square(), row_norms(d).square()] if _balanced_weight(module) else []
+    return layer_grads(module, calls, budget, normal=True).sq_norms(), checked

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from dpfair.errors import ConfigError
 from dpfair.privacy.gradients import EngineKind, LossFn, trainable_parameters
 from dpfair.privacy.layer_grads import in_dtype
+from dpfair.privacy.low_memory import cuda_devices, rng_state, set_rng_state
 from dpfair.privacy.methods.base import Method, State
 
 
@@ -141,7 +142,7 @@ class PrivateStep:
         parts = [(x, y, g)] if whole else [(x[c], y[c], g[c]) for c in chunks]
         rng_states, norms, loss_sum = [], [], 0.0
         for part in parts:
-            rng_states.append(None if whole else _rng_state(x.device))
+            rng_states.append(None if whole else rng_state(x.device))
             with self._precision(x.device):
                 norms.append(self.engine.compute(self.model, self.loss_fn, *part))
             loss_sum += float(self.engine.losses.sum())
@@ -152,8 +153,8 @@ class PrivateStep:
         for k in reversed(range(len(chunks))):  # the last chunk's state is still held
             w = weights if whole else weights[chunks[k]]
             if k != len(chunks) - 1:
-                with torch.random.fork_rng(devices=_cuda(x.device)):
-                    _set_rng_state(rng_states[k], x.device)  # type: ignore[arg-type]
+                with torch.random.fork_rng(devices=cuda_devices(x.device)):
+                    set_rng_state(rng_states[k], x.device)  # type: ignore[arg-type]
                     with self._precision(x.device):
                         again = self.engine.compute(self.model, self.loss_fn, *parts[k])
                 w = w * _shrink(norms[k], again)
@@ -198,22 +199,6 @@ class PrivateStep:
             loss.backward()
             total += float(loss.detach())
         return StepInfo(0.0, self.method.state(), total)
-
-
-def _cuda(device: torch.device) -> list[torch.device]:
-    return [device] if device.type == "cuda" else []
-
-
-def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
-    """The global generators' state a forward pass draws from (dropout)."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
 
 
 def _shrink(first: Tensor, again: Tensor) -> Tensor:

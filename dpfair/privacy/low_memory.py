@@ -1,0 +1,101 @@
+"""The engine's low-memory path (:class:`dpfair.privacy.gradients.GhostClipping`).
+
+Where a model's layer output gradients would not fit the engine's memory budget, the fast path
+does not hold them all: a :class:`Tap` on each fast layer's output hands its gradient, as the
+backward pass reaches it, to a :class:`NormSink`, which forms that layer's per-sample squared
+norms at once and lets the gradient go (the ghost clipping of Li et al. 2022 and of Opacus,
+one layer output gradient at a time). The weighted sum ``sum_i w_i g_i`` is then the gradient
+of ``sum_i w_i l_i``: one more backward through the retained graph.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dpfair.privacy.factors import all_normal, cast_float, engine_budget
+from dpfair.privacy.layer_grads import tap_sq_norms
+
+
+class Tap(torch.autograd.Function):
+    """The identity on a layer's output, whose backward hands the output gradient to a
+    :class:`NormSink` (while it is active). ``anchor`` ties every tap to one leaf, so that one
+    backward to it reaches every tap and computes no parameter gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, anchor: Tensor, sink: NormSink, index: int) -> Tensor:
+        ctx.sink, ctx.index = sink, index
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        ctx.sink.take(ctx.index, grad)
+        return grad, None, None, None
+
+
+class NormSink:
+    """The low-memory path's first backward: each fast layer's squared norms are formed as its
+    output gradient arrives (:func:`dpfair.privacy.layer_grads.tap_sq_norms`) and the gradient
+    is dropped, so at most one layer's output gradient is held, as in Opacus's ghost clipping.
+    The weighted sum is then ``grad(sum_i w_i l_i)``, a second backward through the retained
+    graph: the same per-sample gradients (samples do not interact), in the parameters' dtype.
+    The factors are not rescaled here: :meth:`norms` returns ``None`` where a factor's squared
+    norm is not a normal number or a norm is not finite, and the engine then takes the factor
+    path (which rescales and masks) on a replay of the same forward."""
+
+    def __init__(self, calls: list, dtype: torch.dtype, device: torch.device) -> None:
+        self.calls, self.dtype, self.budget = calls, dtype, engine_budget(device)
+        self.anchor = torch.zeros((), device=device, requires_grad=True)
+        self.active = False
+        self.squares: list[Tensor] = []
+        self.checked: list[Tensor] = []
+
+    def take(self, index: int, grad: Tensor) -> None:
+        if self.active:
+            module, args = self.calls[index][:2]
+            sq, checked = tap_sq_norms(
+                module, cast_float(args[0], self.dtype), cast_float(grad, self.dtype), self.budget
+            )
+            self.squares.append(sq)
+            self.checked += checked
+
+    def norms(self, losses: Tensor, batch: int) -> Tensor | None:
+        """The per-sample norms from one backward to the taps (the graph retained), or
+        ``None`` where the factor path must form them (class docstring)."""
+        for module, _, _, outs, versions in self.calls:
+            if outs[0].dim() == 0 or outs[0].shape[0] != batch:
+                raise RuntimeError(f"{module} ran on an input without the batch axis")
+            if outs[0]._version != versions[0]:
+                return None  # the factor path raises the error
+        # the layer outputs themselves are not needed (autograd keeps what it saved)
+        self.calls[:] = [call[:2] for call in self.calls]
+        self.active = True
+        try:
+            torch.autograd.grad(losses.sum(), self.anchor, retain_graph=True, allow_unused=True)
+        finally:
+            self.active, self.calls = False, []  # the retained graph's taps hold this sink
+        if not self.squares:
+            return losses.new_zeros(batch, dtype=self.dtype)
+        norms = torch.stack(self.squares).sum(0).sqrt()
+        if not math.isfinite(norms.sum()) or (self.checked and not all_normal(self.checked)):
+            return None
+        return norms
+
+
+def cuda_devices(device: torch.device) -> list[torch.device]:
+    return [device] if device.type == "cuda" else []
+
+
+def rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """The global generators' state a forward pass draws from (dropout)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)

@@ -1,0 +1,115 @@
+"""The engine's low-memory path and memory-budgeted chunks against the materialised reference.
+
+``GhostClipping(low_memory=True)`` forms each layer's norms inside the backward pass and its
+weighted sum by a second backward through the retained graph; where a factor would over- or
+underflow or a norm is not finite it replays the forward on the factor path. Chunks of samples
+follow the memory budget: a budget of one sample must give the norms of one whole chunk.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dpfair.privacy.gradients import GhostClipping, Materialized
+from dpfair.privacy.layer_grads import layer_grads
+from dpfair.privacy.step import per_sample_cross_entropy
+
+TOL = 1e-5
+DTYPE = torch.float64
+
+
+def _wrn_like() -> nn.Module:
+    """Every layer kind of a WideResNet and a transformer: convolutions (3x3 'same', strided,
+    1x1), GroupNorm, an embedding-free sequence Linear, LayerNorm and a dense head."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(2, 4, 3, padding=1, bias=False)
+            self.gn = nn.GroupNorm(2, 4)
+            self.c2 = nn.Conv2d(4, 6, 3, stride=2, padding=1)
+            self.short = nn.Conv2d(4, 6, 1, stride=2, bias=False)
+            self.seq = nn.Linear(6, 5)
+            self.ln = nn.LayerNorm(5)
+            self.head = nn.Linear(5, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.gn(self.c1(x)))
+            h = self.c2(h) + self.short(h)  # (B, 6, 4, 4)
+            h = self.ln(torch.tanh(self.seq(h.flatten(2).transpose(1, 2))))  # (B, 16, 5)
+            return self.head(h.mean(1))
+
+    torch.manual_seed(0)
+    return Net().to(DTYPE)
+
+
+def _models(nets):
+    return [(_wrn_like(), (2, 8, 8), 3), (nets.mlp(width=16), (12,), 2),
+            (nets.esipova_cnn(), (1, 28, 28), 10)]
+
+
+def _agree(engine, model, x, y) -> None:
+    ref = Materialized()
+    want = ref.compute(model, per_sample_cross_entropy, x, y)
+    got = engine.compute(model, per_sample_cross_entropy, x, y)
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite)
+    torch.testing.assert_close(got[finite], want[finite], atol=TOL, rtol=TOL)
+    weights = torch.where(finite, torch.rand(len(x), dtype=DTYPE), 0.0)
+    start = [torch.randn_like(p) for p in model.parameters()]
+    into = [s.clone() for s in start]
+    engine.add_weighted_grad(weights, into)
+    for g, s, w in zip(into, start, ref.weighted_grad(weights), strict=True):
+        torch.testing.assert_close(g, s + w, atol=TOL, rtol=TOL)
+
+
+def test_low_memory_path_agrees_with_the_materialised_one(nets):
+    for model, shape, classes in _models(nets):
+        x, y, _ = nets.batch(shape, classes, b=5)
+        engine = GhostClipping(low_memory=True)
+        _agree(engine, model, x, y)
+        assert engine._graph is not None  # it took the low-memory path
+    torch.manual_seed(0)
+    tokens = nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 2))
+    ids = torch.randint(0, 10, (5, 3), generator=torch.Generator().manual_seed(2))
+    _agree(GhostClipping(low_memory=True), tokens.to(DTYPE), ids, ids[:, 0] % 2)
+
+
+@pytest.mark.parametrize("kind", ["nan", "huge"])
+def test_low_memory_path_replays_on_the_factor_path(kind, nets):
+    """A NaN input (a non-finite norm) or a factor whose square overflows (the Linear's
+    input 1e200 with a zero output gradient) sends the step to the factor path."""
+    model = nets.mlp(width=16)
+    x, y, _ = nets.batch((12,), 2, b=4)
+    x[1, 0] = float("nan") if kind == "nan" else 1e200
+    engine = GhostClipping(low_memory=True)
+    _agree(engine, model, x, y)
+    assert engine._graph is None
+
+
+def test_the_replay_draws_the_same_dropout_masks(nets):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Dropout(0.5), nn.Linear(16, 2)).to(DTYPE)
+    x, y, _ = nets.batch((12,), 2, b=4)
+    x[1, 0] = float("nan")
+    torch.manual_seed(5)
+    replayed = GhostClipping(low_memory=True).compute(model, per_sample_cross_entropy, x, y)
+    torch.manual_seed(5)
+    direct = GhostClipping(low_memory=False).compute(model, per_sample_cross_entropy, x, y)
+    torch.testing.assert_close(replayed, direct, rtol=0, atol=0, equal_nan=True)
+
+
+def test_chunks_of_one_sample_give_the_whole_batch_norms(nets):
+    model = _wrn_like()
+    calls = {}
+    x, y, _ = nets.batch((2, 8, 8), 3, b=5)
+    engine = GhostClipping(low_memory=False)
+    engine.keeps_calls = True  # keep the captured factors
+    engine.compute(model, per_sample_cross_entropy, x, y)
+    calls = engine._calls
+    for module, c in calls.items():
+        whole = layer_grads(module, c, budget=1 << 40).sq_norms()
+        chunked = layer_grads(module, c, budget=1).sq_norms()
+        torch.testing.assert_close(chunked, whole, atol=1e-12, rtol=1e-12)
