@@ -300,7 +300,7 @@ def test_invalid_params_fail_before_any_work(tmp_path, repo_root, monkeypatch):
         run_experiment(str(params_path), str(tmp_path))
     assert "experiment.train.lr" in str(err.value)
     assert not (tmp_path / "mlflow.db").exists()
-    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "data" / "prepared").exists()  # nothing was prepared
     # a typo in a section name: one message with a suggestion
     data = yaml.safe_load(params_path.read_text())
     data["experimnt"] = data.pop("experiment")
