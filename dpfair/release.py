@@ -6,19 +6,16 @@ with its test metrics. All of them are computed from the same training data, so 
 a method's release is ``ComposedDpEvent([search, run_1, ..., run_S])`` and the run's total is
 the composition of every method's release, evaluated by the tightest valid accountant
 (:func:`dpfair.privacy.accounting.spend`: PLD, with the privacy-profile bound of a search, or
-RDP, whichever is smaller; each figure names its accountant), never a sum of epsilons. The
-events are known before anything trains (``make_plan`` for a final run, the search's
-``prepare``), so the spend is planned, itemised and checked against ``budget`` first
-(:func:`check_budget`).
+RDP, whichever is smaller; each figure names its accountant), never a sum of epsilons, known
+before anything trains and checked against ``budget`` by the privacy gate (:func:`check_budget`).
 
 A tuned method's final runs train the selected configuration, which the search releases, so
 their event must hold whichever configuration is selected: it is the search's per-run bound
 over its space (:func:`dpfair.tuning.events.combine_run_events`; the selected configuration's
 own event whenever the space leaves σ, q and the steps alone).
 
-Releases without a guarantee carry no ε: the non-private reference and heuristic methods
-(``privacy_guarantee`` not ``"proven"``, e.g. FairLens). They are left out of the total, shown
-with a label instead of a number, and refused unless the budget allows them.
+Releases without a guarantee (the non-private reference; heuristic methods, e.g. FairLens) carry
+no ε: left out of the total, shown with a label, refused unless the budget allows them.
 
 The test split is other rows: its metrics are either exact (the default; ε does not cover
 them, :data:`TEST_METRICS_NOTE`) or noisy (``test_metrics.release: noisy``,
