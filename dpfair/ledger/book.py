@@ -270,6 +270,7 @@ class Spending:
     def __init__(self, ledger: SourceLedger, release: Release) -> None:
         self.ledger, self.release = ledger, release
         self.context: dict[str, str] = {}
+        self.claims: list[str] = []  # claims in the store, given back when the block ends
         self._started = False
 
     def may_release(self) -> None:
@@ -285,5 +286,9 @@ class Spending:
         else:
             self.context["error"] = f"{exc_type.__name__}: {exc}"[:500]
             status = "failed" if self._started else "void"
-        self.ledger.settle(self.release.id, status, **self.context)
+        try:
+            self.ledger.settle(self.release.id, status, **self.context)
+        finally:
+            for claim in self.claims:
+                self.ledger.store.unclaim(claim)
 

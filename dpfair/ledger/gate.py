@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event
 
+from dpfair.errors import PrivacyError
 from dpfair.ledger.book import Release, SourceLedger, Spending
 from dpfair.ledger.people import Fingerprints, dataset_fingerprints, examples_md5, version_id
 from dpfair.release import check_budget
@@ -90,16 +91,40 @@ class PrivacyGate:
         """Check ``plan`` (:meth:`check`), then reserve it on ``data``'s people against
         ``budget.lifetime_epsilon``; returns the :class:`Spending` that settles it.
         ``event``: what to reserve when it is not the whole plan (a resumed run reserves only
-        its retrains; the crashed run's reservation counts already)."""
+        its retrains; the crashed run's reservation counts already). A resumption
+        (``resumes=<parent run id>`` in ``context``) is claimed atomically first."""
         self.check(plan)
+        resumes = context.get("resumes")
+        claim = f"resume of pipeline run {resumes}" if resumes else None
+        if claim is not None:
+            self._claim_resume(claim, resumes)
         whole = event is None
-        reserved = self.reserve(
-            data, plan.ledger_event if whole else event, plan.delta,
-            epsilon=plan.epsilon_total if whole and not plan.test_noisy else None,
-            without_guarantee=[f"{m.label}: {m.no_epsilon_label}"
-                               for m in plan.without_guarantee] if whole else (),
-            **context)
-        return self.ledger.spending(reserved)
+        try:
+            reserved = self.reserve(
+                data, plan.ledger_event if whole else event, plan.delta,
+                epsilon=plan.epsilon_total if whole and not plan.test_noisy else None,
+                without_guarantee=[f"{m.label}: {m.no_epsilon_label}"
+                                   for m in plan.without_guarantee] if whole else (),
+                **context)
+        except BaseException:
+            if claim is not None:
+                self.ledger.store.unclaim(claim)
+            raise
+        spending = self.ledger.spending(reserved)
+        spending.claims = [claim] if claim is not None else []
+        return spending
+
+    def _claim_resume(self, claim: str, parent_run_id: str) -> None:
+        """Claim the resumption of a crashed pipeline run atomically (in the ledger's store),
+        and refuse it when another process has resumed it meanwhile: two resumptions would
+        retrain and release the same trainings twice."""
+        self.ledger.store.claim(claim)
+        if any(r.status == "released" and r.context.get("resumes") == parent_run_id
+               for r in self.ledger.releases()):
+            self.ledger.store.unclaim(claim)
+            raise PrivacyError(
+                f"pipeline run {parent_run_id} was resumed by another dpfair process meanwhile; "
+                "nothing was trained. Run again: it starts afresh or resumes what is left")
 
     def reserve(self, data: DataVersion, event: dp_event.DpEvent, delta: float, *,
                 epsilon: float | None = None, without_guarantee: Any = (),

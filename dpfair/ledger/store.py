@@ -65,6 +65,11 @@ VERSIONS = sa.Table("dpfair_versions", _meta,
                     sa.Column("accounts", sa.Text, nullable=False),
                     sa.Column("rows", sa.Integer, nullable=False),
                     sa.Column("declared_disjoint", sa.Boolean, nullable=False))
+CLAIMS = sa.Table("dpfair_claims", _meta,
+                  sa.Column("key", sa.String(255), primary_key=True),
+                  sa.Column("host", sa.String(255), nullable=False),
+                  sa.Column("pid", sa.Integer, nullable=False),
+                  sa.Column("since", sa.Float, nullable=False))
 FINGERPRINTS = sa.Table("dpfair_fingerprints", _meta,
                         sa.Column("version", sa.String(64), nullable=False, index=True),
                         sa.Column("kind", sa.String(8), nullable=False),
@@ -194,6 +199,40 @@ class Store:
                        context: dict[str, str]) -> None:
         conn.execute(sa.update(RELEASES).where(RELEASES.c.id == release_id).values(
             status=status, context=json.dumps(context, sort_keys=True)))
+
+    def claim(self, key: str) -> None:
+        """Claim ``key`` for this process in one locked transaction (e.g. the resumption of a
+        crashed pipeline run); a ``PrivacyError`` names the live process that holds it. A
+        claim whose process on this host is gone is taken over."""
+        import os
+        import time
+
+        from dpfair.processes import alive, host
+
+        with self.locked() as conn:
+            row = conn.execute(sa.select(CLAIMS).where(CLAIMS.c.key == key)).first()
+            if row is not None:
+                held = row._mapping
+                mine = held["host"] == host() and held["pid"] == os.getpid()
+                stale = held["host"] == host() and not alive(held["pid"], held["since"])
+                if not (mine or stale):
+                    raise PrivacyError(
+                        f"{key} is claimed by process {held['pid']} on {held['host']}: another "
+                        "dpfair command is resuming it. Wait for it to end (or stop it), then "
+                        "run again; two resumptions would release the same trainings twice")
+                conn.execute(sa.delete(CLAIMS).where(CLAIMS.c.key == key))
+            conn.execute(sa.insert(CLAIMS).values(key=key, host=host(), pid=os.getpid(),
+                                                  since=time.time()))
+
+    def unclaim(self, key: str) -> None:
+        """Give back this process's claim of ``key``."""
+        import os
+
+        from dpfair.processes import host
+
+        with self.locked() as conn:
+            conn.execute(sa.delete(CLAIMS).where(CLAIMS.c.key == key, CLAIMS.c.pid == os.getpid(),
+                                                 CLAIMS.c.host == host()))
 
     def is_empty(self) -> bool:
         with self.reading() as conn:

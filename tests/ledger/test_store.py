@@ -89,3 +89,55 @@ def test_a_team_shares_one_ledger_on_a_database_server(postgres_url):
         accounting.epsilon(dp_event.ComposedDpEvent([EVENT] * 9), DELTA))
     with pytest.raises(Exception, match="lifetime_epsilon"):
         ledger.reserve("loans", "v1", EVENT, DELTA, lifetime_epsilon=1.0)
+
+
+_RESUMER = """
+import sys, time
+from dpfair.ledger import PrivacyGate
+from dpfair.ledger.gate import DataVersion
+from dpfair.release import method_release, release_plan
+from dpfair.sections import BudgetSection
+from dpfair.privacy import accounting
+from dp_accounting import dp_event
+event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
+plan = release_plan([method_release("dpsgd", "proven", [0], [event], None, False, 1e-5)], 1e-5)
+gate = PrivacyGate(BudgetSection(ledger=sys.argv[1]))
+data = DataVersion("loans", "v1", "p1", {"row": ["a"]})
+with gate.admit(plan, data, event=event, resumes="run-1"):
+    print("claimed", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_crashed_run_is_resumed_by_one_process_only(tmp_path):
+    """Two processes resume the same crashed pipeline run: the second is refused while the
+    first holds the claim, and after the first has resumed it, it is not resumed again; a
+    claim left by a killed process is taken over."""
+    import signal
+    import time
+
+    from dpfair.errors import PrivacyError
+    from dpfair.ledger import PrivacyGate
+    from dpfair.ledger.gate import DataVersion
+    from dpfair.release import method_release, release_plan
+    from dpfair.sections import BudgetSection
+
+    where = str(tmp_path / "ledger.sqlite")
+    first = subprocess.Popen([sys.executable, "-c", _RESUMER, where, "30"],
+                             stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "claimed"
+    plan = release_plan([method_release("dpsgd", "proven", [0], [EVENT], None, False, DELTA)],
+                        DELTA)
+    gate = PrivacyGate(BudgetSection(ledger=where))
+    data = DataVersion("loans", "v1", "p1", {"row": ["a"]})
+    with pytest.raises(PrivacyError, match="claimed by process"):
+        gate.admit(plan, data, event=EVENT, resumes="run-1")
+    first.send_signal(signal.SIGKILL)  # dies holding the claim, its release pending
+    first.wait(timeout=60)
+    time.sleep(0.1)
+    with gate.admit(plan, data, event=EVENT, resumes="run-1"):
+        pass  # the dead process's claim is taken over; this resumption completes
+    with pytest.raises(PrivacyError, match="resumed by another dpfair process"):
+        gate.admit(plan, data, event=EVENT, resumes="run-1")
+    statuses = [r.status for r in gate.ledger.releases()]
+    assert statuses == ["pending", "released"]
