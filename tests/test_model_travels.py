@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dpfair.model_export import LOAD_REQUIREMENTS, PREDICTION, log_model, model_location
-from dpfair.tracking import TrackingConfig, experiment_id, register_selected, run
+from dpfair.registry import register
+from dpfair.tracking import TrackingConfig, experiment_id, run
 
 MODULE = '''
 import torch.nn as nn
@@ -73,7 +74,7 @@ def test_registered_import_model_predicts_from_a_fresh_process_elsewhere(tmp_pat
     exp = experiment_id(tracking, "loans")
     with run(tracking, exp, "train") as run_id:
         uri = log_model(tracking, exp, run_id, train(config, dataset), dataset, {})
-    registered = register_selected(tracking, "travelling", uri, run_id, {})
+    registered = register(tracking, "travelling", uri, run_id, {})
     location = model_location(tracking, f"{registered['name']}/{registered['version']}")
     requirements = [line.split("==")[0] for line in
                     (tmp_path / "art").rglob("requirements.txt").__next__().read_text().split()]
