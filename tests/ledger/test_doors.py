@@ -146,3 +146,21 @@ def test_sigterm_ends_train_with_its_run_failed_and_its_release_settled(tmp_path
     assert run.info.status == "FAILED"
     [release] = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
     assert release.status == "failed"
+
+
+def test_searches_are_recorded_by_the_studys_identity_not_its_name(tmp_path, monkeypatch):
+    """`dpfair tune --study s` resumed is one search; the same name after its storage was
+    deleted is another search, and is charged again."""
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path, {})
+    for _ in range(2):  # the second call resumes the same study: nothing new is charged
+        out = runner.invoke(app, ["tune", "--method", "dpsgd", "--study", "s"])
+        assert out.exit_code == 0, out.output
+    ledger = SourceLedger(".dpfair/ledger.sqlite", tmp_path)
+    assert len(ledger.releases()) == 1
+    (tmp_path / "optuna.db").unlink()  # a new study under the same name
+    out = runner.invoke(app, ["tune", "--method", "dpsgd", "--study", "s"])
+    assert out.exit_code == 0, out.output
+    first, second = ledger.releases()
+    assert first.context["study"] != second.context["study"]
+    assert "::s::" in first.context["study"] and "::s::" in second.context["study"]
