@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from importlib.metadata import packages_distributions, version
@@ -275,6 +276,7 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
                                class_values=dataset.meta.get("class_values"),
                                id_columns=dataset.meta.get("id_columns") if pre else None)
     mlf = client(tracking)
+    name = re.sub(r"[/:.%\"']", "-", name)  # MLflow refuses these in a model's name
     logged = mlf.create_logged_model(experiment_id, name=name, source_run_id=run_id,
                                      tags={**tags, "preprocessing": preprocessing_note(dataset)},
                                      params=flatten(params or {}), model_type="classifier")

@@ -37,7 +37,7 @@ from tests.tuning.conftest import (
         ({"space": {"lr": []}}, "space.lr: the list of values is empty"),
         ({"eta": -1.0}, "eta must be a finite number > -1"),
         ({"eta": -3.0}, "eta must be"),
-        ({"mu": 0.5}, r"mu \(the mean number of runs\) must be >= 1"),
+        ({"mu": 0.5}, r"mu \(the mean number of runs\) must be between 1 and 1000"),
         ({"budget_epsilon": 0.5}, "would spend epsilon .* over the budget 0.5"),
         ({"mode": "grid", "budget_epsilon": 100.0}, "grid mode has no privacy guarantee"),
         ({"mode": "fixed"}, "mode 'fixed' needs n_runs"),
