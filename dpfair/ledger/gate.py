@@ -34,6 +34,7 @@ from dp_accounting import dp_event
 from dpfair.errors import PrivacyError
 from dpfair.ledger.book import Release, SourceLedger, Spending
 from dpfair.ledger.people import Fingerprints, dataset_fingerprints, examples_md5, version_id
+from dpfair.ledger.store import Store
 from dpfair.release import check_budget
 
 if TYPE_CHECKING:
@@ -76,7 +77,10 @@ class PrivacyGate:
         public = version_id(secret, md5)
         dataset.meta["source_md5"] = md5
         dataset.meta["data_version"] = public
-        return DataVersion(name, md5, public, dataset_fingerprints(secret, dataset, options))
+        with self.ledger.store.reading() as conn:  # a known version's accounts are fixed
+            known = Store.version_row(conn, md5) is not None
+        people = {} if known else dataset_fingerprints(secret, dataset, options)
+        return DataVersion(name, md5, public, people)
 
     def public_id(self, source_md5: str) -> str:
         """The published id of the data version whose source md5 is ``source_md5``."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -75,22 +76,25 @@ def frame_fingerprints(secret: bytes, frame: pd.DataFrame, id_column: str | None
     return found
 
 
-def _example_rows(dataset: GroupedDataset) -> list[bytes]:
-    rows: list[bytes] = []
+def _example_rows(dataset: GroupedDataset) -> Iterator[bytes]:
+    """Each example's bytes (features, label, group), split by split, one at a time."""
     for split in (dataset.train, dataset.val, dataset.test):
         if split is None or len(split) == 0:
             continue
-        x = np.ascontiguousarray(split.x.reshape(len(split), -1).numpy(), dtype=np.float32)
-        y = split.y.numpy().astype(np.int64)
-        g = split.g.numpy().astype(np.int64)
-        rows.extend(x[i].tobytes() + y[i].tobytes() + g[i].tobytes() for i in range(len(x)))
-    return rows
+        x = split.x.reshape(len(split), -1)
+        y, g = split.y.numpy().astype(np.int64), split.g.numpy().astype(np.int64)
+        for i in range(len(split)):
+            row = np.ascontiguousarray(x[i].numpy(), dtype=np.float32)
+            yield row.tobytes() + y[i].tobytes() + g[i].tobytes()
 
 
 def examples_md5(dataset: GroupedDataset) -> str:
     """md5 of a dataset's loaded examples: the source version of data that came with none
     (arrays or a frame given to :func:`dpfair.api.fit`)."""
-    return hashlib.md5(b"".join(_example_rows(dataset))).hexdigest()
+    digest = hashlib.md5()
+    for row in _example_rows(dataset):
+        digest.update(row)
+    return digest.hexdigest()
 
 
 def dataset_fingerprints(secret: bytes, dataset: GroupedDataset, options: Any = None
