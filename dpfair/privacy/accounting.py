@@ -73,6 +73,7 @@ __all__ = [
     "epsilon",
     "event_from_json",
     "event_to_json",
+    "map_subevents",
     "noise_for_epsilon",
     "rdp_curve",
     "rdp_epsilon",
@@ -159,17 +160,24 @@ def reduced(event: dp_event.DpEvent) -> dp_event.DpEvent:
             return dp_event.PoissonSampledDpEvent(
                 event.sampling_probability, dp_event.GaussianDpEvent(sigma)
             )
+    return map_subevents(event, reduced)
+
+
+def map_subevents(event: dp_event.DpEvent,
+                  fn: Callable[[dp_event.DpEvent], dp_event.DpEvent]) -> dp_event.DpEvent:
+    """``event`` rebuilt with ``fn`` applied to every DpEvent it holds directly (an attrs
+    field, or a list of events): one level, ``fn`` recurses if it wants to."""
     if not attr.has(type(event)):
         return event
     changes: dict[str, Any] = {}
     for field in attr.fields(type(event)):
         value = getattr(event, field.name)
         if isinstance(value, dp_event.DpEvent):
-            changes[field.name] = reduced(value)
+            changes[field.name] = fn(value)
         elif isinstance(value, (list, tuple)) and any(
             isinstance(v, dp_event.DpEvent) for v in value
         ):
-            changes[field.name] = type(value)(reduced(v) for v in value)
+            changes[field.name] = type(value)(fn(v) for v in value)
     return attr.evolve(event, **changes) if changes else event
 
 

@@ -13,9 +13,7 @@ gains at another's expense; a part that must keep its noise is listed as fixed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-import attr
 from dp_accounting import dp_event
 
 from dpfair.errors import PrivacyError
@@ -30,18 +28,7 @@ def scale_noise(event: dp_event.DpEvent, factor: float) -> dp_event.DpEvent:
         raise PrivacyError(f"the noise factor must be > 0, got {factor}")
     if isinstance(event, dp_event.GaussianDpEvent):
         return dp_event.GaussianDpEvent(event.noise_multiplier * factor)
-    if not attr.has(type(event)):
-        return event
-    changes: dict[str, Any] = {}
-    for field in attr.fields(type(event)):
-        value = getattr(event, field.name)
-        if isinstance(value, dp_event.DpEvent):
-            changes[field.name] = scale_noise(value, factor)
-        elif isinstance(value, (list, tuple)) and any(
-            isinstance(v, dp_event.DpEvent) for v in value
-        ):
-            changes[field.name] = type(value)(scale_noise(v, factor) for v in value)
-    return attr.evolve(event, **changes) if changes else event
+    return accounting.map_subevents(event, lambda inner: scale_noise(inner, factor))
 
 
 def noise_scale_for_budget(
