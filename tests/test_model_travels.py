@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dpfair.model_export import LOAD_REQUIREMENTS, PREDICTION, log_model, model_location
+from dpfair.model_export import LOAD_REQUIREMENTS, PREDICTION, model_location
 from dpfair.registry import register
-from dpfair.tracking import TrackingConfig, experiment_id, run
+from tests.conftest import train_and_log
 
 MODULE = '''
 import torch.nn as nn
@@ -54,7 +54,6 @@ def predict_elsewhere(location: str, rows: Path, cwd: Path, module: str) -> dict
 @pytest.mark.slow
 def test_registered_import_model_predicts_from_a_fresh_process_elsewhere(tmp_path, monkeypatch):
     from dpfair.data.tabular_frame import dataset_from_frame
-    from dpfair.training import TrainConfig, train
     from tests.data.own_tables import PROTECTED, TARGET, loans_frame
 
     project = tmp_path / "project"
@@ -65,15 +64,8 @@ def test_registered_import_model_predicts_from_a_fresh_process_elsewhere(tmp_pat
     frame = loans_frame(400)
     dataset = dataset_from_frame(frame, target=TARGET, protected=PROTECTED, name="loans",
                                  positive_label="ja", missing="impute")
-    config = TrainConfig(method={"name": "dpsgd", "C": 1.0},
-                         model={"name": "import", "target": "travelling_models:make_net"},
-                         epochs=1, batch_size=50, lr=0.5, sigma=1.0, progress=False,
-                         device="cpu")
-    tracking = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                              artifact_root=str(tmp_path / "art"))
-    exp = experiment_id(tracking, "loans")
-    with run(tracking, exp, "train") as run_id:
-        uri = log_model(tracking, exp, run_id, train(config, dataset), dataset, {})
+    tracking, run_id, uri = train_and_log(
+        tmp_path, dataset, {"name": "import", "target": "travelling_models:make_net"}, "loans")
     registered = register(tracking, "travelling", uri, run_id, {})
     location = model_location(tracking, f"{registered['name']}/{registered['version']}")
     requirements = [line.split("==")[0] for line in

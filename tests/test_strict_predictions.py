@@ -16,9 +16,8 @@ from typer.testing import CliRunner
 from dpfair.cli import app
 from dpfair.data.tabular_frame import dataset_from_frame
 from dpfair.errors import DataError
-from dpfair.model_export import PREDICTION, load, log_model, predict_csv
-from dpfair.tracking import TrackingConfig, experiment_id, run
-from dpfair.training import TrainConfig, train
+from dpfair.model_export import PREDICTION, load, predict_csv
+from tests.conftest import train_and_log
 
 
 def census_frame(n: int = 500, seed: int = 0) -> pd.DataFrame:
@@ -41,14 +40,8 @@ OPTIONS = {"target": "Income", "protected": "Nationality", "id_columns": ["perso
 def _logged(tmp_path, **options) -> tuple:
     frame = census_frame()
     dataset = dataset_from_frame(frame, name="census", **{**OPTIONS, **options})
-    config = TrainConfig(method={"name": "dpsgd", "C": 1.0}, model={"name": "mlp", "hidden": [8]},
-                         epochs=1, batch_size=50, lr=0.5, sigma=1.0, progress=False,
-                         device="cpu")
-    tracking = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                              artifact_root=str(tmp_path / "art"))
-    exp = experiment_id(tracking, "census")
-    with run(tracking, exp, "train") as run_id:
-        uri = log_model(tracking, exp, run_id, train(config, dataset), dataset, {})
+    tracking, _, uri = train_and_log(tmp_path, dataset, {"name": "mlp", "hidden": [8]},
+                                     "census")
     return frame, dataset, tracking, uri
 
 
