@@ -26,8 +26,9 @@ from report_claims import claims
 from report_figures import fill, parse_section
 from report_notes import CARRIED, CLAIMS, flag_reasons, markdown_flags, previous_sections
 
-from dpfair import fairness, report
-from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE
+from dpfair import fairness
+from dpfair.pipeline import report
+from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = Path(os.environ.get("DPFAIR_PUBLISHED",
@@ -111,7 +112,7 @@ def finished_seeds(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[in
 
 def _epsilon_cell(label: str, eps: float | None) -> str:
     """A method's ε cell: a number only for a proven guarantee; the non-private reference and
-    heuristic methods (FairLens) carry their label (:mod:`dpfair.release`)."""
+    heuristic methods (FairLens) carry their label (:mod:`dpfair.release.plan`)."""
     if eps is not None and math.isfinite(eps) and eps > 0:
         return f"{eps:.2f}"
     return NONPRIVATE_REFERENCE if label == REFERENCE else HEURISTIC

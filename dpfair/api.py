@@ -27,6 +27,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
+from dpfair.config.sections import BudgetSection
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.options import HoldoutOptions
@@ -36,8 +37,7 @@ from dpfair.ledger import PrivacyGate
 from dpfair.models import check_output_shape
 from dpfair.privacy.methods import registered_methods
 from dpfair.privacy.model_check import check_model
-from dpfair.release import method_release, release_plan
-from dpfair.sections import BudgetSection
+from dpfair.release.plan import method_release, release_plan
 from dpfair.training import TrainConfig, TrainResult, make_plan, train
 
 #: Epochs when neither ``epochs`` nor ``steps`` is given.

@@ -43,7 +43,7 @@ class TuningError(DpfairError, ValueError):
 
 class UnreachableError(DpfairError, OSError):
     """A service or folder a command needs cannot be reached or written (checked before any
-    work: :mod:`dpfair.preflight`)."""
+    work: :mod:`dpfair.pipeline.preflight`)."""
 
 
 class BudgetExceededError(TuningError):

@@ -4,7 +4,7 @@ MLflow allows ``[A-Za-z0-9_-. :/]`` in a metric key and refuses a key that is no
 (``a/../b``, ``a//b``). Group and class names come from a user's columns and may hold any
 character, ``/`` and ``..`` included; they are cleaned here, made distinct, and the original
 names are kept where the run records its dataset (``public_schema``'s groups and classes, and
-the ``dpfair.metric_keys`` tag of :func:`dpfair.run_log.log_data_input`).
+the ``dpfair.metric_keys`` tag of :func:`dpfair.tracking.run_log.log_data_input`).
 """
 
 from __future__ import annotations

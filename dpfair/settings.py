@@ -1,7 +1,7 @@
 """Settings that import little: the parameters file's default name and the ``tracking`` section.
 
-They live apart from the modules that act on them (``dpfair.config`` pulls in the training
-stack, ``dpfair.tracking`` pulls in mlflow), so the CLI can name the default parameters file in
+They live apart from the modules that act on them (``dpfair.config.params`` pulls in the training
+stack, ``dpfair.tracking.runs`` pulls in mlflow), so the CLI can name the default parameters file in
 its ``--help`` and ``Params`` can hold the tracking section without importing either.
 """
 

@@ -20,9 +20,9 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 from prefect.settings import get_current_settings
 
-from dpfair.config import DEFAULT_PARAMS, load_params
-from dpfair.run_log import pipeline_run_name
-from dpfair.tracking import TrackingConfig, remote, run_url, ui_command
+from dpfair.config.params import DEFAULT_PARAMS, load_params
+from dpfair.tracking.run_log import pipeline_run_name
+from dpfair.tracking.runs import TrackingConfig, remote, run_url, ui_command
 
 RESULTS_KEY, SKIPPED_KEY = "dpfair-results", "dpfair-skipped"
 PREFECT_RUN_TAG = "dpfair.prefect_flow_run_id"
@@ -36,7 +36,7 @@ __all__ = ["MLFLOW_RUN_TAG", "PREFECT_RUN_TAG", "PREFECT_URL_TAG", "RESULTS_KEY"
 
 def flow_run_name() -> str:
     """A flow run's name in Prefect's UI: the dataset and when it started, as the MLflow
-    pipeline run's (:func:`dpfair.run_log.pipeline_run_name`); read from the run's
+    pipeline run's (:func:`dpfair.tracking.run_log.pipeline_run_name`); read from the run's
     ``params_path`` (relative to its ``root``)."""
     given = flow_run.parameters
     path = Path(given.get("root", ".")) / given.get("params_path", DEFAULT_PARAMS)
@@ -61,7 +61,7 @@ def tag_flow_run(mlflow_run_id: str) -> None:
 
 
 def mlflow_link(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
-    """Markdown linking MLflow's page of run ``run_id`` (:func:`dpfair.tracking.run_url`); for
+    """Markdown linking MLflow's page of run ``run_id`` (:func:`dpfair.tracking.runs.run_url`); for
     a local store, with the command that serves it."""
     url = run_url(tracking, experiment_id, run_id)
     if remote(tracking):

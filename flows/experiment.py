@@ -11,10 +11,10 @@ The flow run publishes its results and MLflow link as a Prefect artifact, and th
 name each other (:mod:`flows.artifacts`). A method that fails does not lose the others: their
 runs are logged, the failure is reported with its error, and the flow ends failed. Runs of
 this experiment that a killed process left RUNNING are marked FAILED before the new pipeline
-run opens (:func:`dpfair.tracking.fail_stale_runs`), and Prefect temporary servers a killed
+run opens (:func:`dpfair.tracking.runs.fail_stale_runs`), and Prefect temporary servers a killed
 run left behind are stopped before this one starts its own (:mod:`flows.server`). A rerun with
 the same settings and data resumes the latest pipeline run if it failed: same parent run and
-studies, finished searches and trainings read back, not redone (:mod:`dpfair.resume`).
+studies, finished searches and trainings read back, not redone (:mod:`dpfair.pipeline.resume`).
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow  # noqa: E402
 from prefect.futures import PrefectFuture  # noqa: E402
 
-from dpfair import experiment as steps  # noqa: E402
-from dpfair.checks import check_run  # noqa: E402
-from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
+from dpfair.config.params import DEFAULT_PARAMS, Params, load_params  # noqa: E402
+from dpfair.config.sections import PipelineSection  # noqa: E402
 from dpfair.data import source_version  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
-from dpfair.processes import sigterm_raises  # noqa: E402
-from dpfair.release import epsilon_text  # noqa: E402
-from dpfair.resume import (  # noqa: E402
+from dpfair.pipeline import experiment as steps  # noqa: E402
+from dpfair.pipeline.checks import check_run  # noqa: E402
+from dpfair.pipeline.resume import (  # noqa: E402
     FINGERPRINT_TAG,
     STUDY_TAG,
     Resumable,
@@ -49,10 +48,11 @@ from dpfair.resume import (  # noqa: E402
     fingerprint,
     retry_event,
 )
-from dpfair.run_log import pipeline_run_name  # noqa: E402
-from dpfair.sections import PipelineSection  # noqa: E402
-from dpfair.summary import Summary  # noqa: E402
-from dpfair.tracking import (  # noqa: E402
+from dpfair.pipeline.summary import Summary  # noqa: E402
+from dpfair.processes import sigterm_raises  # noqa: E402
+from dpfair.release.plan import epsilon_text  # noqa: E402
+from dpfair.tracking.run_log import pipeline_run_name  # noqa: E402
+from dpfair.tracking.runs import (  # noqa: E402
     existing_experiment,
     experiment_id,
     fail_stale_runs,
@@ -244,7 +244,7 @@ def _pipeline_run(params: Params, dataset: str, exp_id: str, data_tags: dict[str
                   studies: dict[str, str], ledger_release: str,
                   earlier: Resumable | None) -> Iterator[str]:
     """The pipeline's parent run: a new one, tagged so that a rerun can find and resume it
-    (:mod:`dpfair.resume`), or the crashed one, reopened."""
+    (:mod:`dpfair.pipeline.resume`), or the crashed one, reopened."""
     if earlier is not None:
         with reopen(params.tracking, earlier.parent_run_id, tags={
                 "dpfair.resumed": earlier.describe(),
@@ -302,8 +302,8 @@ def _share_cores(workers: int) -> None:
 
 def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
                    resume: bool = True, checked: bool = False) -> dict[str, Any]:
-    """Validate params.yaml and what it declares (:func:`dpfair.checks.check_run`: the data,
-    groups, search space and model; skipped when ``checked`` says the caller ran it), a
+    """Validate params.yaml and what it declares (:func:`dpfair.pipeline.checks.check_run`: the
+    data, groups, search space and model; skipped when ``checked`` says the caller ran it), a
     DpfairError before any work, then run the flow. SIGTERM
     ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`
     around it): the pipeline run ends FAILED, the trainings in progress finish and are logged

@@ -29,7 +29,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.schedules import Cron
 from prefect.settings import get_current_settings
 
-from dpfair.config import DEFAULT_PARAMS, load_params
+from dpfair.config.params import DEFAULT_PARAMS, load_params
 from dpfair.data import source_version
 from dpfair.errors import ConfigError
 from flows import artifacts

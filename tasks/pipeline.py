@@ -11,8 +11,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import State
 
-from dpfair import experiment, pipeline_data, summary
 from dpfair.errors import DpfairError, UnreachableError
+from dpfair.pipeline import data_step, experiment, summary
 
 
 def may_pass(task: object, task_run: object, state: State) -> bool:
@@ -24,9 +24,9 @@ def may_pass(task: object, task_run: object, state: State) -> bool:
 
 _RETRY = {"retries": 2, "retry_delay_seconds": 2, "retry_condition_fn": may_pass}
 
-prepare_data = task(pipeline_data.prepare_data, name="prepare_data", **_RETRY,
+prepare_data = task(data_step.prepare_data, name="prepare_data", **_RETRY,
                     cache_policy=NO_CACHE)
-load_data = task(pipeline_data.load_data, name="load_data", cache_policy=NO_CACHE)
+load_data = task(data_step.load_data, name="load_data", cache_policy=NO_CACHE)
 plan_release = task(experiment.plan_release, name="plan_release", retries=0,
                     cache_policy=NO_CACHE)
 tune_method = task(experiment.tune_method, name="tune_method", retries=0, cache_policy=NO_CACHE)
@@ -35,7 +35,7 @@ train_seed = task(experiment.train_and_log, name="train_seed", retries=0, cache_
 evaluate = task(summary.summarise, name="evaluate", cache_policy=NO_CACHE)
 log_release = task(summary.log_release, name="log_release", **_RETRY, cache_policy=NO_CACHE)
 log_results = task(summary.log_summary, name="log_results", **_RETRY, cache_policy=NO_CACHE)
-log_inputs = task(pipeline_data.log_pipeline_inputs, name="log_inputs", **_RETRY,
+log_inputs = task(data_step.log_pipeline_inputs, name="log_inputs", **_RETRY,
                   cache_policy=NO_CACHE)
 register_model = task(summary.register_model, name="register_model", **_RETRY,
                       cache_policy=NO_CACHE)

@@ -157,8 +157,8 @@ def postgres_url():
 def train_and_log(tmp_path: Path, dataset, model: dict, name: str) -> tuple:
     """One quick dpsgd training of ``model`` on ``dataset``, logged as an MLflow Model in a
     store under ``tmp_path``: ``(tracking, run_id, model_uri)``."""
-    from dpfair.model_export import log_model
-    from dpfair.tracking import TrackingConfig, experiment_id, run
+    from dpfair.tracking.model_export import log_model
+    from dpfair.tracking.runs import TrackingConfig, experiment_id, run
     from dpfair.training import TrainConfig, train
 
     config = TrainConfig(method={"name": "dpsgd", "C": 1.0}, model=model, epochs=1,

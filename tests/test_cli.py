@@ -17,12 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typer.testing import CliRunner
 
 from dpfair import __version__
-from dpfair.cli import app, files_status, percent, score
+from dpfair.cli.commands import app, files_status, percent, score
+from dpfair.cli.error_boundary import cli_errors, describe_failure
 from dpfair.data import registry
 from dpfair.data.dataset import Split
-from dpfair.error_boundary import cli_errors, describe_failure
 from dpfair.errors import ConfigError
-from dpfair.release import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
+from dpfair.release.plan import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
 from dpfair.training import REPLAYABLE_NOISE
 
 runner = CliRunner()
@@ -340,7 +340,7 @@ def test_data_list_loads_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from typer.testing import CliRunner; from dpfair.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from dpfair.cli.commands import app; "
             "out = CliRunner().invoke(app, ['data', 'list']); assert out.exit_code == 0, "
             "out.output; print(sorted(m for m in ('torch', 'pandas', 'sklearn') "
             "if m in sys.modules))")
@@ -366,7 +366,7 @@ def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
         return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}
 
     monkeypatch.setattr(flows.experiment, "run_experiment", fake_run)
-    monkeypatch.setattr("dpfair.preflight.check_tracking", lambda tracking: None)
+    monkeypatch.setattr("dpfair.pipeline.preflight.check_tracking", lambda tracking: None)
     out = runner.invoke(app, ["run", *flags])
     assert out.exit_code == 0, out.output
     assert seen == [resume]
@@ -378,7 +378,7 @@ def test_train_and_tune_are_recorded_in_the_privacy_ledger(tmp_path, monkeypatch
     is spent refuses the next command before it logs or trains anything."""
     from mlflow import MlflowClient
 
-    from dpfair.config import load_params
+    from dpfair.config.params import load_params
     from dpfair.data import load_dataset
     from dpfair.ledger import SourceLedger
     from dpfair.training import make_plan

@@ -8,8 +8,8 @@ import io
 import pandas as pd
 from rich.console import Console
 
-from dpfair.cli_results import WIDTH, compact_table
-from dpfair.release import EPSILON_METHOD, EPSILON_RUN
+from dpfair.cli.results import WIDTH, compact_table
+from dpfair.release.plan import EPSILON_METHOD, EPSILON_RUN
 
 
 def _frame(groups: list[str]) -> pd.DataFrame:

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dpfair.config import (
+from dpfair.config.params import (
     ConfigError,
     Params,
     format_validation_error,

@@ -1,4 +1,5 @@
-"""dpfair/experiment.py helpers that do not need the Prefect flow (the flow: tests/flows)."""
+"""dpfair/pipeline/experiment.py helpers that do not need the Prefect flow (the flow:
+tests/flows)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import yaml
 from mlflow import MlflowClient
 
 from dpfair.data import load_dataset
-from dpfair.experiment import _trajectory
-from dpfair.summary import _bounds
+from dpfair.pipeline.experiment import _trajectory
+from dpfair.pipeline.summary import _bounds
 from dpfair.training import TrainConfig, train
 
 
@@ -34,7 +35,7 @@ def test_dvc_stage_list_is_read_from_dvc_yaml(repo_root, tmp_path):
     import shutil
 
     from dpfair.data import available_datasets
-    from dpfair.pipeline_data import dvc_prepare_stages
+    from dpfair.pipeline.data_step import dvc_prepare_stages
 
     stages = dvc_prepare_stages(repo_root)
     assert "digits" in stages and "adult" in stages
@@ -57,17 +58,17 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     the table and the pipeline run's description say what ε covers."""
     from mlflow import MlflowClient
 
-    from dpfair.config import parse_params
-    from dpfair.experiment import final_config, plan_release, train_and_log
-    from dpfair.release import (
+    from dpfair.config.params import parse_params
+    from dpfair.pipeline.experiment import final_config, plan_release, train_and_log
+    from dpfair.pipeline.summary import log_release, summarise
+    from dpfair.release.plan import (
         EPSILON_METHOD,
         EPSILON_RUN,
         HEURISTIC,
         NONPRIVATE_REFERENCE,
         TEST_METRICS_NOTE,
     )
-    from dpfair.summary import log_release, summarise
-    from dpfair.tracking import TrackingConfig, experiment_id, run
+    from dpfair.tracking.runs import TrackingConfig, experiment_id, run
     from dpfair.training import REPLAYABLE_NOISE
 
     params = parse_params({
@@ -119,12 +120,12 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
 def pipeline(tmp_path_factory):
     """The flow's steps without Prefect on a tiny config: a proven method, a heuristic one
     and the non-private reference, one seed; the selected model is registered."""
-    from dpfair.config import parse_params
-    from dpfair.experiment import plan_release, train_logged
-    from dpfair.pipeline_data import PreparedData, log_pipeline_inputs
-    from dpfair.run_log import pipeline_run_name
-    from dpfair.summary import log_release, log_summary, register_model, summarise
-    from dpfair.tracking import experiment_id, run
+    from dpfair.config.params import parse_params
+    from dpfair.pipeline.data_step import PreparedData, log_pipeline_inputs
+    from dpfair.pipeline.experiment import plan_release, train_logged
+    from dpfair.pipeline.summary import log_release, log_summary, register_model, summarise
+    from dpfair.tracking.run_log import pipeline_run_name
+    from dpfair.tracking.runs import experiment_id, run
 
     tmp = tmp_path_factory.mktemp("pipeline")
     raw = {
@@ -167,7 +168,7 @@ def pipeline(tmp_path_factory):
 
 
 def test_experiment_opens_on_runs_named_by_dataset_method_and_seed(pipeline):
-    from dpfair.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, git_commit
+    from dpfair.tracking.runs import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, git_commit
 
     client = pipeline["client"]
     assert client.get_experiment(pipeline["exp"]).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
@@ -181,8 +182,8 @@ def test_experiment_opens_on_runs_named_by_dataset_method_and_seed(pipeline):
 
 
 def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
-    from dpfair.release import EPSILON_METHOD, HEURISTIC
-    from dpfair.tracking import metric_key
+    from dpfair.release.plan import EPSILON_METHOD, HEURISTIC
+    from dpfair.tracking.runs import metric_key
 
     client, plan = pipeline["client"], pipeline["plan"]
     parent = client.get_run(pipeline["parent"])
@@ -258,7 +259,7 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     import numpy as np
     import pandas as pd
 
-    from dpfair.model_export import PREDICTION, feature_columns, load, model_location
+    from dpfair.tracking.model_export import PREDICTION, feature_columns, load, model_location
 
     client, plan, dataset = pipeline["client"], pipeline["plan"], pipeline["dataset"]
     registered = pipeline["registered"]
@@ -299,7 +300,7 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     assert model.metadata.get_input_schema().input_names() == list(example.columns)
     # `dpfair predict`'s reader: whole numbers are fine, a word in a numeric column is not
     from dpfair.errors import DataError
-    from dpfair.model_export import predict_csv
+    from dpfair.tracking.model_export import predict_csv
 
     csv = pipeline["tmp"] / "rows.csv"
     rows.round().astype("int64").to_csv(csv, index=False)
@@ -313,9 +314,9 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
 def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, monkeypatch):
     """`dpfair train` / `dpfair tune`: a run each, no parent, named and tagged as the
     pipeline's, holding only what the release covers (no K, no trial score)."""
-    from dpfair.commands import train_standalone, tune_standalone
-    from dpfair.release import SECRET_NOISE
-    from dpfair.sections import TuningSection
+    from dpfair.config.sections import TuningSection
+    from dpfair.pipeline.standalone import train_standalone, tune_standalone
+    from dpfair.release.plan import SECRET_NOISE
 
     monkeypatch.chdir(tmp_path)  # the Optuna storage and its private ledger
     client, dataset = pipeline["client"], pipeline["dataset"]

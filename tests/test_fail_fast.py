@@ -59,7 +59,7 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
     script = textwrap.dedent(f"""
         import json, sys
         from typer.testing import CliRunner
-        from dpfair.cli import app
+        from dpfair.cli.commands import app
         out = {{}}
         for name in {list(CASES)!r}:
             result = CliRunner().invoke(app, ["run", "--params", name + ".yaml"])

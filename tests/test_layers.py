@@ -36,29 +36,15 @@ LIBRARY = (
 # The modules above the library (settings, orchestration, adapters, the user interface).
 UPPER = (
     "dpfair.config",
-    "dpfair.sections",
     "dpfair.settings",
     "dpfair.tuning",
-    "dpfair.tracking",
-    "dpfair.experiment",
-    "dpfair.pipeline_data",
-    "dpfair.commands",
-    "dpfair.cli",
-    "dpfair.error_boundary",
-    "dpfair.report",
-    "dpfair.dvc_outputs",
     "dpfair.release",
-    "dpfair.summary",
-    "dpfair.model_export",
-    "dpfair.registry",
-    "dpfair.run_log",
-    "dpfair.checks",
     "dpfair.ledger",
+    "dpfair.tracking",
+    "dpfair.pipeline",
+    "dpfair.cli",
     "dpfair.workspace",
     "dpfair.processes",
-    "dpfair.audit_tracking",
-    "dpfair.preflight",
-    "dpfair.resume",
     "flows",
     "tasks",
 )
@@ -97,7 +83,7 @@ def test_library_loads_no_adapter_and_no_rich():
 
 
 def test_config_layer_loads_no_adapter():
-    modules = ("dpfair.config", "dpfair.tuning.config", "dpfair.settings", "dpfair.ledger")
+    modules = ("dpfair.config.params", "dpfair.tuning.config", "dpfair.settings", "dpfair.ledger")
     loaded = _loaded_by(_imports(modules), ADAPTERS)
     assert loaded == {m: [] for m in modules}
 
@@ -117,9 +103,9 @@ def test_data_never_reaches_up_to_the_config():
 
 @pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["data", "prepare", "--help"]])
 def test_cli_help_loads_neither_the_config_nor_torch(args):
-    step = ("help", "from dpfair.cli import app\n"
+    step = ("help", "from dpfair.cli.commands import app\n"
                     f"try:\n    app({args!r})\nexcept SystemExit as e:\n    assert not e.code")
-    loaded = _loaded_by([step], ("torch", "dpfair.config", "dpfair.data", *ADAPTERS))
+    loaded = _loaded_by([step], ("torch", "dpfair.config.params", "dpfair.data", *ADAPTERS))
     assert loaded == {"help": []}
 
 
@@ -137,13 +123,13 @@ BELOW = {
     "fairness": UPPER,
     "training": UPPER,
     # the privacy gate and its ledger: a database, no adapter, nothing that orchestrates
-    "ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary",
-               "dpfair.cli", "dpfair.config", "dpfair.commands", "flows", "tasks"),
+    "ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.pipeline", "dpfair.cli",
+               "dpfair.config.params", "flows", "tasks"),
     "workspace": ("dpfair",),
     "audit": UPPER,
     # fit() is an entry point: it goes through the privacy gate, and no adapter
-    "api": (*ADAPTERS, "dpfair.tracking", "dpfair.experiment", "dpfair.summary", "dpfair.cli",
-            "dpfair.config", "dpfair.commands", "flows", "tasks"),
+    "api": (*ADAPTERS, "dpfair.tracking", "dpfair.pipeline", "dpfair.cli", "dpfair.config.params",
+            "flows", "tasks"),
 }
 
 

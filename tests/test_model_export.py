@@ -16,12 +16,12 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair.cli.commands import app
 from dpfair.data import load_dataset
 from dpfair.data.dataset import Split
 from dpfair.data.preprocess import TablePreprocessor
-from dpfair.experiment import RunRecord
-from dpfair.model_export import (
+from dpfair.pipeline.experiment import RunRecord
+from dpfair.tracking.model_export import (
     PREDICTION,
     PROBABILITY,
     load,
@@ -29,8 +29,8 @@ from dpfair.model_export import (
     model_location,
     predict_csv,
 )
-from dpfair.registry import register
-from dpfair.tracking import TrackingConfig, experiment_id, run
+from dpfair.tracking.registry import register
+from dpfair.tracking.runs import TrackingConfig, experiment_id, run
 from dpfair.training import TrainConfig, train
 
 COLUMNS = [f"feature {name}" for name in "abcdefghij"]
@@ -145,7 +145,7 @@ def _record(label: str, seed: int, worst: float) -> RunRecord:
 def test_selection_uses_released_test_metrics_of_proven_private_methods_only():
     from types import SimpleNamespace
 
-    from dpfair.summary import select_model
+    from dpfair.pipeline.summary import select_model
 
     def release(guarantee: str = "proven", reproducible: bool = False, eps: float = 2.0):
         return SimpleNamespace(has_epsilon=guarantee == "proven", reproducible=reproducible,

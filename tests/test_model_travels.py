@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dpfair.model_export import LOAD_REQUIREMENTS, PREDICTION, model_location
-from dpfair.registry import register
+from dpfair.tracking.model_export import LOAD_REQUIREMENTS, PREDICTION, model_location
+from dpfair.tracking.registry import register
 from tests.conftest import train_and_log
 
 MODULE = '''
@@ -85,7 +85,7 @@ def test_registered_import_model_predicts_from_a_fresh_process_elsewhere(tmp_pat
 def test_load_requirements_cover_what_loading_a_model_imports():
     """Every declared dependency of dpfair that importing the model's module loads is pinned,
     or installed by a pinned one."""
-    script = ("import sys, dpfair.model_export; "
+    script = ("import sys, dpfair.tracking.model_export; "
               "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, check=True)

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from torch import nn
 from typer.testing import CliRunner
 
-from dpfair.cli import app
-from dpfair.config import parse_params
+from dpfair.cli.commands import app
+from dpfair.config.params import parse_params
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, PrivacyError
 from dpfair.models import (

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair.cli.commands import app
 from dpfair.errors import ConfigError
 from dpfair.owned_dir import MARKER, check_replaceable, replace_with_copy
 
@@ -70,7 +70,7 @@ def test_run_refuses_to_copy_results_over_the_project_before_running(tmp_path, m
     ran = []
     monkeypatch.setattr(flows.experiment, "run_experiment",
                         lambda *a, **k: ran.append(1) or {"results_dir": str(tmp_path)})
-    monkeypatch.setattr("dpfair.preflight.check_tracking", lambda tracking: None)
+    monkeypatch.setattr("dpfair.pipeline.preflight.check_tracking", lambda tracking: None)
     target = str(tmp_path) if where == "ROOT" else where
     out = CliRunner().invoke(app, ["run", "--copy-results", target])
     assert out.exit_code == 2, out.output

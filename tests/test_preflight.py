@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair.cli.commands import app
 from dpfair.errors import UnreachableError
-from dpfair.preflight import check_tracking, check_writable
+from dpfair.pipeline.preflight import check_tracking, check_writable
 from dpfair.settings import TrackingConfig
 
 
@@ -116,7 +116,7 @@ def test_basic_auth_tracking_urls_work_and_their_password_is_never_shown(monkeyp
     the URL masks the password."""
     from mlflow import MlflowClient
 
-    from dpfair.tracking import run_url, ui_command
+    from dpfair.tracking.runs import run_url, ui_command
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     server = HTTPServer(("127.0.0.1", 0), _BasicAuth)
@@ -139,7 +139,7 @@ def test_basic_auth_tracking_urls_work_and_their_password_is_never_shown(monkeyp
 
 
 def test_storage_and_params_never_show_a_password():
-    from dpfair.tracking import flatten
+    from dpfair.tracking.runs import flatten
     from dpfair.urls import mask_text, mask_url
 
     assert mask_url("postgresql://bob:pw@db/optuna") == "postgresql://bob:***@db/optuna"

@@ -1,5 +1,5 @@
-"""The Model Registry's conventions (dpfair/registry.py) on a real MLflow SQLite store: every
-version is @challenger, @champion moves only when at least as good at no more ε or by
+"""The Model Registry's conventions (dpfair/tracking/registry.py) on a real MLflow SQLite store:
+every version is @challenger, @champion moves only when at least as good at no more ε or by
 `dpfair promote`, versions link their logged model, and `predict --model NAME` means @champion
 (the pipeline against a real server: tests/flows/test_mlflow_server.py)."""
 
@@ -13,10 +13,10 @@ import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair.cli.commands import app
 from dpfair.errors import DataError
-from dpfair.model_export import model_location
-from dpfair.registry import (
+from dpfair.tracking.model_export import model_location
+from dpfair.tracking.registry import (
     CHALLENGER,
     CHAMPION,
     EPSILON_TAG,
@@ -26,7 +26,7 @@ from dpfair.registry import (
     promote,
     register,
 )
-from dpfair.tracking import TrackingConfig, client, experiment_id, run
+from dpfair.tracking.runs import TrackingConfig, client, experiment_id, run
 
 
 def test_champion_rule_reads_numbers_and_refuses_missing_ones():

@@ -1,4 +1,4 @@
-"""dpfair.release: a run's ε is the accountant's composition of everything it releases, the
+"""dpfair.release.plan: a run's ε is the accountant's composition of everything it releases, the
 budget refuses an over-spend with the itemised plan, and no release without guarantee gets a
 number. The oracle is the smaller of dp_accounting's RDP and PLD accountants, called directly
 (a search's RepeatAndSelect is RDP's alone there: dpfair's privacy-profile figure is below it)."""
@@ -13,9 +13,10 @@ from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
+from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
-from dpfair.release import (
+from dpfair.release.plan import (
     EPSILON_METHOD,
     HEURISTIC,
     NONPRIVATE_REFERENCE,
@@ -28,7 +29,6 @@ from dpfair.release import (
     search_release,
     write_ledger,
 )
-from dpfair.sections import BudgetSection
 from dpfair.training import REPLAYABLE_NOISE, TrainConfig, make_plan
 from dpfair.tuning import TuningConfig, TuningResult
 

@@ -8,12 +8,12 @@ import pytest
 from dp_accounting import dp_event
 from pydantic import ValidationError
 
+from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
 from dpfair.privacy.budget import noise_scale_for_budget, scale_noise
-from dpfair.release import method_release, release_plan, search_release
-from dpfair.release_budget import budget_first
-from dpfair.sections import BudgetSection
+from dpfair.release.budget import budget_first
+from dpfair.release.plan import method_release, release_plan, search_release
 from dpfair.training import TrainConfig, make_plan
 from dpfair.tuning import TuningConfig
 
@@ -103,9 +103,9 @@ def test_a_pipeline_run_trains_at_the_calibrated_noise(tmp_path, monkeypatch):
     by one factor, and the plan of what trains meets budget.epsilon to 2%, never above."""
     import yaml
 
-    from dpfair.config import load_params
+    from dpfair.config.params import load_params
     from dpfair.data import load_dataset
-    from dpfair.experiment import calibrated_params, plan_release
+    from dpfair.pipeline.experiment import calibrated_params, plan_release
 
     monkeypatch.chdir(tmp_path)
     raw = {

@@ -14,9 +14,10 @@ from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
+from dpfair.config.sections import BudgetSection
 from dpfair.errors import ConfigError, PrivacyError
 from dpfair.privacy.accounting import reduced
-from dpfair.release import (
+from dpfair.release.plan import (
     EPSILON_METHOD,
     EPSILON_RUN,
     EPSILON_TEST,
@@ -25,7 +26,6 @@ from dpfair.release import (
     method_release,
     release_plan,
 )
-from dpfair.sections import BudgetSection
 from dpfair.training import EXACT_TEST_METRICS, TrainConfig, make_plan
 
 DELTA, TEST_DELTA = 1e-5, 1e-4
@@ -112,7 +112,7 @@ def test_the_source_ledger_records_the_noisy_test_releases_too(tmp_path):
     (a later version may train on today's test rows); exact metrics add nothing."""
     from dpfair.ledger import PrivacyGate
     from dpfair.ledger.gate import DataVersion
-    from dpfair.resume import retry_event
+    from dpfair.pipeline.resume import retry_event
 
     dpsgd = _release("dpsgd", {"name": "dpsgd", "C": 1.0}, NOISY)
     lens = _release("fairlens", {"name": "fairlens", "C": 1.0}, NOISY)
@@ -155,7 +155,7 @@ def accounting_epsilon(event: dp_event.DpEvent) -> float:
 
 
 def _params(tmp_path, test_metrics: dict, **budget):
-    from dpfair.config import parse_params
+    from dpfair.config.params import parse_params
 
     return parse_params({
         "datasets": {"synthetic": {"n": 400}},
@@ -178,9 +178,9 @@ def test_pipeline_labels_noisy_test_metrics_in_the_table_and_mlflow(tmp_path):
     from mlflow import MlflowClient
 
     from dpfair.data import load_dataset
-    from dpfair.experiment import final_config, plan_release, train_logged
-    from dpfair.summary import log_release, summarise
-    from dpfair.tracking import experiment_id, run
+    from dpfair.pipeline.experiment import final_config, plan_release, train_logged
+    from dpfair.pipeline.summary import log_release, summarise
+    from dpfair.tracking.runs import experiment_id, run
     from dpfair.training import evaluate
 
     params = _params(tmp_path, {"release": "noisy", "epsilon": 1.0})
@@ -229,7 +229,7 @@ def test_pipeline_labels_noisy_test_metrics_in_the_table_and_mlflow(tmp_path):
 
 def test_pipeline_refuses_a_test_delta_not_below_one_over_n_test(tmp_path):
     from dpfair.data import load_dataset
-    from dpfair.experiment import plan_release
+    from dpfair.pipeline.experiment import plan_release
 
     params = _params(tmp_path, {"release": "noisy", "epsilon": 1.0, "delta": 0.05})
     dataset = load_dataset("synthetic", params.dataset("synthetic"))
@@ -239,7 +239,7 @@ def test_pipeline_refuses_a_test_delta_not_below_one_over_n_test(tmp_path):
 
 def test_default_pipeline_plan_says_exact_and_has_no_test_column(tmp_path):
     from dpfair.data import load_dataset
-    from dpfair.experiment import plan_release
+    from dpfair.pipeline.experiment import plan_release
 
     params = _params(tmp_path, {})
     plan = plan_release(params, load_dataset("synthetic", params.dataset("synthetic")), {})
@@ -252,7 +252,7 @@ def test_train_command_prints_the_noisy_label_and_no_count(tmp_path, monkeypatch
     import yaml
     from typer.testing import CliRunner
 
-    from dpfair.cli import app
+    from dpfair.cli.commands import app
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({

@@ -1,4 +1,4 @@
-"""dpfair.report: figures are written and readable; comparison with published numbers.
+"""dpfair.pipeline.report: figures are written and readable; comparison with published numbers.
 
 Set ``DPFAIR_FIGURES_DIR=/tmp/dpfair_figs`` to keep the sample figures for a look.
 """
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from dpfair import fairness as F
-from dpfair import report
+from dpfair.pipeline import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # mean test accuracy per group, like Esipova et al. 2023 Table 2 (MNIST, class 8 rare)

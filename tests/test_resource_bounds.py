@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dpfair.config import parse_params
+from dpfair.config.params import parse_params
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, UnreachableError
 from dpfair.training import TrainConfig, make_plan
@@ -64,7 +64,7 @@ def test_tuning_counts_have_a_maximum(tuning, message):
 
 
 def test_a_full_artifact_folder_is_refused_before_anything_trains(tmp_path):
-    from dpfair.checks import check_model_space
+    from dpfair.pipeline.checks import check_model_space
 
     params = parse_params({
         "tracking": {"uri": f"sqlite:///{tmp_path / 'm.db'}",

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair.cli.commands import app
 from dpfair.data.tabular_frame import dataset_from_frame
 from dpfair.errors import DataError
-from dpfair.model_export import PREDICTION, load, predict_csv
+from dpfair.tracking.model_export import PREDICTION, load, predict_csv
 from tests.conftest import train_and_log
 
 

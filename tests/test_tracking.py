@@ -15,7 +15,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from dpfair.tracking import (
+from dpfair.tracking.runs import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
     TrackingConfig,
@@ -58,7 +58,7 @@ def test_group_names_that_are_no_safe_key_reach_mlflow_under_distinct_keys(tmp_p
     names are kept in the run's ``dpfair.metric_keys`` tag."""
     from dpfair.data import load_dataset
     from dpfair.metric_keys import metric_segments
-    from dpfair.run_log import log_data_input
+    from dpfair.tracking.run_log import log_data_input
     from dpfair.training import flat_metrics
 
     names = ["a/b", "..", "/", "a b", "", "<=50K", "ok"]
@@ -111,7 +111,7 @@ def test_experiments_open_on_their_runs_in_the_ui(tmp_path):
 
 _OPEN_AND_SLEEP = """
 import sys, time
-from dpfair.tracking import TrackingConfig, run
+from dpfair.tracking.runs import TrackingConfig, run
 cfg = TrackingConfig(uri=sys.argv[1], artifact_root=sys.argv[2])
 with run(cfg, sys.argv[3], "pipeline:synthetic", tags={"dpfair.stage": "pipeline"}) as run_id:
     print(run_id, flush=True)

@@ -4,7 +4,7 @@
 Modules: ``bound`` (the one-run bound), ``canaries`` (input-space canaries), ``gradient``
 (Dirac gradient canaries through the engine hook), ``config`` (settings, params.yaml's
 ``audit:``), ``run`` (:func:`audit`), ``plot`` (score histograms, matplotlib). MLflow logging
-lives at the adapter layer (:mod:`dpfair.audit_tracking`).
+lives at the adapter layer (:mod:`dpfair.pipeline.audit_run`).
 
 An audit gives an empirical *lower* bound: a bound above the claimed ε shows a bug (or a
 claim that does not hold); a bound below it proves nothing about privacy.

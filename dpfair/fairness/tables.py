@@ -6,8 +6,8 @@ Tables 2-5 (accuracy, privacy cost pi, loss and excess risk R of a named pair of
 their gaps) and Xu et al. 2021's Table 1 (accuracy, Delta and the equal-cost verdict). The
 definitions are those of :mod:`dpfair.fairness.costs`; the input is the canonical runs frame
 of :func:`dpfair.fairness.records.runs_frame`. A third layout, ``groups``, shows every group of
-a dataset by name (what a pipeline run reports, :mod:`dpfair.summary`), with the named pair's
-gaps when one is given.
+a dataset by name (what a pipeline run reports, :mod:`dpfair.pipeline.summary`), with the
+named pair's gaps when one is given.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The lifetime privacy ledger: every release on the people of the data, over time.
 
-A run's budget (:mod:`dpfair.release`) covers one run. Retraining every week on the same
+A run's budget (:mod:`dpfair.release.plan`) covers one run. Retraining every week on the same
 people spends privacy again, and so does a copy of the same rows under another name. The
 ledger keeps every release as its dp_accounting ``DpEvent`` (serialised by
 :func:`dpfair.privacy.accounting.event_to_json`) in a durable SQL store

@@ -4,7 +4,7 @@
 scheduled retrain of ``dpfair serve``, ``dpfair.api.fit`` and the DVC stages (``dvc repro``,
 ``dvc exp run`` in any mode) all follow the same four steps, in this order:
 
-1. **plan**: what the command will release, as DpEvents (:class:`dpfair.release.ReleasePlan`),
+1. **plan**: what the command will release, as DpEvents (:class:`dpfair.release.plan.ReleasePlan`),
    built by the caller after every check that needs no training (config, data, search space,
    groups, the model check) has passed;
 2. **check** (:meth:`PrivacyGate.check`): the plan against ``budget.*`` (the run's ε, the
@@ -35,12 +35,12 @@ from dpfair.errors import PrivacyError
 from dpfair.ledger.book import Release, SourceLedger, Spending
 from dpfair.ledger.people import Fingerprints, dataset_fingerprints, examples_md5, version_id
 from dpfair.ledger.store import Store
-from dpfair.release import check_budget
+from dpfair.release.plan import check_budget
 
 if TYPE_CHECKING:
+    from dpfair.config.sections import BudgetSection
     from dpfair.data import GroupedDataset
-    from dpfair.release import ReleasePlan
-    from dpfair.sections import BudgetSection
+    from dpfair.release.plan import ReleasePlan
 
 __all__ = ["DataVersion", "PrivacyGate"]
 

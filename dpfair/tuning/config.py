@@ -1,7 +1,7 @@
 """How to search: :class:`TuningConfig` (the ``tuning:`` settings and one method's space).
 
-Pure settings (pydantic only): ``dpfair.sections`` imports this module, so it must not pull in
-optuna, mlflow or torch. Every bad value is an error here, before any training.
+Pure settings (pydantic only): ``dpfair.config.sections`` imports this module, so it must not
+pull in optuna, mlflow or torch. Every bad value is an error here, before any training.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from mlflow import MlflowClient
 from PIL import Image
 from typer.testing import CliRunner
 
-from dpfair.cli import app
-from dpfair.config import parse_params
+from dpfair.cli.commands import app
+from dpfair.config.params import parse_params
 from dpfair.ledger import SourceLedger
 
 runner = CliRunner()

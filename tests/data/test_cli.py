@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair.cli.commands import app
 from dpfair.data import load_dataset, summarize
 
 runner = CliRunner()

@@ -232,8 +232,8 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
     """The evaluate stage's numbers are the table's: every group's accuracy by name, the worst
     group, the largest accuracy and cost gaps, ε only for methods with a guarantee."""
-    from dpfair.dvc_outputs import TEST_METRICS_LABEL, write_outputs
-    from dpfair.release import (
+    from dpfair.pipeline.dvc_outputs import TEST_METRICS_LABEL, write_outputs
+    from dpfair.release.plan import (
         EPSILON_METHOD,
         EPSILON_RUN,
         EPSILON_TEST,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dpfair.config import parse_params
+from dpfair.config.params import parse_params
 from dpfair.data import load_dataset, load_prepared, prepare, source_version
 from dpfair.errors import ConfigError, DataError
 from dpfair.training import TrainConfig, train

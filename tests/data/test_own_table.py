@@ -16,8 +16,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dpfair.cli import app
-from dpfair.config import Params, load_params
+from dpfair.cli.commands import app
+from dpfair.config.params import Params, load_params
 from dpfair.data import load_dataset, load_prepared, source_version
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import _REGISTRY, DatasetSpec
@@ -163,12 +163,12 @@ def test_undeclared_and_late_registered_datasets_get_clear_answers(csv: Path, tm
     with pytest.raises(Exception, match="experiment.dataset: unknown dataset 'lons'; did you "
                                         "mean 'loans'"):
         load_params(path)
-    # registered in Python after dpfair.config was imported: its defaults, no AttributeError
+    # registered in Python after dpfair.config.params was imported: its defaults, no AttributeError
     monkeypatch.setitem(_REGISTRY, "late", DatasetSpec("late", DatasetOptions, lambda o: None,
                                                        "late", needs_files=False))
     assert Params().dataset("late") == DatasetOptions()
     path.write_text(yaml.safe_dump({"datasets": {"late": {"seed": 1}}}))
-    with pytest.raises(Exception, match="registered after dpfair.config was imported"):
+    with pytest.raises(Exception, match="registered after dpfair.config.params was imported"):
         load_params(path)
 
 

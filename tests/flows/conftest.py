@@ -77,7 +77,7 @@ def final_runs(db: Path) -> set[tuple[str, str]]:
 def fail_training_of(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """Every training of ``method`` raises mid-pipeline; the other methods train as usual
     (``monkeypatch.undo()`` or setting ``experiment.train`` back ends it)."""
-    from dpfair import experiment
+    from dpfair.pipeline import experiment
 
     real_train = experiment.train
 

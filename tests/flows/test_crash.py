@@ -18,9 +18,9 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 
-from dpfair.config import load_params
+from dpfair.config.params import load_params
 from dpfair.processes import alive
-from dpfair.tracking import read_results
+from dpfair.tracking.runs import read_results
 from flows.server import marked_owner
 from tests.flows.conftest import SMALL_EXPERIMENT, final_runs, make_workspace
 

@@ -12,7 +12,7 @@ pytest.importorskip("distributed", reason="dask.distributed is not installed (py
 
 from mlflow import MlflowClient  # noqa: E402
 
-from dpfair.config import load_params  # noqa: E402
+from dpfair.config.params import load_params  # noqa: E402
 from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace  # noqa: E402
 
 pytestmark = pytest.mark.slow

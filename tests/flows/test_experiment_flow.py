@@ -12,11 +12,11 @@ import yaml
 from dp_accounting import dp_event
 from mlflow import MlflowClient
 
-from dpfair.config import ConfigError, load_params
+from dpfair.config.params import ConfigError, load_params
 from dpfair.data import data_version, load_dataset, source_version
 from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
-from dpfair.release import (
+from dpfair.release.plan import (
     EPSILON_METHOD,
     EPSILON_RUN,
     HEURISTIC,
@@ -26,7 +26,7 @@ from dpfair.release import (
     SECRET_NOISE,
     TEST_METRICS_NOTE,
 )
-from dpfair.tracking import TrackingConfig, experiment_id, read_results
+from dpfair.tracking.runs import TrackingConfig, experiment_id, read_results
 from dpfair.training import make_plan
 from tests.conftest import epsilon_oracle
 from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, make_workspace
@@ -226,7 +226,7 @@ def test_all_trials_release_and_heuristic_methods(prefect_harness, tmp_path, rep
 
 def test_over_budget_run_is_refused_before_anything_trains(prefect_harness, tmp_path, repo_root,
                                                           monkeypatch):
-    from dpfair import experiment
+    from dpfair.pipeline import experiment
     from flows.experiment import run_experiment
 
     monkeypatch.chdir(tmp_path)
@@ -313,7 +313,7 @@ def test_all_methods_failing_is_reported_and_stale_runs_are_failed(prefect_harne
                                                                    repo_root, monkeypatch):
     """No training finishes: the methods' errors are raised, with the summary's own error
     after them (not instead); a run a killed process left RUNNING is marked FAILED first."""
-    from dpfair import experiment
+    from dpfair.pipeline import experiment
     from flows.experiment import MethodsFailed, run_experiment
     from tests.test_tracking import killed_run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpfair.sections import PipelineSection
+from dpfair.config.sections import PipelineSection
 
 
 def test_the_local_dask_cluster_and_its_dashboard_bind_to_localhost():

@@ -18,9 +18,9 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from dpfair.cli import app
-from dpfair.registry import CHALLENGER, CHAMPION, EPSILON_TAG, MODEL_ID_TAG
-from dpfair.tracking import TrackingConfig, ui_hint
+from dpfair.cli.commands import app
+from dpfair.tracking.registry import CHALLENGER, CHAMPION, EPSILON_TAG, MODEL_ID_TAG
+from dpfair.tracking.runs import TrackingConfig, ui_hint
 from tests.flows.conftest import make_workspace
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpfair.config import load_params
+from dpfair.config.params import load_params
 from dpfair.data import load_dataset
 from dpfair.errors import PrivacyError
-from dpfair.model_export import model_location
-from dpfair.tracking import metric_key
+from dpfair.tracking.model_export import model_location
+from dpfair.tracking.runs import metric_key
 from tests.data.own_tables import TARGET, loans_frame, table_options
 from tests.data.test_own_table import _matches
 from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
@@ -107,8 +107,8 @@ def test_census_with_three_nationalities_and_integer_codes_end_to_end(
     the registered model predicting from a fresh process in another directory."""
     from typer.testing import CliRunner
 
-    from dpfair.cli import app
-    from dpfair.dvc_outputs import write_outputs
+    from dpfair.cli.commands import app
+    from dpfair.pipeline.dvc_outputs import write_outputs
     from flows.experiment import run_experiment
     from tests.test_model_travels import predict_elsewhere
     from tests.test_strict_predictions import census_frame

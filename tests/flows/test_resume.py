@@ -1,6 +1,7 @@
-"""A rerun resumes a failed or killed pipeline run (:mod:`dpfair.resume`): same parent run and
-study, finished searches and trainings read back instead of redone, and every earlier attempt
-of a retrained training counted again in the ε and the privacy ledger (issue #15, item 3)."""
+"""A rerun resumes a failed or killed pipeline run (:mod:`dpfair.pipeline.resume`): same parent
+run and study, finished searches and trainings read back instead of redone, and every earlier
+attempt of a retrained training counted again in the ε and the privacy ledger (issue #15,
+item 3)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import pytest
 from dp_accounting import dp_event
 from mlflow import MlflowClient
 
-from dpfair.config import load_params
+from dpfair.config.params import load_params
 from dpfair.data import load_dataset
 from dpfair.ledger import SourceLedger
+from dpfair.pipeline.resume import find_resumable
 from dpfair.privacy import accounting
-from dpfair.resume import find_resumable
-from dpfair.tracking import read_results
+from dpfair.tracking.runs import read_results
 from dpfair.training import make_plan
 from tests.conftest import epsilon_oracle
 from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, final_runs, make_workspace
@@ -53,7 +54,7 @@ def _run_event(params_path: Path, label: str, seed: int) -> dp_event.DpEvent:
 
 def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_root,
                                                 monkeypatch):
-    from dpfair import experiment
+    from dpfair.pipeline import experiment
     from flows.experiment import MethodsFailed, run_experiment
 
     monkeypatch.chdir(tmp_path)
@@ -116,7 +117,7 @@ def test_rerun_after_a_failed_search_reopens_its_study(prefect_harness, tmp_path
     never open a new one (a fresh draw of K would let a rerun choose among draws)."""
     import optuna
 
-    from dpfair import experiment
+    from dpfair.pipeline import experiment
     from flows.experiment import MethodsFailed, run_experiment
 
     monkeypatch.chdir(tmp_path)
@@ -151,7 +152,7 @@ def test_rerun_after_a_failed_search_reopens_its_study(prefect_harness, tmp_path
 
 _KILLED_RUN = """
 import sys, time
-from dpfair import experiment
+from dpfair.pipeline import experiment
 real = experiment.train
 def train(config, dataset, callbacks=()):
     if config.method.name == "dpsgd":
@@ -165,7 +166,7 @@ run_experiment(*sys.argv[1:])
 
 def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path, repo_root,
                                                       monkeypatch):
-    from dpfair import experiment
+    from dpfair.pipeline import experiment
     from flows.experiment import run_experiment
 
     monkeypatch.chdir(tmp_path)

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-from dpfair.config import load_params
+from dpfair.config.params import load_params
 from dpfair.data import source_version
 from dpfair.errors import BudgetExceededError
 from dpfair.ledger import SourceLedger
@@ -139,7 +139,7 @@ def test_a_failed_retrain_is_charged_and_retried_on_the_next_trigger(prefect_har
     """A retrain that fails after its trainings started may have released something: it is
     charged, but it completes nothing, so the next trigger retries it (charged again) instead
     of skipping the version as unchanged."""
-    from dpfair import experiment
+    from dpfair.pipeline import experiment
     from flows.schedule import retrain_flow
 
     monkeypatch.chdir(tmp_path)

@@ -9,12 +9,12 @@ import sys
 import pytest
 from dp_accounting import dp_event
 
+from dpfair.config.sections import BudgetSection
 from dpfair.errors import BudgetExceededError, PrivacyError
 from dpfair.ledger import PrivacyGate, SourceLedger
 from dpfair.ledger.gate import DataVersion
 from dpfair.privacy import accounting
-from dpfair.release import method_release, release_plan
-from dpfair.sections import BudgetSection
+from dpfair.release.plan import method_release, release_plan
 from tests.conftest import epsilon_oracle
 
 DELTA = 1e-5

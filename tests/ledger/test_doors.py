@@ -13,7 +13,7 @@ import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from dpfair.cli import app
+from dpfair.cli.commands import app
 from dpfair.errors import PrivacyError
 from dpfair.ledger import SourceLedger
 

@@ -95,8 +95,8 @@ _RESUMER = """
 import sys, time
 from dpfair.ledger import PrivacyGate
 from dpfair.ledger.gate import DataVersion
-from dpfair.release import method_release, release_plan
-from dpfair.sections import BudgetSection
+from dpfair.release.plan import method_release, release_plan
+from dpfair.config.sections import BudgetSection
 from dpfair.privacy import accounting
 from dp_accounting import dp_event
 event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
@@ -116,11 +116,11 @@ def test_a_crashed_run_is_resumed_by_one_process_only(tmp_path):
     import signal
     import time
 
+    from dpfair.config.sections import BudgetSection
     from dpfair.errors import PrivacyError
     from dpfair.ledger import PrivacyGate
     from dpfair.ledger.gate import DataVersion
-    from dpfair.release import method_release, release_plan
-    from dpfair.sections import BudgetSection
+    from dpfair.release.plan import method_release, release_plan
 
     where = str(tmp_path / "ledger.sqlite")
     first = subprocess.Popen([sys.executable, "-c", _RESUMER, where, "30"],

@@ -1,4 +1,4 @@
-"""The package: importing it loads no optuna (``dpfair.sections`` imports TuningConfig), and
+"""The package: importing it loads no optuna (``dpfair.config.sections`` imports TuningConfig), and
 every exported name resolves (the optuna-backed ones on first use)."""
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_workers_die_with_a_killed_owner_and_the_next_command_removes_its_folder
     from optuna.storages.journal import JournalFileBackend
     from typer.testing import CliRunner
 
-    from dpfair.cli import app
+    from dpfair.cli.commands import app
     from tests.tuning.conftest import worker_env
 
     marker = tmp_path / "started"

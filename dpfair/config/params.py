@@ -30,6 +30,13 @@ from pydantic import (
 )
 
 from dpfair.audit.config import AuditSection
+from dpfair.config.sections import (
+    BudgetSection,
+    ExperimentSection,
+    PipelineSection,
+    TuningSection,
+    check_spaces,
+)
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import get_spec, kind_spec, kinds, specs
 from dpfair.errors import (  # ConfigError and format_validation_error re-exported
@@ -37,13 +44,6 @@ from dpfair.errors import (  # ConfigError and format_validation_error re-export
     TuningError,
     did_you_mean,
     format_validation_error,
-)
-from dpfair.sections import (
-    BudgetSection,
-    ExperimentSection,
-    PipelineSection,
-    TuningSection,
-    check_spaces,
 )
 from dpfair.settings import DEFAULT_PARAMS, TrackingConfig  # DEFAULT_PARAMS re-exported
 from dpfair.strict_yaml import safe_load_unique
@@ -107,9 +107,9 @@ class _DatasetsBase(Section):
             if isinstance(value, Mapping) and "kind" in value:
                 continue
             if key in specs():
-                why = (f"dataset {key!r} was registered after dpfair.config was imported, so "
-                       "params.yaml cannot set its options; declare it here with a kind "
-                       f"({' | '.join(kinds())}) instead, no Python registration needed")
+                why = (f"dataset {key!r} was registered after dpfair.config.params was "
+                       "imported, so params.yaml cannot set its options; declare it here with a "
+                       f"kind ({' | '.join(kinds())}) instead, no Python registration needed")
             else:
                 why = (f"unknown dataset {key!r}{did_you_mean(str(key), builtin)} (built in: "
                        f"{', '.join(builtin)}); to declare your own dataset give it a kind: "
@@ -212,7 +212,7 @@ def _refuse_bools_as_numbers(data: Mapping[str, Any], params: Params, source: st
 
 def parse_params(data: Mapping[str, Any] | None, source: str = DEFAULT_PARAMS) -> Params:
     """Validate an already-parsed mapping, search spaces included
-    (:func:`dpfair.sections.check_spaces`); ``source`` names it in error messages."""
+    (:func:`dpfair.config.sections.check_spaces`); ``source`` names it in error messages."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

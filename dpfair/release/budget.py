@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
 from dpfair.privacy.budget import noise_scale_for_budget, scale_noise
-from dpfair.release import MethodRelease, ReleasePlan, method_release, release_plan
-from dpfair.sections import BudgetSection
+from dpfair.release.plan import MethodRelease, ReleasePlan, method_release, release_plan
 
 __all__ = ["budget_first", "scaled_release"]
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from dpfair.settings import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
-    from dpfair.config import Params
+    from dpfair.config.params import Params
 
 __all__ = ["ParamsOption", "console", "percent", "resolve_params", "score", "set_verbosity",
            "show_version"]
@@ -76,7 +76,7 @@ ParamsOption = Annotated[Path | None, typer.Option(
 
 def resolve_params(path: Path | None) -> Params:
     """Explicit path: must exist. No path: ./params.yaml when present, else the defaults."""
-    from dpfair.config import Params, load_params
+    from dpfair.config.params import Params, load_params
 
     if path is None:
         default = Path(DEFAULT_PARAMS)

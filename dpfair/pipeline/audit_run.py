@@ -20,19 +20,19 @@ from typing import Any
 
 from dpfair.audit import AuditResult, AuditSection, audit, canary_count, group_ids
 from dpfair.audit.plot import score_figure
-from dpfair.checks import check_trainable
-from dpfair.commands import open_gate
-from dpfair.config import Params
+from dpfair.config.params import Params
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.errors import ConfigError, did_you_mean
-from dpfair.release import (
+from dpfair.pipeline.checks import check_trainable
+from dpfair.pipeline.standalone import open_gate
+from dpfair.release.plan import (
     HEURISTIC,
     NONPRIVATE_REFERENCE,
     SECRET_NOISE,
     method_release,
     release_plan,
 )
-from dpfair.tracking import (
+from dpfair.tracking.runs import (
     TrackingConfig,
     experiment_id,
     log_file,

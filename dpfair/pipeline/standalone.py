@@ -10,24 +10,24 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from dpfair.checks import check_model_space, check_preprocessing, check_trainable
-from dpfair.config import Params
+from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
-from dpfair.experiment import RunRecord, log_search, train_logged
 from dpfair.ledger import DataVersion, PrivacyGate
-from dpfair.preflight import check_tracking
+from dpfair.pipeline.checks import check_model_space, check_preprocessing, check_trainable
+from dpfair.pipeline.experiment import RunRecord, log_search, train_logged
+from dpfair.pipeline.preflight import check_tracking
 from dpfair.privacy import accounting
 from dpfair.processes import sigterm_raises
-from dpfair.release import (
+from dpfair.release.plan import (
     MethodRelease,
     SearchRelease,
     method_release,
     release_plan,
     search_release,
 )
-from dpfair.run_log import log_data_input, run_name
-from dpfair.tracking import existing_experiment, fail_stale_runs, run
-from dpfair.tracking import experiment_id as open_experiment
+from dpfair.tracking.run_log import log_data_input, run_name
+from dpfair.tracking.runs import existing_experiment, fail_stale_runs, run
+from dpfair.tracking.runs import experiment_id as open_experiment
 from dpfair.training import TrainResult, make_plan
 from dpfair.tuning import TuningConfig, TuningResult, tune
 from dpfair.tuning import prepare as prepare_search

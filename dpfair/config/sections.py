@@ -2,7 +2,7 @@
 
 Each section reuses the model of the module that owns the fact (``TrainConfig``,
 ``MethodConfig``, ``ModelConfig``, ``TuningConfig``, ``TrackingConfig``): nothing is declared
-twice. ``dpfair.config.Params`` composes them with the ``datasets`` section.
+twice. ``dpfair.config.params.Params`` composes them with the ``datasets`` section.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class BudgetSection(BaseModel):
 
     It covers every release of the run together: each method's search, each final model on
     each seed (all trained on the same data, so they compose) and any noisy statistic. The
-    spend is planned and checked before anything trains (:mod:`dpfair.release`). Releases
+    spend is planned and checked before anything trains (:mod:`dpfair.release.plan`). Releases
     without a DP guarantee (a heuristic method such as FairLens, the non-private reference)
     have no ε to count, so they are refused unless allowed here. Over time, every run's
     release is recorded per data source in ``ledger`` and held to ``lifetime_epsilon``
@@ -218,7 +218,7 @@ class BudgetSection(BaseModel):
     calibrate_noise: bool = Field(
         False, description="budget-first planning: multiply every noise multiplier (training "
         "σ, count σ, score σ) by the one factor that makes the run total meet budget.epsilon "
-        "(needs it); the plan shows the factor and each part's ε (dpfair.release_budget)"
+        "(needs it); the plan shows the factor and each part's ε (dpfair.release.budget)"
     )
     keep_noise: list[str] = Field(
         default_factory=list, description="methods whose noise stays as configured when "
@@ -284,7 +284,7 @@ class ScheduleSection(BaseModel):
 
 class RegistrySection(BaseModel):
     """``pipeline.registry:`` which final model of a pipeline run becomes a version in MLflow's
-    Model Registry (:func:`dpfair.summary.register_model`)."""
+    Model Registry (:func:`dpfair.pipeline.summary.register_model`)."""
 
     model_config = _STRICT
 

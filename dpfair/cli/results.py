@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 from rich.table import Table
 
-from dpfair.release import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+from dpfair.release.plan import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 __all__ = ["WIDTH", "compact_table"]
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import yaml
 
-from dpfair.config import Params
+from dpfair.config.params import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.data.prepared import file_md5
 from dpfair.errors import DataError
-from dpfair.run_log import log_data_input
-from dpfair.tracking import TrackingConfig, log_params, log_text
+from dpfair.tracking.run_log import log_data_input
+from dpfair.tracking.runs import TrackingConfig, log_params, log_text
 from dpfair.urls import mask_text
 
 __all__ = ["PreparedData", "dvc_prepare_stages", "load_data", "log_pipeline_inputs",

@@ -6,7 +6,7 @@ each must log into its own nested run.
 
 Layout: one MLflow experiment per dataset, a parent run per pipeline run, nested runs (tag
 ``mlflow.parentRunId``) for each search and each final training, and for every tuning trial
-only when ``tuning.release: all_trials`` (what a run releases: :mod:`dpfair.release`). The
+only when ``tuning.release: all_trials`` (what a run releases: :mod:`dpfair.release.plan`). The
 settings model ``TrackingConfig`` lives in :mod:`dpfair.settings` (no mlflow) and is
 re-exported here.
 
@@ -14,7 +14,7 @@ What MLflow users expect (issue 17): experiments open on their runs (the experim
 :data:`EXPERIMENT_KIND`), runs carry MLflow's standard source tags (user, entry point, git
 commit when known), datasets are logged inputs (:func:`log_dataset`), tables are MLflow table
 artifacts (:func:`log_table`) and the selected model is a Model Registry version
-(:mod:`dpfair.registry`).
+(:mod:`dpfair.tracking.registry`).
 
 A tracking server (an ``http(s)://`` URI) decides where artifacts go: experiments are created
 without an artifact location, so a server started with ``--artifacts-destination`` stores
@@ -182,7 +182,7 @@ def reopen(cfg: TrackingConfig, run_id: str, tags: Mapping[str, str] | None = No
            ) -> Iterator[str]:
     """Set a finished or failed run RUNNING again, owned by this process (its ``dpfair.host``
     and ``dpfair.pid``), and end it as :func:`run` does (a resumed pipeline,
-    :mod:`dpfair.resume`)."""
+    :mod:`dpfair.pipeline.resume`)."""
     mlf = client(cfg)
     mlf.update_run(run_id, status="RUNNING")
     set_tags(cfg, run_id, {"dpfair.host": host(), "dpfair.pid": str(os.getpid()), **(tags or {})})

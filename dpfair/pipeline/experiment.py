@@ -1,13 +1,13 @@
 """The steps of the experiment pipeline as plain functions.
 
 ``flows/experiment.py`` only orchestrates these: prepare the data (DVC stage,
-:mod:`dpfair.pipeline_data`) -> plan what
+:mod:`dpfair.pipeline.data_step`) -> plan what
 the run releases and check it against the budget, before anything trains
-(:func:`plan_release`, :mod:`dpfair.release`) -> tune each method that has a search space ->
+(:func:`plan_release`, :mod:`dpfair.release.plan`) -> tune each method that has a search space ->
 train every method on every seed plus the non-private reference -> fairness tables,
-significance tests and figures (:mod:`dpfair.summary`) -> MLflow. Every step logs into its
+significance tests and figures (:mod:`dpfair.pipeline.summary`) -> MLflow. Every step logs into its
 own MLflow run through explicit run ids, so steps may run in threads or processes.
-``dpfair train`` and ``dpfair tune`` run the same steps alone (:mod:`dpfair.commands`).
+``dpfair train`` and ``dpfair tune`` run the same steps alone (:mod:`dpfair.pipeline.standalone`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from typing import Any
 
 from dp_accounting import dp_event
 
-from dpfair.checks import check_against_data
-from dpfair.config import Params
+from dpfair.config.params import Params
+from dpfair.config.sections import ReleaseMode
 from dpfair.data import GroupedDataset
 from dpfair.errors import ConfigError, PrivacyError, did_you_mean
 from dpfair.fairness import metric_records
+from dpfair.pipeline.checks import check_against_data
 from dpfair.privacy import accounting
-from dpfair.release import (
+from dpfair.release.budget import budget_first
+from dpfair.release.plan import (
     NO_NOISE,
     SECRET_NOISE,
     MethodRelease,
@@ -38,8 +40,7 @@ from dpfair.release import (
     search_release,
     write_ledger,
 )
-from dpfair.release_budget import budget_first
-from dpfair.run_log import (
+from dpfair.tracking.run_log import (
     EpochLogger,
     epsilon_by_group,
     event_with_note,
@@ -47,8 +48,7 @@ from dpfair.run_log import (
     log_data_input,
     run_name,
 )
-from dpfair.sections import ReleaseMode
-from dpfair.tracking import (
+from dpfair.tracking.runs import (
     TrackingConfig,
     log_json,
     log_metrics,
@@ -72,7 +72,7 @@ from dpfair.tuning import prepare as prepare_search
 
 REFERENCE = "nonprivate"
 #: The artifact of a finished final training that a resumed pipeline reads back
-#: (:mod:`dpfair.resume`): its :class:`RunRecord`, test metrics already logged on the run.
+#: (:mod:`dpfair.pipeline.resume`): its :class:`RunRecord`, test metrics already logged on the run.
 RUN_RECORD = "pipeline/run_record.json"
 #: The artifact of a finished search: the selected configuration that the final runs train
 #: (what the search releases, as the params ``selected.*`` also show; no trial seed).
@@ -82,7 +82,7 @@ class RunRecord:
     """What a final training leaves for the summary (plain data: crosses process borders).
     ``epsilon``: of this training run alone (``inf`` for a release without guarantee);
     ``model_uri``: its logged MLflow Model; ``headline``: its test metrics
-    (:data:`dpfair.run_log.HEADLINE`)."""
+    (:data:`dpfair.tracking.run_log.HEADLINE`)."""
 
     label: str
     seed: int
@@ -125,13 +125,14 @@ def plan_release(params: Params, dataset: GroupedDataset, studies: dict[str, str
     A tuned method's search is prepared here (:func:`dpfair.tuning.prepare`, in study
     ``studies[label]``): its events, and K, drawn once and kept in the study, which
     :func:`tune_method` reopens. A final run's event is its :func:`~dpfair.training.make_plan`
-    event; a tuned method's is the search's per-run bound (:mod:`dpfair.release`). First,
-    everything that needs the data is checked for every method (:mod:`dpfair.checks`), so no
-    search opens a study while another method's settings are wrong.
+    event; a tuned method's is the search's per-run bound (:mod:`dpfair.release.plan`). First,
+    everything that needs the data is checked for every method (:mod:`dpfair.pipeline.checks`),
+    so no search opens a study while another method's settings are wrong.
 
     ``extra_runs[(label, seed)]``: trainings of that method and seed beyond the planned one (a
-    resumed pipeline's earlier attempts that started and did not finish, :mod:`dpfair.resume`):
-    each may have released per-epoch metrics, so each is one more run event of the method.
+    resumed pipeline's earlier attempts that started and did not finish,
+    :mod:`dpfair.pipeline.resume`): each may have released per-epoch metrics, so each is one
+    more run event of the method.
     """
     check_against_data(params, dataset)
     untuned = [label for label in params.tuning.spaces if label not in studies]
@@ -183,7 +184,7 @@ def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
     """``params`` trained at the noise that makes the run's total meet ``budget.epsilon`` when
     ``budget.calibrate_noise`` is on (else ``params``): ``experiment.train.sigma``, every
     method's explicit count σ and ``tuning.sigma_score`` multiplied by the factor of
-    :func:`dpfair.release_budget.budget_first`. The factor is found on a plan whose searches
+    :func:`dpfair.release.budget.budget_first`. The factor is found on a plan whose searches
     are prepared in a throwaway storage (K is drawn only in the real study, later), for a
     fresh run: a resumed run keeps the noise of the run it resumes."""
     budget = params.budget
@@ -290,7 +291,7 @@ def log_search(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, l
     ``tuning.release: selected`` (default): the run holds only what the search's ε covers,
     the selected hyperparameters (params ``selected.*``), ε and the search's event; K, the
     trials and their scores go to the private ledger beside the Optuna storage
-    (:func:`dpfair.release.write_ledger`). ``all_trials``: K, the ledger and every trial (a
+    (:func:`dpfair.release.plan.write_ledger`). ``all_trials``: K, the ledger and every trial (a
     nested run with its score) are logged too, and ε is their composition.
     Returns the ledger's path.
     """
@@ -387,15 +388,15 @@ def train_logged(
     """Train one configuration in a run named dataset · method · seed and log section 7.
 
     Metrics (about 20 charts whatever the dataset): the test headline
-    (:data:`dpfair.run_log.HEADLINE`) per epoch (``test/*``) and at the end
+    (:data:`dpfair.tracking.run_log.HEADLINE`) per epoch (``test/*``) and at the end
     (``final/test/*``), each group's final accuracy under
     ``final/test/group_accuracy/<group name>``, ``wall_time_s``, and for a method with a
     proven guarantee ``epsilon`` (this run alone) and ``epsilon_method_release`` (everything
     released for the method: ``release``); one without logs no ε, and its ``dpfair.epsilon``
-    tag says why (:mod:`dpfair.release`). No counts: the run's facts (σ, steps, q, δ) are
+    tag says why (:mod:`dpfair.release.plan`). No counts: the run's facts (σ, steps, q, δ) are
     params ``privacy.*``; DPSGD-F's per-group ε is the table ``privacy/epsilon_by_group``.
-    The model is an MLflow Model of the run (:mod:`dpfair.model_export`)."""
-    from dpfair.model_export import log_model
+    The model is an MLflow Model of the run (:mod:`dpfair.tracking.model_export`)."""
+    from dpfair.tracking.model_export import log_model
 
     tuning_privacy = tuned.tuning_privacy if tuned else "not tuned"
     noise = (NO_NOISE if config.method.privacy_guarantee == "none"

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from dpfair.cli_base import ParamsOption, console, resolve_params
-from dpfair.error_boundary import cli_errors
+from dpfair.cli.base import ParamsOption, console, resolve_params
+from dpfair.cli.error_boundary import cli_errors
 from dpfair.errors import ConfigError, DpfairError
 
 __all__ = ["data_app", "files_status", "prepare_and_show", "summary_table"]

@@ -1,6 +1,6 @@
 """How a run looks in MLflow (issue 17): its name, the headline metrics of a model, the
 dataset as the run's logged input, the per-epoch test metrics, and the run's DpEvent with a
-note. :mod:`dpfair.experiment` logs every run through these."""
+note. :mod:`dpfair.pipeline.experiment` logs every run through these."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dpfair.data import GroupedDataset
 from dpfair.fairness import max_gap
 from dpfair.metric_keys import renamed
 from dpfair.privacy import accounting
-from dpfair.tracking import TrackingConfig, log_dataset, log_metrics, set_tags
+from dpfair.tracking.runs import TrackingConfig, log_dataset, log_metrics, set_tags
 from dpfair.training import TrainResult
 
 #: The fairness summary of a model's test metrics: one chart each on a run, one column each
@@ -69,7 +69,7 @@ def headline(metrics: dict[str, Any]) -> dict[str, float]:
 
 class EpochLogger:
     """Training callback: per-epoch TEST headline metrics into the run (held-out data that ε
-    does not cover, :data:`dpfair.release.TEST_METRICS_NOTE`, unless the run releases noisy
+    does not cover, :data:`dpfair.release.plan.TEST_METRICS_NOTE`, unless the run releases noisy
     test metrics: then these are the noisy ones)."""
 
     def __init__(self, tracking: TrackingConfig, run_id: str) -> None:

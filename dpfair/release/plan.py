@@ -43,8 +43,8 @@ from dpfair.training import REPLAYABLE_NOISE, MetricsRelease
 from dpfair.tuning.events import search_event
 
 if TYPE_CHECKING:
+    from dpfair.config.sections import BudgetSection, ReleaseMode
     from dpfair.privacy.methods import PrivacyGuarantee
-    from dpfair.sections import BudgetSection, ReleaseMode
     from dpfair.tuning.config import TuningConfig
     from dpfair.tuning.job import TuningResult
 
@@ -202,7 +202,7 @@ class ReleasePlan:
     #: which accountant gave ``epsilon_total`` and ``epsilon_test_total``
     accountant_total: str = accounting.ACCOUNTANT_NONE
     accountant_test: str | None = None
-    #: budget-first planning (:mod:`dpfair.release_budget`): the methods' noise × noise_scale
+    #: budget-first planning (:mod:`dpfair.release.budget`): the methods' noise × noise_scale
     noise_scale: float | None = None
     noise_kept: tuple[str, ...] = ()
 

@@ -29,7 +29,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
 from dpfair.errors import DataError
-from dpfair.tracking import TrackingConfig, client
+from dpfair.tracking.runs import TrackingConfig, client
 
 __all__ = ["CHALLENGER", "CHAMPION", "CRITERIA", "EPSILON_TAG", "MODEL_ID_TAG", "at_least_as_good",
            "champion", "promote", "register"]

@@ -10,7 +10,7 @@
     dpfair serve      scheduled retraining when the data changes (Prefect deployment)
 
 ``@cli_errors`` (on every command; a test checks) is the one error boundary
-(:mod:`dpfair.error_boundary`): an expected failure is one message naming the problem and the
+(:mod:`dpfair.cli.error_boundary`): an expected failure is one message naming the problem and the
 fix, with its exit code (2 bad input, 3 budget refused, 4 unreachable); anything else is a bug
 (exit code 1), with its traceback and a request to report it.
 
@@ -18,7 +18,7 @@ Global options: ``--version``; ``-q`` (no log lines: results and errors only); `
 and Prefect's INFO lines too; by default they show from WARNING up).
 
 ``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors``,
-``dpfair.settings`` and the CLI's own modules (:mod:`dpfair.cli_base`, :mod:`dpfair.cli_data`)
+``dpfair.settings`` and the CLI's own modules (:mod:`dpfair.cli.base`, :mod:`dpfair.cli.data`)
 at import time; each command imports what it needs when it runs.
 
 Output: accuracies in percent with one decimal (as the results tables), other scores to four
@@ -37,7 +37,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from dpfair.cli_base import (
+from dpfair.cli.base import (
     ParamsOption,
     console,
     percent,
@@ -46,13 +46,13 @@ from dpfair.cli_base import (
     set_verbosity,
     show_version,
 )
-from dpfair.cli_data import data_app, files_status
-from dpfair.error_boundary import cli_errors
+from dpfair.cli.data import data_app, files_status
+from dpfair.cli.error_boundary import cli_errors
 from dpfair.errors import ConfigError, format_validation_error
 from dpfair.settings import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
-    from dpfair.config import Params
+    from dpfair.config.params import Params
 
 __all__ = ["app", "files_status", "percent", "score"]
 
@@ -118,10 +118,10 @@ def train_cmd(
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results.
     Its run is named "standalone"; only pipeline runs register models, unless --register."""
-    from dpfair.commands import train_standalone
     from dpfair.data import load_dataset
-    from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
-    from dpfair.tracking import ui_hint
+    from dpfair.pipeline.standalone import train_standalone
+    from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
+    from dpfair.tracking.runs import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
 
     p = resolve_params(params)
@@ -147,7 +147,7 @@ def train_cmd(
                   else TEST_METRICS_NOTE)
     console.print(f"MLflow run {record.run_id}, model {record.model_uri}", soft_wrap=True)
     if register:
-        from dpfair.summary import register_standalone
+        from dpfair.pipeline.summary import register_standalone
 
         _print_registered(register_standalone(p, dataset, result, record))
     console.print(ui_hint(p.tracking), soft_wrap=True)
@@ -170,9 +170,9 @@ def tune_cmd(
     the selected configuration and the epsilons. K and the trials' scores go to a private
     ledger file beside the Optuna storage; with tuning.release: all_trials they are printed
     too, and the search's epsilon is the composition of all K runs."""
-    from dpfair.commands import tune_standalone
     from dpfair.data import load_dataset
-    from dpfair.release import HEURISTIC
+    from dpfair.pipeline.standalone import tune_standalone
+    from dpfair.release.plan import HEURISTIC
     from dpfair.training import REPLAYABLE_NOISE
     from dpfair.tuning.config import PARAMS_STORAGE, check_storage
 
@@ -223,15 +223,15 @@ def run(
         "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
-    from dpfair.checks import check_run
-    from dpfair.config import load_params
+    from dpfair.config.params import load_params
+    from dpfair.pipeline.checks import check_run
 
     path = params or Path(DEFAULT_PARAMS)
     check_run(p := load_params(path))  # data, groups, model: an error before any server
-    from dpfair.preflight import check_tracking
+    from dpfair.pipeline.preflight import check_tracking
     check_tracking(p.tracking)
     from dpfair.owned_dir import check_replaceable, replace_with_copy
-    from dpfair.tracking import ui_hint
+    from dpfair.tracking.runs import ui_hint
     from flows.experiment import run_experiment
 
     check_replaceable(copy_results)  # before anything runs: never delete others' files
@@ -262,8 +262,8 @@ def results(
     """Print the comparison table of the dataset's latest (or a given) pipeline run."""
     import tempfile
 
-    from dpfair.preflight import check_tracking
-    from dpfair.tracking import client, read_results
+    from dpfair.pipeline.preflight import check_tracking
+    from dpfair.tracking.runs import client, read_results
 
     p = resolve_params(params)
     check_tracking(p.tracking)
@@ -287,8 +287,8 @@ def _results_frame(path: Path) -> Any:
 
 
 def _print_results(frame: Any, title: str) -> None:
-    """The compact results table (:mod:`dpfair.cli_results`) and its legend."""
-    from dpfair.cli_results import WIDTH, compact_table
+    """The compact results table (:mod:`dpfair.cli.results`) and its legend."""
+    from dpfair.cli.results import WIDTH, compact_table
 
     table, legend = compact_table(frame, title)
     console.print(table, width=WIDTH)
@@ -304,7 +304,7 @@ def evaluate(
         "evaluation"),
 ) -> None:
     """Write DVC metrics and plot tables from a results table (dvc.yaml's evaluate stage)."""
-    from dpfair.dvc_outputs import write_outputs
+    from dpfair.pipeline.dvc_outputs import write_outputs
 
     for path in write_outputs(results_csv, out).values():
         console.print(f"wrote {path}")
@@ -323,7 +323,7 @@ def predict_cmd(
     params: ParamsOption = None,
 ) -> None:
     """Predict with a logged or registered dpfair model (its preprocessing included)."""
-    from dpfair.model_export import predict_csv
+    from dpfair.tracking.model_export import predict_csv
 
     p = resolve_params(params)
     n = predict_csv(p.tracking, model, rows, out)
@@ -340,7 +340,7 @@ def promote_cmd(
 ) -> None:
     """Make a registered version the @champion (what `dpfair predict --model NAME` serves),
     whatever the registry's criterion says."""
-    from dpfair.registry import promote
+    from dpfair.tracking.registry import promote
 
     p = resolve_params(params)
     number = promote(p.tracking, name, version)
@@ -377,8 +377,8 @@ def audit_cmd(
     probability 1/2) and print an epsilon lower bound per group next to the claimed epsilon
     (Steinke, Nasr & Jagielski 2023). A lower bound, not a proof of privacy."""
     from dpfair.audit import AuditSection
-    from dpfair.audit_tracking import audit_from_params, claim_note, log_audit
-    from dpfair.tracking import ui_hint
+    from dpfair.pipeline.audit_run import audit_from_params, claim_note, log_audit
+    from dpfair.tracking.runs import ui_hint
 
     p = resolve_params(params)
     given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta,
@@ -429,6 +429,3 @@ def serve(
 
     serve_experiment(str(params or DEFAULT_PARAMS), root)
 
-
-if __name__ == "__main__":  # python -m dpfair.cli
-    app()

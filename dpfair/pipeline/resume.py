@@ -5,17 +5,17 @@ section of params.yaml but the orchestration ones, ``pipeline``) and the version
 prepared data; both are tags of its MLflow parent run (:data:`FINGERPRINT_TAG`,
 ``dpfair.data_version``). When ``dpfair run`` starts and the latest pipeline run with the same
 fingerprint and data version ended FAILED (a method failed, the summary failed, or the process
-was killed and :func:`dpfair.tracking.fail_stale_runs` marked it), the new run resumes it
+was killed and :func:`dpfair.tracking.runs.fail_stale_runs` marked it), the new run resumes it
 (:func:`find_resumable`):
 
 * the same parent run (reopened), the same Optuna studies (their K, drawn once, and their
   finished trials: :mod:`dpfair.tuning` resumes a study until K runs), the same results folder;
 * every search whose run FINISHED with its selected configuration
-  (:data:`dpfair.experiment.SELECTED_CONFIG`) and every final training whose run FINISHED with
-  its record (:data:`dpfair.experiment.RUN_RECORD`) is read back, not redone;
+  (:data:`dpfair.pipeline.experiment.SELECTED_CONFIG`) and every final training whose run
+  FINISHED with its record (:data:`dpfair.pipeline.experiment.RUN_RECORD`) is read back, not redone;
 * the rest runs again. A final training that had started may already have released per-epoch
   metrics, so each such earlier attempt counts as one more training run of its method in the
-  resumed plan (:func:`dpfair.experiment.plan_release`'s ``extra_runs``), which the budget
+  resumed plan (:func:`dpfair.pipeline.experiment.plan_release`'s ``extra_runs``), which the budget
   checks, and the retrains are reserved in the data source's privacy ledger as a release of
   their own (:func:`retry_event`); the crashed run's own reservation still counts in full.
 
@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event
 
-from dpfair.experiment import RUN_RECORD, SELECTED_CONFIG, RunRecord, TuneRecord
-from dpfair.release import ledger_event
-from dpfair.tracking import TrackingConfig, client
+from dpfair.pipeline.experiment import RUN_RECORD, SELECTED_CONFIG, RunRecord, TuneRecord
+from dpfair.release.plan import ledger_event
+from dpfair.tracking.runs import TrackingConfig, client
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
-    from dpfair.config import Params
+    from dpfair.config.params import Params
     from dpfair.ledger import SourceLedger
-    from dpfair.release import ReleasePlan
+    from dpfair.release.plan import ReleasePlan
 
 __all__ = ["FINGERPRINT_TAG", "STUDY_TAG", "Resumable", "find_resumable", "fingerprint",
            "retry_event"]
@@ -142,7 +142,7 @@ def _artifact(tracking: TrackingConfig, run: Run, path: str) -> dict | None:
 
 def retry_event(plan: ReleasePlan, attempts: dict[tuple[str, int], int]) -> dp_event.DpEvent:
     """What retraining the unfinished attempted trainings adds (one run event each, and its
-    noisy test metrics: :func:`dpfair.release.ledger_event`), to be reserved in the privacy
+    noisy test metrics: :func:`dpfair.release.plan.ledger_event`), to be reserved in the privacy
     ledger; a no-op when nothing is retrained."""
     events = []
     for (label, seed), _ in sorted(attempts.items()):

@@ -1,9 +1,9 @@
 """DVC metrics and plot tables of a pipeline run, read from the results table it wrote.
 
 The ``evaluate`` stage of ``dvc.yaml`` (``dpfair evaluate RESULTS_CSV --out DIR``) turns the
-run's ``results.csv`` (:func:`dpfair.summary.summarise`: one row per method, cells
+run's ``results.csv`` (:func:`dpfair.pipeline.summary.summarise`: one row per method, cells
 ``"mean ± se"`` in the units of :func:`dpfair.fairness.format_table`, the two ε columns of
-:mod:`dpfair.release` and a last row with the run's total ε) into
+:mod:`dpfair.release.plan` and a last row with the run's total ε) into
 
 - ``metrics.json``: a short, flat set (``dvc metrics show`` and ``dvc exp show`` columns
   ``worst.<method>``): ``epsilon_total``; per metric, one number per method: ``worst`` (the
@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from dpfair.errors import DataError
-from dpfair.release import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+from dpfair.release.plan import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 #: exact test metrics, as the results table and MLflow say: no ε covers them
 TEST_METRICS_LABEL = "exact: not covered by ε (held-out test rows)"

@@ -1,8 +1,8 @@
 """The checks of params.yaml that need the loaded dataset, run right after loading and before
-anything is planned, tuned or trained (:func:`dpfair.experiment.plan_release` calls
+anything is planned, tuned or trained (:func:`dpfair.pipeline.experiment.plan_release` calls
 :func:`check_against_data` first).
 
-Everything that needs no data is checked when params.yaml loads (:mod:`dpfair.config`). What
+Everything that needs no data is checked when params.yaml loads (:mod:`dpfair.config.params`). What
 needs the training set's size n or its group names is checked here, for every method and every
 value of its search space at once, so no search opens a study while another method's settings
 are still wrong:
@@ -42,7 +42,7 @@ from dpfair.training.plan import check_batch_size, check_delta
 from dpfair.tuning.job import grid_points, make_config
 
 if TYPE_CHECKING:
-    from dpfair.config import Params
+    from dpfair.config.params import Params
     from dpfair.data import GroupedDataset
 
 __all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_run",
@@ -90,7 +90,7 @@ def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) ->
     """A local artifact root has room for ``n_models`` models of ``experiment.model`` on
     ``dataset`` (weights plus :data:`MODEL_OVERHEAD_BYTES` each), or an ``UnreachableError``
     before anything trains. A remote artifact store is not checked."""
-    from dpfair.preflight import check_free_space, local_path
+    from dpfair.pipeline.preflight import check_free_space, local_path
 
     folder = local_path(params.tracking.artifact_root)
     model_cfg = params.experiment.model

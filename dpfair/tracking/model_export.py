@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from importlib.metadata import packages_distributions, version
 from pathlib import Path
@@ -57,7 +58,7 @@ from dpfair.data import GroupedDataset
 from dpfair.data.preprocess import TablePreprocessor
 from dpfair.errors import DataError
 from dpfair.models import ImportModelConfig, build_model, parse_model_config
-from dpfair.tracking import TrackingConfig, client, flatten, log_metrics
+from dpfair.tracking.runs import TrackingConfig, client, flatten, log_metrics
 from dpfair.training import TrainResult
 from dpfair.urls import mask_url
 
@@ -217,6 +218,10 @@ class _KnownNotices(logging.Filter):
 
 
 logging.getLogger("mlflow.pyfunc").addFilter(_KnownNotices())
+# A model keeps its DpfairModel pickled by name; models logged before dpfair's modules moved
+# into packages name it dpfair.model_export.DpfairModel. Loaded where dpfair is already
+# imported (``load``, ``dpfair predict``), that name must still find this module.
+sys.modules.setdefault("dpfair.model_export", sys.modules[__name__])
 
 
 #: The installable distributions that loading a model imports (dpfair's own code travels with
@@ -310,11 +315,11 @@ def model_location(cfg: TrackingConfig, model: str) -> str:
     """Where the files of ``model`` are: a local folder (or ``file://`` URI) the user names, or
     a model of ``cfg``'s store: ``runs:/...``, a logged model ``models:/<model_id>``, a
     registered version ``models:/NAME/VERSION`` or ``NAME/VERSION``, ``NAME@ALIAS``, or
-    ``NAME`` (its ``@champion``, :mod:`dpfair.registry`). Looked up through ``cfg``'s store,
-    never MLflow's process-wide tracking URI (threads share it). Any other URI (``s3://``,
+    ``NAME`` (its ``@champion``, :mod:`dpfair.tracking.registry`). Looked up through ``cfg``'s
+    store, never MLflow's process-wide tracking URI (threads share it). Any other URI (``s3://``,
     ``http://``...) is refused: loading an MLflow model runs its code, so it comes only from
     these places."""
-    from dpfair.registry import CHAMPION
+    from dpfair.tracking.registry import CHAMPION
 
     if Path(model).exists() or model.startswith(("file://", "runs:/")):
         return model

@@ -22,14 +22,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpfair import fairness, registry, report
-from dpfair.config import Params
+from dpfair import fairness
+from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
-from dpfair.experiment import REFERENCE, RunRecord
-from dpfair.model_export import preprocessing_note
+from dpfair.pipeline import report
+from dpfair.pipeline.experiment import REFERENCE, RunRecord
 from dpfair.privacy import accounting
-from dpfair.registry import EPSILON_TAG
-from dpfair.release import (
+from dpfair.release.plan import (
     EPSILON_METHOD,
     EPSILON_RUN,
     EPSILON_TEST,
@@ -39,7 +38,10 @@ from dpfair.release import (
     epsilon_test_cell,
     epsilon_text,
 )
-from dpfair.tracking import (
+from dpfair.tracking import registry
+from dpfair.tracking.model_export import preprocessing_note
+from dpfair.tracking.registry import EPSILON_TAG
+from dpfair.tracking.runs import (
     TrackingConfig,
     client,
     log_file,
@@ -58,7 +60,7 @@ COMPARED = ("worst_group_accuracy", "largest_group_gap", "accuracy")
 @dataclass
 class Summary:
     """The results of a pipeline run: the table, the p-values, the figures' paths, the notes
-    on what ε covers (:meth:`dpfair.release.ReleasePlan.notes`) and the per-method metrics of
+    on what ε covers (:meth:`dpfair.release.plan.ReleasePlan.notes`) and the per-method metrics of
     the pipeline run (``compared``: ``<metric>/<method>``, :data:`COMPARED`)."""
 
     table: pd.DataFrame
@@ -177,7 +179,7 @@ def _compared(runs: list[RunRecord], groups: list[str]) -> dict[str, float]:
 
 def _with_release(table: pd.DataFrame, plan: ReleasePlan) -> pd.DataFrame:
     """``table`` with each method's two ε columns, a last row holding the run's total ε, and
-    the row of a reproducible method labelled so (:mod:`dpfair.release`). With noisy test
+    the row of a reproducible method labelled so (:mod:`dpfair.release.plan`). With noisy test
     metrics, a third column holds the test split's ε (per method; the total in the last
     row), never mixed with the training ε."""
     cells = pd.DataFrame([epsilon_cells(plan.methods[m]) for m in table.index],
@@ -277,7 +279,7 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
     """The tags of a registered model version, each a machine-readable value: method, seed,
     dataset, guarantee, both ε (``inf`` without guarantee), δ, noise, data version, what it
     predicts for which groups (target, protected attributes, group names) and the test
-    headline as fractions (what :mod:`dpfair.registry`'s champion rule reads)."""
+    headline as fractions (what :mod:`dpfair.tracking.registry`'s champion rule reads)."""
     release = plan.methods[record.label]
     bounded = release.has_epsilon
     return _tags(record, dataset, data_version, release.guarantee,
@@ -343,7 +345,7 @@ def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDat
                    parent_run_id: str) -> dict[str, str] | None:
     """Register the selected final model (:func:`select_model`) in MLflow's Model Registry as
     a new version of ``pipeline.registry.name`` with :func:`registry_tags` and its own
-    description; it becomes ``@challenger``, and ``@champion`` by :mod:`dpfair.registry`'s
+    description; it becomes ``@challenger``, and ``@champion`` by :mod:`dpfair.tracking.registry`'s
     rule (``pipeline.registry.criterion``). The pipeline run's tag ``dpfair.registered_model``
     holds ``NAME/VERSION`` or ``none`` (why: its description). Returns ``{"name", "version",
     "champion"}``, or None (registry disabled, or no candidate)."""
