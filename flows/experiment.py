@@ -1,5 +1,5 @@
-"""The experiment flow: prepare -> plan the release -> tune -> train x
-seeds -> report.
+"""The experiment flow: prepare -> plan -> reserve -> tune -> train x seeds -> evaluate ->
+register -> publish, one named step each.
 
 ``run_experiment`` validates params.yaml before anything runs, then starts the flow with the
 task runner that params.yaml asks for. The flow plans everything the run will release and
@@ -24,6 +24,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,12 @@ from prefect.futures import PrefectFuture  # noqa: E402
 
 from dpfair.config.params import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.config.sections import PipelineSection  # noqa: E402
-from dpfair.data import source_version  # noqa: E402
+from dpfair.data import GroupedDataset, source_version  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
 from dpfair.pipeline import experiment as steps  # noqa: E402
 from dpfair.pipeline.checks import check_run  # noqa: E402
+from dpfair.pipeline.data_step import PreparedData  # noqa: E402
+from dpfair.pipeline.experiment import RunRecord, TuneRecord  # noqa: E402
 from dpfair.pipeline.resume import (  # noqa: E402
     FINGERPRINT_TAG,
     STUDY_TAG,
@@ -50,30 +53,19 @@ from dpfair.pipeline.resume import (  # noqa: E402
 )
 from dpfair.pipeline.summary import Summary  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
-from dpfair.release.plan import epsilon_text  # noqa: E402
+from dpfair.release.plan import ReleasePlan, epsilon_text  # noqa: E402
 from dpfair.tracking.run_log import pipeline_run_name  # noqa: E402
 from dpfair.tracking.runs import (  # noqa: E402
     existing_experiment,
     experiment_id,
     fail_stale_runs,
     reopen,
-    run,
     run_url,
 )
+from dpfair.tracking.runs import run as tracking_run  # noqa: E402
 from flows import artifacts  # noqa: E402
 from flows.server import mark_owner, one_api_server, stop_orphan_servers  # noqa: E402
-from tasks.pipeline import (  # noqa: E402
-    evaluate,
-    load_data,
-    log_inputs,
-    log_release,
-    log_results,
-    plan_release,
-    prepare_data,
-    register_model,
-    train_seed,
-    tune_method,
-)
+from tasks import pipeline as tasks  # noqa: E402
 
 _log = logging.getLogger(__name__)
 
@@ -118,15 +110,15 @@ def _collect(futures: dict[Any, PrefectFuture], failures: dict[str, str]) -> dic
 
 
 @contextmanager
-def _after(failures: dict[str, str], step: str, notes: list[str]) -> Iterator[None]:
+def _after(run: FlowRun, step: str) -> Iterator[None]:
     """Run a step after the trainings. Once methods have failed, its own error is added to
-    ``notes`` instead of raised, so that it cannot hide theirs (MethodsFailed)."""
+    ``run.notes`` instead of raised, so that it cannot hide theirs (MethodsFailed)."""
     try:
         yield
     except Exception as exc:
-        if not failures:
+        if not run.failures:
             raise
-        notes.append(f"{step} failed too: {type(exc).__name__}: {exc}")
+        run.notes.append(f"{step} failed too: {type(exc).__name__}: {exc}")
 
 
 def gate(params: Params, root: str | Path) -> PrivacyGate:
@@ -137,16 +129,64 @@ def gate(params: Params, root: str | Path) -> PrivacyGate:
 @flow(name="dpfair-experiment", flow_run_name=artifacts.flow_run_name)
 def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
                     resume: bool = True) -> dict[str, Any]:
-    params: Params = load_params(params_path)
-    exp, tracking = params.experiment, params.tracking
-    source = source_version(exp.dataset, params.dataset(exp.dataset))
-    prepared = prepare_data(params, root, params_path)
-    dataset = load_data(prepared)
-    # budget.calibrate_noise: every noise scaled so that the run's total meets budget.epsilon
+    """The experiment as its DAG: prepare -> plan -> reserve -> tune -> train x seeds ->
+    evaluate -> register -> publish. Resuming, the privacy ledger and failure handling live
+    in the steps below (a method's failure is kept in ``run.failures``, never loses the others,
+    and ends the flow with :class:`MethodsFailed` once every step has run)."""
+    run = prepare(params_path, root, resume)
+    plan = plan_release(run)
+    with reserve(run, plan) as reserved:
+        tuned = tune(run, plan)
+        runs = train(run, plan, tuned)
+        summary = evaluate(run, plan, runs)
+        registered = register(run, plan, runs)
+        publish(run, reserved, summary, registered)
+        raise_failures(run)
+    return outcome(run, plan, reserved, runs, summary, registered)
+
+
+@dataclass
+class FlowRun:
+    """What the steps of one flow run share: the (calibrated) params, the prepared data and its
+    version in the privacy gate, the crashed run it resumes (``earlier``), the studies; once
+    reserved, the MLflow experiment and parent run; the failed methods and later notes."""
+
+    params_path: str
+    root: str
+    params: Params
+    prepared: PreparedData
+    dataset: GroupedDataset
+    privacy: PrivacyGate
+    data: DataVersion
+    earlier: Resumable | None
+    studies: dict[str, str]
+    exp_id: str = ""
+    parent: str = ""
+    failures: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def data_tags(self) -> dict[str, str]:
+        return {"dpfair.dataset": self.prepared.name, "dpfair.data_version": self.data.public_id}
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.root) / "outputs" / self.parent
+
+
+def prepare(params_path: str, root: str, resume: bool) -> FlowRun:
+    """Prepare and load the data, calibrate the noise (``budget.calibrate_noise``: every noise
+    scaled so that the run's total meets ``budget.epsilon``), identify the data in the privacy
+    gate, mark runs a killed process left RUNNING as FAILED, and find the crashed run to resume
+    (or name new studies)."""
+    params = load_params(params_path)
+    tracking, name = params.tracking, params.experiment.dataset
+    source = source_version(name, params.dataset(name))
+    prepared = tasks.prepare_data(params, root, params_path)
+    dataset = tasks.load_data(prepared)
     params = steps.calibrated_params(params, dataset)
-    exp = params.experiment
     privacy = gate(params, root)
-    data = privacy.identify(exp.dataset, dataset, params.dataset(exp.dataset), source)
+    data = privacy.identify(name, dataset, params.dataset(name), source)
     earlier = None
     if (known := existing_experiment(tracking, prepared.name)) is not None:
         if stale := fail_stale_runs(tracking, known):
@@ -160,70 +200,139 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
     else:
         token = uuid.uuid4().hex[:8]
         studies = {label: f"{prepared.name}-{label}-{token}"
-                   for label in exp.methods if label in params.tuning.spaces}
-    attempts = earlier.attempts if earlier else {}
-    plan = plan_release(params, dataset, studies, attempts)  # every check, then the plan
-    # over budget or over the lifetime: refused, nothing recorded. A resumed run's crashed
-    # reservation counts in full; only its retrains are reserved on top
-    extra = {} if earlier is None else {"event": retry_event(plan, attempts),
+                   for label in params.experiment.methods if label in params.tuning.spaces}
+    return FlowRun(params_path, root, params, prepared, dataset, privacy, data, earlier, studies)
+
+
+def plan_release(run: FlowRun) -> ReleasePlan:
+    """Every check, then the plan of everything the run releases (a resumed run's retrains
+    counted again)."""
+    attempts = run.earlier.attempts if run.earlier else {}
+    return tasks.plan_release(run.params, run.dataset, run.studies, attempts)
+
+
+@contextmanager
+def reserve(run: FlowRun, plan: ReleasePlan) -> Iterator[Release]:
+    """Admit ``plan`` through the privacy gate (over budget or over the lifetime: refused,
+    nothing recorded; a resumed run's crashed reservation counts in full and only its retrains
+    are reserved on top), open the pipeline's parent run, log the release and the inputs, then
+    let the tasks release what the plan covers."""
+    earlier = run.earlier
+    extra = {} if earlier is None else {"event": retry_event(plan, earlier.attempts),
                                         "resumes": earlier.parent_run_id}
-    with privacy.admit(plan, data, **extra, **artifacts.prefect_tags()) as spend:
-        reserved = spend.release
-        exp_id = experiment_id(tracking, prepared.name)
-        data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": data.public_id}
-        failures: dict[str, str] = {}
-        with _pipeline_run(params, prepared.name, exp_id, data_tags, studies, reserved.id,
-                           earlier) as parent:
+    tracking = run.params.tracking
+    with run.privacy.admit(plan, run.data, **extra,
+                           **artifacts.prefect_tags()) as spend:
+        run.exp_id = experiment_id(tracking, run.prepared.name)
+        with _pipeline_run(run, spend.release.id) as parent:
+            run.parent = parent
             spend.context["mlflow_run_id"] = parent
             artifacts.tag_flow_run(parent)
-            log_release(tracking, parent, plan)
+            tasks.log_release(tracking, parent, plan)
             if earlier is None:  # a resumed run has them already (same settings, same data)
-                log_inputs(params, params_path, prepared, dataset, tracking, parent)
+                tasks.log_inputs(run.params, run.params_path, run.prepared, run.dataset,
+                                 tracking, parent)
             spend.may_release()  # from here on, tasks may log what the plan covers
-            tune_futures = {
-                label: tune_method.submit(params, label, dataset, tracking, exp_id, parent,
-                                          studies[label], plan.methods[label])
-                for label in studies if not (earlier and label in earlier.tuned)
-            }
-            tuned = {**(earlier.tuned if earlier else {}), **_collect(tune_futures, failures)}
-            done = earlier.trained if earlier else {}
-            train_futures = {
-                (label, seed): train_seed.submit(
-                    steps.final_config(params, label, seed, tuned.get(label)), label, dataset,
-                    tracking, exp_id, parent, data_tags, plan.methods[label], tuned.get(label))
-                for label in plan.methods if label not in failures
-                for seed in exp.seeds if (label, seed) not in done
-            }
-            trained = {**done, **_collect(train_futures, failures)}
-            runs = [trained[label, seed] for label in plan.methods for seed in exp.seeds
-                    if (label, seed) in trained]
-            out_dir = Path(root) / "outputs" / parent
-            summary: Summary | None = None
-            later: list[str] = []
-            with _after(failures, "the summary", later):
-                summary = evaluate(params, dataset, runs, out_dir, plan)
-            with _after(failures, "logging the results", later):
-                log_results(tracking, parent, summary, out_dir, failures)
-            registered = None if failures else register_model(params, tracking, dataset, runs,
-                                                               plan, data_tags, parent)
-            with _after(failures, "publishing the results artifact", later):
-                _publish(params, privacy, data, reserved, exp_id, parent, summary, failures,
-                         registered)
-            if failures:
-                raise MethodsFailed(
-                    "methods failed (the others are logged in MLflow run "
-                    f"{parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items()))
-                    + "".join(f"; {note}" for note in later))
+            yield spend.release
+
+
+def tune(run: FlowRun, plan: ReleasePlan) -> dict[str, TuneRecord]:
+    """Every method's search (in parallel), but those a resumed run finished."""
+    earlier = run.earlier
+    futures = {
+        label: tasks.tune_method.submit(run.params, label, run.dataset, run.params.tracking,
+                                        run.exp_id, run.parent, run.studies[label],
+                                        plan.methods[label])
+        for label in run.studies if not (earlier and label in earlier.tuned)
+    }
+    return {**(earlier.tuned if earlier else {}), **_collect(futures, run.failures)}
+
+
+def train(run: FlowRun, plan: ReleasePlan, tuned: dict[str, TuneRecord]) -> list[RunRecord]:
+    """Every method that has not failed on every seed (in parallel), but the trainings a resumed
+    run finished; the records in plan order."""
+    seeds = run.params.experiment.seeds
+    done = run.earlier.trained if run.earlier else {}
+    futures = {
+        (label, seed): tasks.train_seed.submit(
+            steps.final_config(run.params, label, seed, tuned.get(label)), label, run.dataset,
+            run.params.tracking, run.exp_id, run.parent, run.data_tags, plan.methods[label],
+            tuned.get(label))
+        for label in plan.methods if label not in run.failures
+        for seed in seeds if (label, seed) not in done
+    }
+    trained = {**done, **_collect(futures, run.failures)}
+    return [trained[label, seed] for label in plan.methods for seed in seeds
+            if (label, seed) in trained]
+
+
+def evaluate(run: FlowRun, plan: ReleasePlan, runs: list[RunRecord]) -> Summary | None:
+    """The results table and figures, logged to the parent run."""
+    summary: Summary | None = None
+    with _after(run, "the summary"):
+        summary = tasks.evaluate(run.params, run.dataset, runs, run.out_dir, plan)
+    with _after(run, "logging the results"):
+        tasks.log_results(run.params.tracking, run.parent, summary, run.out_dir, run.failures)
+    return summary
+
+
+def register(run: FlowRun, plan: ReleasePlan, runs: list[RunRecord]) -> dict[str, str] | None:
+    """The selected final model in the Model Registry; none once a method failed."""
+    if run.failures:
+        return None
+    return tasks.register_model(run.params, run.params.tracking, run.dataset, runs, plan,
+                                run.data_tags, run.parent)
+
+
+def publish(run: FlowRun, reserved: Release, summary: Summary | None,
+            registered: dict[str, str] | None) -> None:
+    """The flow run's results artifact: where MLflow has them, the registered model, the
+    ledger's spend, the table."""
+    params, data = run.params, run.data
+    lifetime = params.budget.lifetime_epsilon
+    with _after(run, "publishing the results artifact"):
+        spent = run.privacy.spent(data, reserved.delta)
+        facts = {
+            "MLflow run": f"`{run.parent}` (experiment `{run.exp_id}`)",
+            "open in MLflow": artifacts.mlflow_link(params.tracking, run.exp_id, run.parent),
+            **({"registered model": f"`{registered['name']}` version {registered['version']}"}
+               if registered else {}),
+            "data": f"{data.source}, version `{data.public_id}`",
+            "privacy ledger": f"{_what(reserved)} ε {epsilon_text(reserved.epsilon)}; spent on "
+                              f"these people so far ε {epsilon_text(spent)} at δ = "
+                              f"{reserved.delta:g}" + (f" (lifetime budget {lifetime:g})"
+                                                       if lifetime is not None else ""),
+            **({"failed methods": ", ".join(sorted(run.failures))} if run.failures else {}),
+        }
+        body = (summary.markdown() if summary is not None
+                else "No results table: the summary failed.")
+        artifacts.publish(artifacts.artifact_key(artifacts.RESULTS_KEY, params.experiment.dataset),
+                          f"dpfair results: {data.source}", facts, body)
+
+
+def raise_failures(run: FlowRun) -> None:
+    """End the flow failed when methods failed (the others are logged), with the notes of the
+    steps that failed after them."""
+    if run.failures:
+        raise MethodsFailed(
+            "methods failed (the others are logged in MLflow run "
+            f"{run.parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(run.failures.items()))
+            + "".join(f"; {note}" for note in run.notes))
+
+
+def outcome(run: FlowRun, plan: ReleasePlan, reserved: Release, runs: list[RunRecord],
+            summary: Summary | None, registered: dict[str, str] | None) -> dict[str, Any]:
+    """What the flow returns: where its runs are, the release, the table."""
     assert summary is not None  # else evaluate raised, or methods failed and MethodsFailed did
     return {
-        "experiment_id": exp_id,
-        "parent_run_id": parent,
-        "tracking_url": run_url(tracking, exp_id, parent),
+        "experiment_id": run.exp_id,
+        "parent_run_id": run.parent,
+        "tracking_url": run_url(run.params.tracking, run.exp_id, run.parent),
         "registered_model": registered,
-        "data_version": data.public_id,
+        "data_version": run.data.public_id,
         "ledger_release": reserved.id,
         "table": summary.markdown(),
-        "results_dir": str(out_dir),
+        "results_dir": str(run.out_dir),
         "figures": summary.figures,
         "runs": [{"label": r.label, "seed": r.seed, "run_id": r.run_id, "epsilon": r.epsilon}
                  for r in runs],
@@ -240,11 +349,10 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
 
 
 @contextmanager
-def _pipeline_run(params: Params, dataset: str, exp_id: str, data_tags: dict[str, str],
-                  studies: dict[str, str], ledger_release: str,
-                  earlier: Resumable | None) -> Iterator[str]:
+def _pipeline_run(run: FlowRun, ledger_release: str) -> Iterator[str]:
     """The pipeline's parent run: a new one, tagged so that a rerun can find and resume it
     (:mod:`dpfair.pipeline.resume`), or the crashed one, reopened."""
+    params, earlier = run.params, run.earlier
     if earlier is not None:
         with reopen(params.tracking, earlier.parent_run_id, tags={
                 "dpfair.resumed": earlier.describe(),
@@ -252,36 +360,12 @@ def _pipeline_run(params: Params, dataset: str, exp_id: str, data_tags: dict[str
                 **artifacts.prefect_tags()}) as parent:
             yield parent
         return
-    tags = {**data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
+    tags = {**run.data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
             "dpfair.ledger_release": ledger_release, FINGERPRINT_TAG: fingerprint(params),
-            **{f"{STUDY_TAG}{label}": name for label, name in studies.items()}}
-    with run(params.tracking, exp_id, pipeline_run_name(dataset), tags=tags) as parent:
+            **{f"{STUDY_TAG}{label}": name for label, name in run.studies.items()}}
+    with tracking_run(params.tracking, run.exp_id, pipeline_run_name(run.prepared.name),
+                      tags=tags) as parent:
         yield parent
-
-
-def _publish(params: Params, privacy: PrivacyGate, data: DataVersion, reserved: Release,
-             exp_id: str, parent: str, summary: Summary | None, failures: dict[str, str],
-             registered: dict[str, str] | None) -> None:
-    """The flow run's results artifact: where MLflow has them, the registered model, the
-    ledger's spend, the table."""
-    source, version = data.source, data.public_id
-    spent = privacy.spent(data, reserved.delta)
-    lifetime = params.budget.lifetime_epsilon
-    facts = {
-        "MLflow run": f"`{parent}` (experiment `{exp_id}`)",
-        "open in MLflow": artifacts.mlflow_link(params.tracking, exp_id, parent),
-        **({"registered model": f"`{registered['name']}` version {registered['version']}"}
-           if registered else {}),
-        "data": f"{source}, version `{version}`",
-        "privacy ledger": f"{_what(reserved)} ε {epsilon_text(reserved.epsilon)}; spent on "
-                          f"these people so far ε {epsilon_text(spent)} at δ = "
-                          f"{reserved.delta:g}" + (f" (lifetime budget {lifetime:g})"
-                                                   if lifetime is not None else ""),
-        **({"failed methods": ", ".join(sorted(failures))} if failures else {}),
-    }
-    body = summary.markdown() if summary is not None else "No results table: the summary failed."
-    artifacts.publish(artifacts.artifact_key(artifacts.RESULTS_KEY, params.experiment.dataset),
-                      f"dpfair results: {source}", facts, body)
 
 
 def _what(reserved: Release) -> str:
