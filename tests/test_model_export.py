@@ -80,6 +80,19 @@ def test_pyfunc_applies_the_preprocessing_to_raw_rows(logged):
     assert len(model.predict(raw.round().astype("int64"))) == len(raw)
 
 
+def test_models_logged_before_the_move_into_packages_find_their_class():
+    """A model keeps its class pickled by name; those logged before dpfair's modules moved
+    into packages name it ``dpfair.model_export.DpfairModel``."""
+    import pickle
+
+    from dpfair.tracking import model_export
+
+    old = pickle.dumps(model_export.DpfairModel, protocol=0).replace(
+        b"dpfair.tracking.model_export", b"dpfair.model_export")
+    assert b"dpfair.model_export" in old
+    assert pickle.loads(old) is model_export.DpfairModel
+
+
 def test_input_example_is_no_training_row(logged):
     local = mlflow.artifacts.download_artifacts(
         artifact_uri=model_location(logged["tracking"], logged["uri"]),
