@@ -358,20 +358,11 @@ def _trajectory(result: TrainResult) -> dict[str, list[float]]:
     return series
 
 
-def train_and_log(
-    config: TrainConfig,
-    label: str,
-    dataset: GroupedDataset,
-    tracking: TrackingConfig,
-    experiment_id: str,
-    parent_run_id: str | None,
-    data_tags: dict[str, str],
-    release: MethodRelease,
-    tuned: TuneRecord | None = None,
-) -> RunRecord:
-    """Train one configuration in a (nested) MLflow run and log it (:func:`train_logged`)."""
-    return train_logged(config, label, dataset, tracking, experiment_id, parent_run_id,
-                        data_tags, release, tuned)[1]
+def train_and_log(config: TrainConfig, label: str, *args: Any, **kwargs: Any) -> RunRecord:
+    """Train one configuration in a (nested) MLflow run and log it: :func:`train_logged`, whose
+    arguments it takes, without the training's result (the pipeline's task returns the
+    record only; ``config`` and ``label`` name the task run)."""
+    return train_logged(config, label, *args, **kwargs)[1]
 
 
 def train_logged(
