@@ -54,6 +54,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
+import dpfair
 from dpfair.data import GroupedDataset
 from dpfair.data.preprocess import TablePreprocessor
 from dpfair.errors import DataError
@@ -240,7 +241,7 @@ def _code(model: Any, into: Path) -> tuple[list[str], list[str]]:
     """``(code_paths, extra requirements)`` of a model: a copy of dpfair's package, and for an
     import-path model its module's top-level file or package, or the installed distribution
     that provides it."""
-    dpfair_dir = Path(__file__).resolve().parent
+    dpfair_dir = Path(dpfair.__file__).resolve().parent
     paths = [shutil.copytree(dpfair_dir, into / "dpfair",
                              ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))]
     extra: list[str] = []
