@@ -345,6 +345,8 @@ def search_release(
                    "configuration released",
             "poisson": f"RepeatAndSelect, Poisson μ={cfg.mu:g}: only the selected "
                        "configuration released",
+            "binomial": f"best of K ~ Binomial({cfg.n_runs}, {cfg.p}) runs: only the "
+                        "selected configuration released",
             "fixed": f"best of {cfg.n_runs} runs: composition of the {cfg.n_runs} runs{scores}",
             "grid": "grid search: no DP guarantee",
         }[cfg.mode]

@@ -11,7 +11,8 @@ neighbours, both directions): every discretisation is dp_accounting's pessimisti
   sensitivity 1 on the same batch are, for every pair of neighbours, one two-dimensional
   Gaussian whose privacy loss is that of σ_eff (Zhao et al., Lemma 3.1), before and after
   subsampling.
-* ``RepeatAndSelectDpEvent`` (and :class:`~dpfair.privacy.accounting.MaxOfDpEvent`): their
+* ``RepeatAndSelectDpEvent``, :class:`~dpfair.privacy.accounting.BinomialSelectDpEvent` (and
+  :class:`~dpfair.privacy.accounting.MaxOfDpEvent`): their
   privacy profile is bounded (:mod:`dpfair.privacy.profiles`; for ``MaxOf``, the largest of the
   profiles, hockey-stick divergence being jointly convex) and turned back into a pessimistic PLD
   by connect-the-dots (Doroshenko et al., PETS 2022, Algorithm 1: the PLD supported on the grid
@@ -94,9 +95,10 @@ def _walk(event: dp_event.DpEvent, cached: bool = False
           ) -> pld_lib.PrivacyLossDistribution | None:
     """PLD of ``event``; a search or a ``MaxOf`` inside a composition goes through the cache
     (the same search is in a method's total, the run's total and the ledger's)."""
-    from dpfair.privacy.accounting import MaxOfDpEvent
+    from dpfair.privacy.accounting import BinomialSelectDpEvent, MaxOfDpEvent
 
-    if not cached and isinstance(event, (MaxOfDpEvent, dp_event.RepeatAndSelectDpEvent)):
+    selections = (MaxOfDpEvent, dp_event.RepeatAndSelectDpEvent, BinomialSelectDpEvent)
+    if not cached and isinstance(event, selections):
         return _pld_cached(_key(event))
 
     if isinstance(event, dp_event.NoOpDpEvent):
@@ -137,6 +139,11 @@ def _walk(event: dp_event.DpEvent, cached: bool = False
             return None
         rounds = Rounds.from_shape(float(event.mean), float(event.shape))
         return selection_pld(base, rounds)
+    if isinstance(event, BinomialSelectDpEvent):
+        base = _walk(event.event)
+        if base is None:
+            return None
+        return selection_pld(base, Rounds("binomial", n=int(event.n), p=float(event.p)))
     raise UnsupportedEvent(f"no PLD for {type(event).__name__}")
 
 

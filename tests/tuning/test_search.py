@@ -38,8 +38,9 @@ from tests.tuning.conftest import (
         ({"eta": -1.0}, "eta must be a finite number > -1"),
         ({"eta": -3.0}, "eta must be"),
         ({"mu": 0.5}, r"mu \(the mean number of runs\) must be between 1 and 1000"),
-        ({"budget_epsilon": 0.5}, r"would spend epsilon [\d.]+ \((PLD|RDP)[^)]*\) at delta .*"
-                                  r"one training run alone: [\d.]+, (PLD|RDP).* over the budget 0.5"),
+        ({"budget_epsilon": 0.5}, r"would spend epsilon [\d.]+ \((PLD|RDP)[^)]*\) at delta "
+                                  r".*one training run alone: [\d.]+, (PLD|RDP).* over the "
+                                  r"budget 0.5"),
         ({"mode": "binomial", "n_runs": 4}, "mode 'binomial' needs p"),
         ({"mode": "binomial", "n_runs": 4, "pp": 0.5}, "tuning.pp.*did you mean 'p'"),
         ({"mode": "grid", "budget_epsilon": 100.0}, "grid mode has no privacy guarantee"),
