@@ -39,6 +39,8 @@ from dpfair.tuning.study import load_study, make_storage, open_study
 from dpfair.tuning.worker import run_worker, spawn_workers
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from dpfair.tuning.protocols import (
         DatasetLike,
         EventFn,
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
         OnTrial,
         RunConfig,
         RunOutcome,
+        SearchHooks,
         TrainFn,
     )
 
@@ -54,40 +57,19 @@ __all__ = ["finish", "prepare", "tune"]
 _MAX_GRID = 200_000
 
 
-def tune(
-    method_cfg: MethodSpec,
-    train_cfg_base: RunConfig,
-    dataset: DatasetLike,
-    tuning_cfg: TuningConfig | Mapping[str, object],
-    train_fn: TrainFn | str | None = None,
-    *,
-    allowed: Collection[str] | None = None,
-    event_fn: EventFn | str | None = None,
-    on_trial: OnTrial | str | None = None,
-) -> TuningResult:
+def tune(method_cfg: MethodSpec, train_cfg_base: RunConfig, dataset: DatasetLike,
+         tuning_cfg: TuningConfig | Mapping[str, object], train_fn: TrainFn | str | None = None,
+         **hooks: Unpack[SearchHooks]) -> TuningResult:
     """Search ``tuning_cfg.space`` for ``method_cfg`` trained per ``train_cfg_base``.
 
     ``train_fn(config, dataset)`` (default :func:`dpfair.training.train`) returns an object
     with ``val_predictions`` (``y_true``, ``y_pred``, ``groups``, ``loss``) and either
-    ``event`` or TrainResult's ``sample_rate``/``sigma``/``steps``/``count_sigma``.
-    ``allowed``: the hyperparameter names a space may use (default: the fields of the method
-    and training configs). ``event_fn(config, dataset)`` predicts a run's training event
-    (default :func:`dpfair.tuning.events.planned_run_event`). ``on_trial(row, result)`` is
-    called in the worker after each completed run with its ledger row and the train_fn result
-    (e.g. to log a nested MLflow run); its errors are logged, never fail the run. Errors (bad
-    space, eta, mu, budget, storage) are raised before any training. Calling ``tune`` again on
-    the same study resumes it.
+    ``event`` or TrainResult's ``sample_rate``/``sigma``/``steps``/``count_sigma``. The
+    keyword ``hooks`` (``allowed``, ``event_fn``, ``on_trial``) are those of
+    :class:`~dpfair.tuning.protocols.SearchHooks`. Errors (bad space, eta, mu, budget, storage)
+    are raised before any training. Calling ``tune`` again on the same study resumes it.
     """
-    job = prepare(
-        method_cfg,
-        train_cfg_base,
-        dataset,
-        tuning_cfg,
-        train_fn,
-        allowed=allowed,
-        event_fn=event_fn,
-        on_trial=on_trial,
-    )
+    job = prepare(method_cfg, train_cfg_base, dataset, tuning_cfg, train_fn, **hooks)
     best_result = None
     if job.cfg.workers > 1:
         spawn_workers(job, job.cfg.workers)
@@ -99,20 +81,14 @@ def tune(
     return result
 
 
-def prepare(
-    method_cfg: MethodSpec,
-    train_cfg_base: RunConfig,
-    dataset: DatasetLike,
-    tuning_cfg: TuningConfig | Mapping[str, object],
-    train_fn: TrainFn | str | None = None,
-    *,
-    allowed: Collection[str] | None = None,
-    event_fn: EventFn | str | None = None,
-    on_trial: OnTrial | str | None = None,
-) -> TuningJob:
+def prepare(method_cfg: MethodSpec, train_cfg_base: RunConfig, dataset: DatasetLike,
+            tuning_cfg: TuningConfig | Mapping[str, object], train_fn: TrainFn | str | None = None,
+            *, allowed: Collection[str] | None = None, event_fn: EventFn | str | None = None,
+            on_trial: OnTrial | str | None = None) -> TuningJob:
     """Validate everything (the space's names and each value, a non-empty validation split,
     ``tuning.delta`` < 1/n_train, the workers), account the search, check the budget, create
-    (or reopen) the study and draw (or read back) K. No training happens here."""
+    (or reopen) the study and draw (or read back) K. No training happens here; the arguments
+    are :func:`tune`'s."""
     cfg = tuning_cfg if isinstance(tuning_cfg, TuningConfig) else _validate_cfg(tuning_cfg)
     if train_fn is None and event_fn is None:
         method_cfg, train_cfg_base = _train_configs(method_cfg, train_cfg_base)
@@ -148,22 +124,12 @@ def prepare(
     study_name = cfg.study_name or f"dpfair-{method_name}-{getattr(dataset, 'name', 'data')}"
     storage, storage_desc = make_storage(cfg)
     job = TuningJob(
-        method_cfg=method_cfg,
-        train_cfg_base=train_cfg_base,
-        dataset=dataset,
-        cfg=cfg,
-        train_fn=train_fn,
-        event_fn=event_fn,
-        on_trial=on_trial,
-        allowed=names,
-        study_name=study_name,
-        storage_desc=storage_desc,
-        run_event_json=accounting.event_to_json(run),
-        planned=planned,
+        method_cfg=method_cfg, train_cfg_base=train_cfg_base, dataset=dataset, cfg=cfg,
+        train_fn=train_fn, event_fn=event_fn, on_trial=on_trial, allowed=names,
+        study_name=study_name, storage_desc=storage_desc,
+        run_event_json=accounting.event_to_json(run), planned=planned,
         search_event_json=accounting.event_to_json(search) if search is not None else None,
-        epsilon_training=eps_train,
-        epsilon_search=eps_search,
-        delta=delta,
+        epsilon_training=eps_train, epsilon_search=eps_search, delta=delta,
     )
     job.k = open_study(job, storage, len(grid))
     return job
@@ -194,25 +160,15 @@ def finish(
             reproducible=cfg.reproducible,
         )
     return TuningResult(
-        best_config=best_config,
-        best_params=best_params,
+        best_config=best_config, best_params=best_params,
         best_score=best_t.value if best_t is not None else None,
         best_trial=best_t.number if best_t is not None else None,
-        K=job.k,
-        n_runs=n_runs,
-        trials=[ledger_row(t, job.k, cfg.tuning_privacy) for t in trials],
-        epsilon_training=job.epsilon_training,
-        epsilon_search=job.epsilon_search,
-        delta=job.delta,
-        event_json=job.search_event_json,
-        run_event_json=job.run_event_json,
-        tuning_privacy=cfg.tuning_privacy,
-        score_privacy=cfg.score_privacy,
-        score=cfg.score,
-        study_name=job.study_name,
-        storage=job.storage_desc,
-        privacy_guarantee=guarantee(trials, job.k),
-        best_result=best_result,
+        K=job.k, n_runs=n_runs, trials=[ledger_row(t, job.k, cfg.tuning_privacy) for t in trials],
+        epsilon_training=job.epsilon_training, epsilon_search=job.epsilon_search, delta=job.delta,
+        event_json=job.search_event_json, run_event_json=job.run_event_json,
+        tuning_privacy=cfg.tuning_privacy, score_privacy=cfg.score_privacy, score=cfg.score,
+        study_name=job.study_name, storage=job.storage_desc,
+        privacy_guarantee=guarantee(trials, job.k), best_result=best_result,
         reproducible=cfg.reproducible,
     )
 
