@@ -41,25 +41,16 @@ from dpfair.tuning.worker import run_worker, spawn_workers
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from dpfair.tuning.protocols import (
-        DatasetLike,
-        EventFn,
-        MethodSpec,
-        OnTrial,
-        RunConfig,
-        RunOutcome,
-        SearchHooks,
-        TrainFn,
-    )
+    from dpfair.tuning import protocols as p  # the types a search takes and hands back
 
 __all__ = ["finish", "prepare", "tune"]
 
 _MAX_GRID = 200_000
 
 
-def tune(method_cfg: MethodSpec, train_cfg_base: RunConfig, dataset: DatasetLike,
-         tuning_cfg: TuningConfig | Mapping[str, object], train_fn: TrainFn | str | None = None,
-         **hooks: Unpack[SearchHooks]) -> TuningResult:
+def tune(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig, dataset: p.DatasetLike,
+         tuning_cfg: TuningConfig | Mapping[str, object], train_fn: p.TrainFn | str | None = None,
+         **hooks: Unpack[p.SearchHooks]) -> TuningResult:
     """Search ``tuning_cfg.space`` for ``method_cfg`` trained per ``train_cfg_base``.
 
     ``train_fn(config, dataset)`` (default :func:`dpfair.training.train`) returns an object
@@ -81,10 +72,11 @@ def tune(method_cfg: MethodSpec, train_cfg_base: RunConfig, dataset: DatasetLike
     return result
 
 
-def prepare(method_cfg: MethodSpec, train_cfg_base: RunConfig, dataset: DatasetLike,
-            tuning_cfg: TuningConfig | Mapping[str, object], train_fn: TrainFn | str | None = None,
-            *, allowed: Collection[str] | None = None, event_fn: EventFn | str | None = None,
-            on_trial: OnTrial | str | None = None) -> TuningJob:
+def prepare(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig, dataset: p.DatasetLike,
+            tuning_cfg: TuningConfig | Mapping[str, object],
+            train_fn: p.TrainFn | str | None = None, *, allowed: Collection[str] | None = None,
+            event_fn: p.EventFn | str | None = None, on_trial: p.OnTrial | str | None = None,
+            ) -> TuningJob:
     """Validate everything (the space's names and each value, a non-empty validation split,
     ``tuning.delta`` < 1/n_train, the workers), account the search, check the budget, create
     (or reopen) the study and draw (or read back) K. No training happens here; the arguments
@@ -136,7 +128,7 @@ def prepare(method_cfg: MethodSpec, train_cfg_base: RunConfig, dataset: DatasetL
 
 
 def finish(
-    job: TuningJob, best_result: RunOutcome | None = None, poll: float = 0.5
+    job: TuningJob, best_result: p.RunOutcome | None = None, poll: float = 0.5
 ) -> TuningResult:
     """Wait until no run is RUNNING (failing stale ones), then select the best run."""
     cfg = job.cfg
@@ -180,7 +172,7 @@ def _validate_cfg(data: Mapping[str, object]) -> TuningConfig:
         raise TuningError(format_validation_error(exc, TuningConfig, ("tuning",))) from None
 
 
-def _check_validation_split(dataset: DatasetLike) -> None:
+def _check_validation_split(dataset: p.DatasetLike) -> None:
     """Every run is scored on the validation split: an empty one would select on noise."""
     labels = getattr(getattr(dataset, "val", None), "y", None)
     if labels is not None and len(labels) == 0:
@@ -192,7 +184,7 @@ def _check_validation_split(dataset: DatasetLike) -> None:
         )
 
 
-def _check_search_delta(delta: float, dataset: DatasetLike, train_cfg_base: RunConfig) -> None:
+def _check_search_delta(delta: float, dataset: p.DatasetLike, train_cfg_base: p.RunConfig) -> None:
     """``tuning.delta`` < 1/n_train, as every training run's delta
     (:func:`dpfair.training.plan.check_delta`; its opt-out is the training config's)."""
     labels = getattr(getattr(dataset, "train", None), "y", None)
@@ -225,8 +217,8 @@ def _check_workers(cfg: TuningConfig, **functions: object) -> None:
             ) from None
 
 
-def _train_configs(method_cfg: MethodSpec, train_cfg_base: RunConfig
-                   ) -> tuple[MethodSpec, RunConfig]:
+def _train_configs(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig
+                   ) -> tuple[p.MethodSpec, p.RunConfig]:
     """With dpfair's own training (no ``train_fn``/``event_fn``), mappings validated into a
     :class:`~dpfair.training.TrainConfig` and its method, as the types allow them; a
     ``ConfigError`` names a bad key."""
@@ -251,10 +243,10 @@ def _grid(cfg: TuningConfig) -> list[dict[str, Scalar]]:
 
 def _plan_events(
     grid: list[dict[str, Scalar]],
-    method_cfg: MethodSpec,
-    train_cfg_base: RunConfig,
-    dataset: DatasetLike,
-    event_of: EventFn,
+    method_cfg: p.MethodSpec,
+    train_cfg_base: p.RunConfig,
+    dataset: p.DatasetLike,
+    event_of: p.EventFn,
     cfg: TuningConfig,
 ) -> tuple[dict[str, str], dp_event.DpEvent]:
     """Every configuration's predicted training event (JSON, by :func:`params_key`; this also
