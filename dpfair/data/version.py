@@ -24,8 +24,6 @@ import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
 from pydantic import BaseModel
 
 from dpfair.data.sources import md5sum, sources_of
@@ -57,15 +55,12 @@ def tree_version(root: str | Path, files: Iterable[Path], extra: Iterable[Path] 
     return manifest_version(entries)
 
 
-def _as_dict(options: BaseModel | None) -> dict[str, Any]:
-    return {} if options is None else options.model_dump(mode="json")
-
-
-def builtin_version(name: str, options: BaseModel | None) -> str:
+def builtin_version(name: str, options: BaseModel) -> str:
     """The version of a built-in dataset that declares no ``version`` of its own: its raw files'
     canonical md5s (``sources.py``), or, without raw files, the md5 of its options."""
     files = sources_of(name)
     if files:
         return manifest_version((f.filename, f.md5) for f in files)
-    canonical = json.dumps({"dataset": name, "options": _as_dict(options)}, sort_keys=True)
+    canonical = json.dumps({"dataset": name, "options": options.model_dump(mode="json")},
+                           sort_keys=True)
     return hashlib.md5(canonical.encode()).hexdigest()
