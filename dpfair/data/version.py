@@ -24,6 +24,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
+
 from pydantic import BaseModel
 
 from dpfair.data.sources import md5sum, sources_of
