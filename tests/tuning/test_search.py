@@ -182,7 +182,7 @@ def test_poisson_k_zero_runs_nothing(tmp_path):
 def test_binomial_search_runs_its_k_and_is_accounted_by_the_profile_bound(tmp_path):
     c = cfg(tmp_path, mode="binomial", n_runs=4, p=0.5, seed=3, reproducible=True)
     k = tuning.draw_k(tuning.TuningConfig.model_validate(c), 1)
-    res = tuning.tune(METHOD, BASE, make_dataset(), c, TRAIN, event_fn=fast_event)
+    res = fast_tune(c)
     assert res.K == res.n_runs == k and res.tuning_privacy == "binomial"
     ev = accounting.event_from_json(res.event_json)
     assert isinstance(ev, accounting.BinomialSelectDpEvent) and (ev.n, ev.p) == (4, 0.5)
