@@ -158,6 +158,8 @@ class GhostClipping(PerSampleGradients):
     #: Whether :meth:`compute` keeps each fast layer's captured (input, output gradient) calls
     #: in ``_calls``, for a subclass's second pass (:class:`dpfair.privacy.ascent.AscentGhost`).
     keeps_calls = False
+    #: Whether the convolutions keep the per-sample kernels their norms form (BAM's pass 1).
+    keeps_kernels = False
 
     def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
         self.clone_outputs, self.low_memory = clone_outputs, low_memory
@@ -282,7 +284,7 @@ class GhostClipping(PerSampleGradients):
                     ))
             check = check_weight_factors(per_layer)
             self._normal = bool(check[1])
-            self._layers += model_layer_grads(per_layer, check=check)
+            self._layers += model_layer_grads(per_layer, check=check, keep=self.keeps_kernels)
             self._calls = per_layer if self.keeps_calls else {}
             squares = [layer.sq_norms() for layer in self._layers]
             if len(squares) > 2:  # one stack and one sum, not a sum per layer
