@@ -43,7 +43,9 @@ def _positive_probability(outputs: Tensor) -> Tensor:
 
 
 def _dot(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
-    return torch.stack([(a * b).sum() for a, b in zip(xs, ys, strict=True)]).sum()
+    """``<x, y>`` of two parameter-shaped lists as one vector each (one product, not one per
+    parameter)."""
+    return torch.dot(torch.cat([a.reshape(-1) for a in xs]), torch.cat([b.reshape(-1) for b in ys]))
 
 
 class RegularisedGradients(PerSampleGradients):
@@ -74,14 +76,21 @@ class RegularisedGradients(PerSampleGradients):
         self.shared = [
             torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
         ]
-        # <g_i, r> for every i at once: J r = d/dv <J^T v, r> (a double backward).
-        v = torch.ones_like(losses, requires_grad=True)
-        jt_v = torch.autograd.grad(losses, params, v, create_graph=True)
-        cross = torch.autograd.grad(_dot(list(jt_v), self.shared), v, allow_unused=True)[0]
         sq = norms.square() + _dot(self.shared, self.shared)
+        cross = self._cross(losses, params, keep)
         if cross is not None:
             sq[keep] = sq[keep] + 2 * cross.detach()
         return sq.clamp(min=0).sqrt()
+
+    def _cross(self, losses: Tensor, params: list[nn.Parameter], keep: Tensor) -> Tensor | None:
+        """``<g_i, r>`` of the kept samples: from the engine's per-layer factors, else
+        ``J r = d/dv <J^T v, r>`` (a double backward)."""
+        dots = self.inner.per_sample_dots(self.shared)
+        if dots is not None:
+            return dots[keep]
+        v = torch.ones_like(losses, requires_grad=True)
+        jt_v = torch.autograd.grad(losses, params, v, create_graph=True)
+        return torch.autograd.grad(_dot(list(jt_v), self.shared), v, allow_unused=True)[0]
 
     def _regulariser(
         self,
@@ -119,9 +128,7 @@ class RegularisedGradients(PerSampleGradients):
     def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
         """``sum_i w_i (g_i + r) = sum_i w_i g_i + (sum_i w_i) r``."""
         self.inner.add_weighted_grad(weights, into)
-        total = weights.sum()
-        for out, r in zip(into, self.shared, strict=True):
-            out.add_(total * r)
+        torch._foreach_add_(into, torch._foreach_mul(self.shared, weights.sum()))
 
 
 class FairLens(Dpsgd):
