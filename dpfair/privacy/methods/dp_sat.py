@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import NonNegativeFloat, PositiveFloat
+from pydantic import NonNegativeFloat
 from torch import Tensor, nn
 
 from dpfair.privacy.gradients import (
@@ -23,7 +23,8 @@ from dpfair.privacy.gradients import (
     trainable_parameters,
 )
 from dpfair.privacy.methods.dpsgd import Dpsgd
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+from dpfair.privacy.methods.keyword_spec import FormerSpec
+from dpfair.privacy.methods.registry import register_method
 
 
 class SharedAscent(PerSampleGradients):
@@ -77,15 +78,7 @@ class DpSat(Dpsgd):
 
 
 @register_method
-class DpSatConfig(MethodSpec):
+class DpSatConfig(FormerSpec):
     method_class = DpSat
     name: Literal["dp_sat"] = "dp_sat"
-    C: PositiveFloat = 1.0
     rho: NonNegativeFloat = 0.086
-
-    def build(self, ctx: BuildContext) -> DpSat:
-        return DpSat(self.C, self.rho)
-
-    @classmethod
-    def example(cls) -> DpSatConfig:
-        return cls(C=0.7)

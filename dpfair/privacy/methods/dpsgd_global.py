@@ -12,7 +12,8 @@ from pydantic import PositiveFloat, model_validator
 from torch import Tensor
 
 from dpfair.privacy.methods.base import Method, State
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+from dpfair.privacy.methods.keyword_spec import KeywordSpec
+from dpfair.privacy.methods.registry import register_method
 
 
 def _check(C0: float, Z: float) -> None:
@@ -36,7 +37,7 @@ class DpsgdGlobal(Method):
 
 
 @register_method
-class DpsgdGlobalConfig(MethodSpec):
+class DpsgdGlobalConfig(KeywordSpec):
     method_class = DpsgdGlobal
     name: Literal["dpsgd_global"] = "dpsgd_global"
     C0: PositiveFloat = 1.0
@@ -46,9 +47,6 @@ class DpsgdGlobalConfig(MethodSpec):
     def _z_bounds_c0(self) -> DpsgdGlobalConfig:
         _check(self.C0, self.Z)
         return self
-
-    def build(self, ctx: BuildContext) -> DpsgdGlobal:
-        return DpsgdGlobal(self.C0, self.Z)
 
     @classmethod
     def example(cls) -> DpsgdGlobalConfig:

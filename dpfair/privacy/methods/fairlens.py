@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import NonNegativeFloat, PositiveFloat
+from pydantic import NonNegativeFloat
 from torch import Tensor, nn
 
 from dpfair.privacy.gradients import (
@@ -30,8 +30,10 @@ from dpfair.privacy.gradients import (
     make_engine,
     trainable_parameters,
 )
+from dpfair.privacy.methods.base import Method
 from dpfair.privacy.methods.dpsgd import Dpsgd
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+from dpfair.privacy.methods.keyword_spec import FormerSpec
+from dpfair.privacy.methods.registry import BuildContext, register_method
 
 
 def _positive_probability(outputs: Tensor) -> Tensor:
@@ -145,20 +147,15 @@ class FairLens(Dpsgd):
 
 
 @register_method
-class FairLensConfig(MethodSpec):
+class FairLensConfig(FormerSpec):
     """FairLens for two groups (R1 and R2 compare group 0 with group 1)."""
 
     method_class = FairLens
     name: Literal["fairlens"] = "fairlens"
-    C: PositiveFloat = 1.0
     gamma1: NonNegativeFloat = 1.0
     gamma2: NonNegativeFloat = 1.0
 
-    def build(self, ctx: BuildContext) -> FairLens:
+    def build(self, ctx: BuildContext) -> Method:
         if ctx.n_groups != 2:
             raise ValueError(f"fairlens is defined for two groups, got n_groups={ctx.n_groups}")
-        return FairLens(self.C, self.gamma1, self.gamma2)
-
-    @classmethod
-    def example(cls) -> FairLensConfig:
-        return cls(C=0.7)
+        return super().build(ctx)
