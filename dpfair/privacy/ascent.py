@@ -1,4 +1,5 @@
-"""Per-sample ascended gradients for BAM (Knolle et al., Alg. 2 line 4):
+"""Per-sample ascended gradients for BAM (Knolle et al., Alg. 2 line 4), and DP-SAT's shared
+ascent (:class:`SharedAscent`). BAM:
 ``g_i = grad l_i(theta + lam u_i)``, ``u_i = grad l_i(theta) / |grad l_i(theta)|`` (the global
 norm over every trainable parameter).
 
@@ -39,9 +40,11 @@ from dpfair.privacy.gradients import (
     LossFn,
     Materialized,
     PerSampleFn,
+    PerSampleGradients,
     fast_path_obstacle,
     global_norm,
     plan_layers,
+    trainable_parameters,
 )
 from dpfair.privacy.layer_grads import (
     ConvGrads,
@@ -355,3 +358,43 @@ class AscentGhost(GhostClipping):
         self._calls = {}
         self.losses = losses  # the loss at theta, as the materialised path reports
         return norms
+
+
+class SharedAscent(PerSampleGradients):
+    """DP-SAT (Park et al.): wraps an engine, per-sample gradients at the one point
+    ``theta + rho d / |d|`` of every sample, ``d`` the last release (post-processing)."""
+
+    def __init__(self, inner: PerSampleGradients, rho: float) -> None:
+        self.inner, self.rho = inner, rho
+        self.direction: list[Tensor] | None = None
+
+    def compute(
+        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
+    ) -> Tensor:
+        if self.direction is None:  # first step: nothing released yet
+            norms = self.inner.compute(model, loss_fn, x, y, groups)
+        else:
+            params = trainable_parameters(model)
+            saved = [p.detach().clone() for p in params]
+            with torch.no_grad():
+                for p, d in zip(params, self.direction, strict=True):
+                    p.add_(d)
+            try:
+                norms = self.inner.compute(model, loss_fn, x, y, groups)
+            finally:
+                with torch.no_grad():
+                    for p, s in zip(params, saved, strict=True):
+                        p.copy_(s)
+        self.losses = self.inner.losses
+        return norms
+
+    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
+        return self.inner.weighted_grad(weights)
+
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        self.inner.add_weighted_grad(weights, into)
+
+    def observe(self, private_grad: list[Tensor]) -> None:
+        norm = global_norm(private_grad)
+        if torch.isfinite(norm) and norm > 0:
+            self.direction = [(self.rho / norm) * g.detach() for g in private_grad]
