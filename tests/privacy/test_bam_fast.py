@@ -43,8 +43,7 @@ class Twice(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.inner = nn.Linear(5, 5)
-        self.head = nn.Linear(5, 3)
+        self.inner, self.head = nn.Linear(5, 5), nn.Linear(5, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
@@ -124,8 +123,7 @@ class BatchFree(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.head = nn.Linear(5, 3)
-        self.offset = nn.Linear(2, 3)
+        self.head, self.offset = nn.Linear(5, 3), nn.Linear(2, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(x) + self.offset(torch.ones(1, 2, dtype=x.dtype))
