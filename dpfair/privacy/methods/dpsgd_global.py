@@ -12,7 +12,8 @@ from pydantic import Field, PositiveFloat, model_validator
 from torch import Tensor
 
 from dpfair.privacy.methods.base import Method, State
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+from dpfair.privacy.methods.keyword_spec import KeywordSpec
+from dpfair.privacy.methods.registry import register_method
 
 
 def _check(C0: float, Z: float) -> None:
@@ -36,7 +37,7 @@ class DpsgdGlobal(Method):
 
 
 @register_method
-class DpsgdGlobalConfig(MethodSpec):
+class DpsgdGlobalConfig(KeywordSpec):
     """Esipova's DPSGD-Global with ``Z >= C0`` (a kept sample's weight ``C0 / Z`` is at most 1)."""
 
     method_class = DpsgdGlobal
@@ -48,9 +49,6 @@ class DpsgdGlobalConfig(MethodSpec):
     def _z_bounds_c0(self) -> DpsgdGlobalConfig:
         _check(self.C0, self.Z)
         return self
-
-    def build(self, ctx: BuildContext) -> DpsgdGlobal:
-        return DpsgdGlobal(self.C0, self.Z)
 
     @classmethod
     def example(cls) -> DpsgdGlobalConfig:
