@@ -307,6 +307,8 @@ def log_search(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, l
         "tuning_privacy": result.tuning_privacy, "score_privacy": result.score_privacy,
         "dpfair.epsilon_search": search.label if release.has_epsilon
         else release.no_epsilon_label,
+        **({"dpfair.accountant_search": str(release.accountant_search),
+            "dpfair.accountant_training": release.accountant_run} if release.has_epsilon else {}),
         **({"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}),
     })
     if search.event is not None and release.has_epsilon:

@@ -151,6 +151,12 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     total = _oracle(dp_event.ComposedDpEvent(released), delta)
     assert parent.data.metrics["epsilon_total"] == pytest.approx(total, rel=1e-4)
     assert out["release"]["epsilon_total"] == pytest.approx(total, rel=1e-4)
+    # every ε of the results names its accountant, the search's run too
+    assert out["release"]["accountant_total"] in accounting.ACCOUNTANTS
+    tuned = out["release"]["methods"]["dpsgd"]
+    assert {tuned["accountant_run"], tuned["accountant_search"], tuned["accountant"]} <= set(
+        accounting.ACCOUNTANTS)
+    assert tune_run.data.tags["dpfair.accountant_search"] == tuned["accountant_search"]
     assert "not covered: non-private reference" in parent.data.tags["dpfair.epsilon_total"]
     assert TEST_METRICS_NOTE in parent.data.tags["mlflow.note.content"]
     for r in dpsgd:
