@@ -47,7 +47,7 @@ from dpfair.cli_base import (
     show_version,
 )
 from dpfair.cli_data import data_app, files_status
-from dpfair.error_boundary import cli_errors
+from dpfair.error_boundary import cli_errors, user_errors_once
 from dpfair.errors import ConfigError, format_validation_error
 from dpfair.settings import DEFAULT_PARAMS
 
@@ -237,6 +237,7 @@ def run(
     check_replaceable(copy_results)  # before anything runs: never delete others' files
     # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
+    user_errors_once()  # a user error inside the flow: printed once, by @cli_errors
     out = run_experiment(str(path), ".", resume=resume, checked=True)
     if copy_results is not None:
         replace_with_copy(out["results_dir"], copy_results)

@@ -38,6 +38,7 @@ from dpfair import experiment as steps  # noqa: E402
 from dpfair.checks import check_run  # noqa: E402
 from dpfair.config import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.data import source_version  # noqa: E402
+from dpfair.errors import DpfairError  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.release import epsilon_text  # noqa: E402
@@ -105,8 +106,10 @@ def task_runner(pipeline: PipelineSection) -> Any:
     return ThreadPoolTaskRunner(max_workers=pipeline.max_workers)
 
 
-def _collect(futures: dict[Any, PrefectFuture], failures: dict[str, str]) -> dict[Any, Any]:
-    """Results of ``futures``; a failed one is recorded under its method label."""
+def _collect(futures: dict[Any, PrefectFuture], failures: dict[str, str],
+             errors: dict[str, Exception]) -> dict[Any, Any]:
+    """Results of ``futures``; a failed one is recorded under its method label (its error in
+    ``errors``)."""
     done = {}
     for key, future in futures.items():
         label = key[0] if isinstance(key, tuple) else key
@@ -114,7 +117,18 @@ def _collect(futures: dict[Any, PrefectFuture], failures: dict[str, str]) -> dic
             done[key] = future.result()
         except Exception as exc:  # one method's failure must not lose the others
             failures.setdefault(label, f"{type(exc).__name__}: {exc}")
+            errors.setdefault(label, exc)
     return done
+
+
+def _raise_user_error(errors: dict[str, Exception], parent: str) -> None:
+    """When every failed method failed on a user error (a ``DpfairError``: bad data or
+    settings), raise the first one as it is: the CLI prints it once with its fix and its exit
+    code. A bug among them leaves it to ``MethodsFailed``."""
+    if errors and all(isinstance(e, DpfairError) for e in errors.values()):
+        _log.warning("method(s) %s stopped on the error below (what ran is logged in MLflow "
+                     "run %s)", ", ".join(sorted(errors)), parent)
+        raise errors[min(errors)] from None
 
 
 @contextmanager
@@ -172,6 +186,7 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
         exp_id = experiment_id(tracking, prepared.name)
         data_tags = {"dpfair.dataset": prepared.name, "dpfair.data_version": data.public_id}
         failures: dict[str, str] = {}
+        errors: dict[str, Exception] = {}
         with _pipeline_run(params, prepared.name, exp_id, data_tags, studies, reserved.id,
                            earlier) as parent:
             spend.context["mlflow_run_id"] = parent
@@ -185,7 +200,8 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
                                           studies[label], plan.methods[label])
                 for label in studies if not (earlier and label in earlier.tuned)
             }
-            tuned = {**(earlier.tuned if earlier else {}), **_collect(tune_futures, failures)}
+            tuned = {**(earlier.tuned if earlier else {}),
+                     **_collect(tune_futures, failures, errors)}
             done = earlier.trained if earlier else {}
             train_futures = {
                 (label, seed): train_seed.submit(
@@ -194,9 +210,11 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
                 for label in plan.methods if label not in failures
                 for seed in exp.seeds if (label, seed) not in done
             }
-            trained = {**done, **_collect(train_futures, failures)}
+            trained = {**done, **_collect(train_futures, failures, errors)}
             runs = [trained[label, seed] for label in plan.methods for seed in exp.seeds
                     if (label, seed) in trained]
+            if not runs:  # nothing to summarise: a user error is raised now
+                _raise_user_error(errors, parent)
             out_dir = Path(root) / "outputs" / parent
             summary: Summary | None = None
             later: list[str] = []
@@ -210,6 +228,7 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
                 _publish(params, privacy, data, reserved, exp_id, parent, summary, failures,
                          registered)
             if failures:
+                _raise_user_error(errors, parent)
                 raise MethodsFailed(
                     "methods failed (the others are logged in MLflow run "
                     f"{parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(failures.items()))

@@ -267,13 +267,38 @@ def test_results_without_runs_is_a_clear_error(tmp_path):
 
 
 def test_failing_method_keeps_the_others(prefect_harness, tmp_path, repo_root, monkeypatch):
-    from flows.experiment import MethodsFailed, run_experiment
+    """A user error inside the flow (a DpfairError from one method's training) ends `dpfair
+    run` as that error: its label and fix printed once, its exit code, no traceback (Prefect's
+    records of it included); the other methods' runs are logged. A bug: MethodsFailed (below)."""
+    import logging
+
+    from typer.testing import CliRunner
+
+    from dpfair.cli import app
+    from dpfair.errors import DataError
 
     monkeypatch.chdir(tmp_path)
-    fail_training_of(monkeypatch, "dpsgd_global")
+    refusal = "column 'x' holds 'q' (row 3), not a number. Fix: correct that value"
+    fail_training_of(monkeypatch, "dpsgd_global", DataError(refusal))
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT)
-    with pytest.raises(MethodsFailed, match="dpsgd_global: RuntimeError: boom"):
-        run_experiment(str(params_path), str(tmp_path))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = [logging.getLogger(n) for n in ("prefect.task_runs", "prefect.flow_runs")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        result = CliRunner().invoke(app, ["run", "--params", str(params_path)])
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert result.exit_code == 2, result.output
+    assert result.output.count(f"data error: {refusal}") == 1, result.output
+    assert result.output.count(refusal) == 1 and "Traceback" not in result.output
+    assert "bug" not in result.output and "MethodsFailed" not in result.output
+    assert [r.getMessage() for r in records if r.levelno >= logging.ERROR] == [
+        "Finished in state Failed (DataError: below)"] * 2  # dpsgd_global, seeds 0 and 1
+    assert not any(r.exc_info or refusal in r.getMessage() for r in records)
     params = load_params(params_path)
     client = MlflowClient(params.tracking.uri)
     exp = client.get_experiment_by_name("dpfair-synthetic")
