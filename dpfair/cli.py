@@ -223,11 +223,16 @@ def run(
         "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
-    from dpfair.checks import check_run
     from dpfair.config import load_params
 
     path = params or Path(DEFAULT_PARAMS)
-    check_run(p := load_params(path))  # data, groups, model: an error before any server
+    p = load_params(path)  # a typo: refused before the checks' imports
+    from dpfair.checks import check_run
+
+    dataset = check_run(p)  # data, groups, model: before any server or tracking library
+    from dpfair.experiment import check_release
+
+    check_release(p, dataset)  # over budget: refused in seconds (and outputs/ kept: dvc.yaml)
     from dpfair.preflight import check_tracking
     check_tracking(p.tracking)
     from dpfair.owned_dir import check_replaceable, replace_with_copy
