@@ -59,6 +59,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # The label of a DpfairError's message (the first class that matches).
 _ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
+    (BudgetExceededError, "budget refused"),
     (ConfigError, "configuration error"),
     (DataError, "data error"),
     (PrivacyError, "privacy error"),
