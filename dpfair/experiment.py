@@ -234,8 +234,8 @@ def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
 
 def check_release(params: Params, dataset: GroupedDataset) -> None:
     """The budget check of ``dpfair run`` (:func:`dpfair.release.check_budget`, a
-    ``PrivacyError`` itemising the spend) in seconds, before the orchestration starts: on the
-    plan of :func:`_scratch_plan` (calibrated first with ``budget.calibrate_noise``). The
+    ``BudgetExceededError`` itemising the spend) in seconds, before the orchestration starts:
+    on the plan of :func:`_scratch_plan` (calibrated first with ``budget.calibrate_noise``). The
     flow checks the real plan again at the privacy gate; with ``tuning.release: all_trials``
     a search's ε depends on the K its real study draws, so only that check applies."""
     tuned = [label for label in params.experiment.methods if label in params.tuning.spaces]
@@ -424,12 +424,14 @@ def train_logged(
     ``final/test/group_accuracy/<group name>``, ``wall_time_s``, and for a method with a
     proven guarantee ``epsilon`` (this run alone) and ``epsilon_method_release`` (everything
     released for the method: ``release``); one without logs no ε, and its ``dpfair.epsilon``
-    tag says why (:mod:`dpfair.release`). No counts: the run's facts (σ, steps, q, δ) are
+    tag is its guarantee (``none``, ``heuristic``; else the planned ε of one run). Tags are
+    tokens and numbers; what they mean in words is the run's description (why no ε, the
+    noise, the test metrics: :mod:`dpfair.release`). No counts: the run's facts (σ, steps, q, δ) are
     params ``privacy.*``; DPSGD-F's per-group ε is the table ``privacy/epsilon_by_group``.
     The model is an MLflow Model of the run (:mod:`dpfair.model_export`)."""
     from dpfair.model_export import log_model
 
-    tuning_privacy = tuned.tuning_privacy if tuned else "not tuned"
+    tuning_privacy = tuned.tuning_privacy if tuned else "not_tuned"
     noise = (NO_NOISE if config.method.privacy_guarantee == "none"
              else REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE)
     notes = {"dpfair.epsilon": release.epsilon_note, "dpfair.noise": noise}
