@@ -227,7 +227,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     results = (repo / "outputs" / "pipeline" / "results.csv").read_bytes()
     refused = subprocess.run(
         [sys.executable, "-m", "dvc", "exp", "run", "evaluate", "-S",
-         "experiment.seeds=[0,1,2,3,4]", "-S", f"budget.epsilon={1.3 * metrics['epsilon_total']}"],
+         "experiment.seeds=[0,1,2,3,4]", "-S", f"+budget.epsilon={1.3 * metrics['epsilon_total']}"],
         cwd=repo, env={**_env(), "PREFECT_HOME": str(tmp_path / "prefect")},
         capture_output=True, text=True, timeout=300)
     printed = refused.stdout + refused.stderr
