@@ -218,31 +218,25 @@ def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
 
 def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
     """:func:`plan_release` with the searches prepared in a throwaway storage (K is drawn only
-    in the real study, later)."""
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" for scratch
-    try:
-        with tempfile.TemporaryDirectory(prefix="dpfair-scratch-") as tmp:
-            scratch = params.model_copy(deep=True)
-            scratch.tuning.settings["storage"] = f"sqlite:///{Path(tmp) / 'scratch.db'}"
-            studies = {label: f"scratch-{label}" for label in params.experiment.methods
-                       if label in params.tuning.spaces}
+    in the real study, later; Optuna's "study created" lines are not shown for it)."""
+    scratch, verbosity = params.model_copy(deep=True), optuna.logging.get_verbosity()
+    studies = {m: f"scratch-{m}" for m in params.experiment.methods if m in params.tuning.spaces}
+    with tempfile.TemporaryDirectory(prefix="dpfair-scratch-") as tmp:
+        scratch.tuning.settings["storage"] = f"sqlite:///{Path(tmp) / 'scratch.db'}"
+        try:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
             return plan_release(scratch, dataset, studies)
-    finally:
-        optuna.logging.set_verbosity(verbosity)
+        finally:
+            optuna.logging.set_verbosity(verbosity)
 
 
 def check_release(params: Params, dataset: GroupedDataset) -> None:
-    """The budget check of ``dpfair run`` (:func:`dpfair.release.check_budget`, a
-    ``BudgetExceededError`` itemising the spend) in seconds, before the orchestration starts:
-    on the plan of :func:`_scratch_plan` (calibrated first with ``budget.calibrate_noise``). The
-    flow checks the real plan again at the privacy gate; with ``tuning.release: all_trials``
-    a search's ε depends on the K its real study draws, so only that check applies."""
-    tuned = [label for label in params.experiment.methods if label in params.tuning.spaces]
-    if tuned and params.tuning.release == "all_trials":
-        return
-    params = calibrated_params(params, dataset)
-    check_budget(_scratch_plan(params, dataset), params.budget)
+    """``dpfair run``'s budget check (:func:`dpfair.release.check_budget`) in seconds, before
+    the orchestration, on a :func:`_scratch_plan`; the privacy gate checks the real plan again
+    (alone with ``tuning.release: all_trials``: a search's ε depends on the real study's K)."""
+    if not (params.tuning.spaces and params.tuning.release == "all_trials"):
+        checked = calibrated_params(params, dataset)
+        check_budget(_scratch_plan(checked, dataset), checked.budget)
 
 
 def _check_planned(result: TuningResult, cfg: TuningConfig, release: MethodRelease,
@@ -331,15 +325,14 @@ def log_search(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, l
         assert release.epsilon_search is not None  # a tuned method's release has a search
         metrics = {"epsilon_search": release.epsilon_search,
                    "epsilon_training": release.epsilon_run, "delta": release.delta}
-    searched = (tag_number(release.epsilon_search) if release.has_epsilon
-                and release.epsilon_search is not None else release.guarantee)
+    bounded = release.has_epsilon and release.epsilon_search is not None
+    noise = {"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}
     set_tags(tracking, tune_run_id, described({
         "tuning_privacy": result.tuning_privacy, "score_privacy": result.score_privacy,
-        "dpfair.epsilon_search": searched,
-        **({"dpfair.noise": NOISE_TOKEN[REPLAYABLE_NOISE]} if search.reproducible else {}),
-    }, {"dpfair.epsilon_search": search.label if release.has_epsilon
-        else release.no_epsilon_label,
-        **({"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {})}))
+        "dpfair.epsilon_search": tag_number(release.epsilon_search) if bounded
+        else release.guarantee, **{k: NOISE_TOKEN[v] for k, v in noise.items()}},
+        {"dpfair.epsilon_search": search.label if release.has_epsilon
+         else release.no_epsilon_label, **noise}))
     if search.event is not None and release.has_epsilon:
         log_text(tracking, tune_run_id, accounting.event_to_json(search.event),
                  "dp_event_search.json")
@@ -423,12 +416,10 @@ def train_logged(
     (``final/test/*``), each group's final accuracy under
     ``final/test/group_accuracy/<group name>``, ``wall_time_s``, and for a method with a
     proven guarantee ``epsilon`` (this run alone) and ``epsilon_method_release`` (everything
-    released for the method: ``release``); one without logs no ε, and its ``dpfair.epsilon``
-    tag is its guarantee (``none``, ``heuristic``; else the planned ε of one run). Tags are
-    tokens and numbers; what they mean in words is the run's description (why no ε, the
-    noise, the test metrics: :mod:`dpfair.release`). No counts: the run's facts (σ, steps, q, δ) are
-    params ``privacy.*``; DPSGD-F's per-group ε is the table ``privacy/epsilon_by_group``.
-    The model is an MLflow Model of the run (:mod:`dpfair.model_export`)."""
+    released for the method: ``release``); one without logs no ε, its ``dpfair.epsilon`` tag
+    is its guarantee, and the run's description says why (:mod:`dpfair.release`). No counts:
+    the run's facts (σ, steps, q, δ) are params ``privacy.*``; DPSGD-F's per-group ε is the
+    table ``privacy/epsilon_by_group``; the model: an MLflow Model (:mod:`dpfair.model_export`)."""
     from dpfair.model_export import log_model
 
     tuning_privacy = tuned.tuning_privacy if tuned else "not_tuned"
