@@ -42,7 +42,8 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 import torch
@@ -314,22 +315,28 @@ def _import_model(
                 f"model {cfg.target}: kwargs {cfg.kwargs} do not fit its signature "
                 f"{signature}: {err}{hint}"
             ) from err
-    try:
+    with users_code(f"model {cfg.target}", f"model {cfg.target}(**{kwargs}) raised"):
         model = factory(**kwargs)
-    except Terminated:
-        raise
-    except SystemExit as err:
-        raise user_exit(err, f"model {cfg.target}") from None
-    except Exception as err:
-        raise ConfigError(
-            f"model {cfg.target}(**{kwargs}) raised {type(err).__name__}: {err}"
-        ) from err
     if not isinstance(model, nn.Module):
         raise ConfigError(
             f"model {cfg.target} returned a {type(model).__name__}, not a torch.nn.Module"
         )
     check_output_shape(model, input_shape, n_classes, cfg.target)
     return model
+
+
+@contextmanager
+def users_code(what: str, failed: str) -> Iterator[None]:
+    """Around a call of the user's code ``what``: a stop request (``Terminated``) passes, and
+    ``sys.exit`` or any other exception becomes a ConfigError (``failed``, then the error)."""
+    try:
+        yield
+    except Terminated:
+        raise
+    except SystemExit as err:
+        raise user_exit(err, what) from None
+    except Exception as err:
+        raise ConfigError(f"{failed} {type(err).__name__}: {err}") from err
 
 
 def check_output_shape(
@@ -339,20 +346,12 @@ def check_output_shape(
     shape ``(2, n_classes)`` (evaluated in eval mode, without gradients; the mode is restored)."""
     was_training = model.training
     device = next(model.parameters(), torch.empty(0)).device
+    failed = (f"{what}: the forward pass failed on a dummy batch of shape {(2, *input_shape)} "
+              f"(the data's input shape {input_shape} with a batch dimension):")
     model.eval()
     try:
-        with torch.no_grad():
+        with users_code(f"{what}: the forward pass", failed), torch.no_grad():
             out = model(torch.zeros(2, *input_shape, device=device))
-    except Terminated:
-        raise
-    except SystemExit as err:
-        raise user_exit(err, f"{what}: the forward pass") from None
-    except Exception as err:
-        raise ConfigError(
-            f"{what}: the forward pass failed on a dummy batch of shape {(2, *input_shape)} "
-            f"(the data's input shape {input_shape} with a batch dimension): "
-            f"{type(err).__name__}: {err}"
-        ) from err
     finally:
         model.train(was_training)
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

@@ -229,3 +229,14 @@ def test_an_empty_kind_and_unsafe_dataset_names_get_clear_messages():
         assert f"the dataset name {name!r} cannot name a folder of prepared data" in msg
         with pytest.raises(ConfigError, match="is no dataset name .* a name has letters"):
             parse_params({}).dataset(name)
+
+
+@pytest.mark.parametrize("value", ["12GB", -1, 0, 1.5])
+def test_max_engine_memory_is_a_whole_number_of_mib(value):
+    train = {"epochs": 2, "sigma": 1.0, "max_engine_memory": value}
+    msg = _error({"experiment": {"train": train}})
+    assert msg.startswith("invalid params.yaml: experiment.train.max_engine_memory: ")
+    assert f"whole number of MiB between 1 and 1073741824, got {value!r}: write e.g. 12288" in msg
+    train["max_engine_memory"] = 12288
+    params = parse_params({"experiment": {"train": train}})
+    assert params.experiment.train.max_engine_memory == 12288

@@ -20,9 +20,9 @@ from dpfair.data.registry import (
     load_dataset,
     options_model,
     parse_options,
+    source_version,
     specs,
 )
-from dpfair.data.version import source_version
 from dpfair.errors import DataError
 
 __all__ = [

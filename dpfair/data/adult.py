@@ -35,7 +35,7 @@ from dpfair.data.errors import DataError
 from dpfair.data.options import GroupRatioOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import fetch, source
-from dpfair.data.splits import ratio_index, rng, train_val_test
+from dpfair.data.splits import holdout_dataset, ratio_index, rng
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -161,15 +161,10 @@ def load_adult(opts: AdultOptions) -> GroupedDataset:
         index = balanced_index(g, opts.samples_per_group, opts.seed, group_names)
     elif opts.group_ratios is not None:
         index = ratio_index(g, opts.group_ratios, opts.seed, group_names)
-    train, val, test = train_val_test(
-        x[index], y[index], g[index], seed=opts.seed,
-        test_fraction=opts.test_fraction, validation_fraction=opts.validation_fraction,
-    )
-    return GroupedDataset(
-        name="adult", train=train, val=val, test=test,
-        class_names=list(CLASS_NAMES), group_names=list(group_names),
+    return holdout_dataset(
+        "adult", opts, x[index], y[index], g[index],
+        class_names=CLASS_NAMES, group_names=group_names,
         meta={
-            "options": opts.model_dump(mode="json", exclude_none=True),
             "feature_names": list(names),
             "n_rows_cleaned": int(len(y)),
             "sources": {p.name: m for p, m in zip(paths, md5s, strict=True)},

@@ -31,6 +31,7 @@ from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import cache_dir, mirror_dir
 from dpfair.data.splits import holdout, make_split, rng
+from dpfair.data.version import tree_version
 
 ATTR_FILE = "list_attr_celeba.txt"
 PARTITION_FILE = "list_eval_partition.txt"
@@ -125,8 +126,14 @@ def _load_images(images: Path, files: list[str], size: int) -> np.ndarray:
     return out
 
 
+def celeba_version(opts: CelebAOptions) -> str:
+    """Manifest version of the two label files (they list every image)."""
+    root, _ = find_root(opts)
+    return tree_version(root, [root / ATTR_FILE, root / PARTITION_FILE])
+
+
 @register("celeba", CelebAOptions, "CelebA 64x64, target Male, group Eyeglasses (official split)",
-          needs_files=True)
+          needs_files=True, version=celeba_version)
 def load_celeba(opts: CelebAOptions) -> GroupedDataset:
     root, images = find_root(opts)
     attrs = read_attributes(root / ATTR_FILE, ("Male", "Eyeglasses"))

@@ -11,6 +11,7 @@ the fair methods recover.
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -20,6 +21,7 @@ from dpfair.data.dataset import GroupedDataset
 from dpfair.data.registry import register
 from dpfair.data.skew import SkewOptions, skew_index
 from dpfair.data.splits import carve_validation, holdout, make_split
+from dpfair.data.version import file_version
 
 CLASS_NAMES = [str(d) for d in range(10)]
 
@@ -44,8 +46,15 @@ def _raw() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def digits_version(opts: DigitsOptions) -> str:
+    """md5 of sklearn's bundled digits file (the same for any options)."""
+    import sklearn.datasets
+
+    return file_version(Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz")
+
+
 @register("digits", DigitsOptions, "sklearn 8x8 digits, skewed like MNIST (no files needed)",
-          needs_files=False)
+          needs_files=False, version=digits_version)
 def load_digits(opts: DigitsOptions) -> GroupedDataset:
     x, y = _raw()
     rest, test = holdout(len(y), opts.test_fraction, opts.seed, stream=1)

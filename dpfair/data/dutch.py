@@ -26,7 +26,7 @@ from dpfair.data.errors import DataError
 from dpfair.data.options import GroupRatioOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import fetch, source
-from dpfair.data.splits import ratio_index, train_val_test
+from dpfair.data.splits import holdout_dataset, ratio_index
 
 FILE = "dutch_census_2001.arff"
 TARGET = "occupation"
@@ -94,17 +94,7 @@ def load_dutch(opts: DutchOptions) -> GroupedDataset:
     if opts.group_ratios is not None:
         index = ratio_index(g, opts.group_ratios, opts.seed, list(GROUP_NAMES))
         x, y, g = x[index], y[index], g[index]
-    train, val, test = train_val_test(
-        x, y, g, seed=opts.seed,
-        test_fraction=opts.test_fraction, validation_fraction=opts.validation_fraction,
-    )
-    return GroupedDataset(
-        name="dutch", train=train, val=val, test=test,
-        class_names=list(CLASS_NAMES), group_names=list(GROUP_NAMES),
-        meta={
-            "options": opts.model_dump(mode="json", exclude_none=True),
-            "feature_names": list(names),
-            "n_rows_cleaned": int(len(y)),
-            "sources": {FILE: md5},
-        },
+    return holdout_dataset(
+        "dutch", opts, x, y, g, class_names=CLASS_NAMES, group_names=GROUP_NAMES,
+        meta={"feature_names": list(names), "n_rows_cleaned": int(len(y)), "sources": {FILE: md5}},
     )

@@ -23,6 +23,7 @@ categories one-hot over the declared list (missing or unknown: all zeros).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -68,6 +69,16 @@ def category_text(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def first_missing(frame: pd.DataFrame, columns: Iterable[str]) -> tuple[str, pd.Index] | None:
+    """The first of ``columns`` that misses a value in ``frame``, with the rows (index labels)
+    where it does; None when no value is missing."""
+    for col in columns:
+        rows = frame.index[frame[col].isna()]
+        if len(rows):
+            return col, rows
+    return None
 
 
 def to_categories(values: pd.Series) -> pd.Series:
@@ -154,15 +165,12 @@ class TablePreprocessor:
         row): numbers must be numbers, a missing value needs ``missing: impute``, and with
         ``unknown="error"`` every category value must be one the transform encodes."""
         raw = self._raw(frame)
-        if not self.impute:
-            for col in self.columns:
-                rows = raw.index[raw[col].isna()]
-                if len(rows):
-                    raise DataError(
-                        f"column {col!r} has no value in row(s) "
-                        f"{', '.join(map(str, rows[:5].tolist()))}: the model was trained "
-                        "without missing values (the dataset's missing: impute would fill them); "
-                        "give a value")
+        if not self.impute and (gap := first_missing(raw, self.columns)) is not None:
+            col, rows = gap
+            raise DataError(
+                f"column {col!r} has no value in row(s) {', '.join(map(str, rows[:5].tolist()))}:"
+                " the model was trained without missing values (the dataset's missing: impute "
+                "would fill them); give a value")
         if self.unknown != "error":
             return
         for col, known in self.known_categories().items():

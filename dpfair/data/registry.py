@@ -8,8 +8,8 @@ Python registration is needed.
 ``load_dataset(name, options)`` validates ``options`` (a mapping, an options model or None for
 the defaults) against the dataset's pydantic model, calls its loader, checks the values it
 produced (``checks.check_values``: finite features, integer ids in range), so every loader is
-covered, and records the source's version (``version.source_version``) as
-``meta["data_version"]``.
+covered, and records the source's version (``source_version``: the version the dataset's module
+declares, ``version.py``) as ``meta["data_version"]``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.options import DatasetOptions
+from dpfair.data.version import builtin_version
 from dpfair.errors import ConfigError, did_you_mean, format_validation_error
 
 Loader = Callable[[Any], GroupedDataset]
@@ -40,6 +41,7 @@ class DatasetSpec:
     loader: Loader
     summary: str
     needs_files: bool
+    version: Callable[[Any], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -58,12 +60,14 @@ _KINDS: dict[str, KindSpec] = {}
 
 
 def register(
-    name: str, options: type[DatasetOptions], summary: str, *, needs_files: bool
+    name: str, options: type[DatasetOptions], summary: str, *, needs_files: bool,
+    version: Callable[[Any], str] | None = None,
 ) -> Callable[[Loader], Loader]:
-    """Decorator registering ``loader(options) -> GroupedDataset`` under ``name``."""
+    """Decorator registering ``loader(options) -> GroupedDataset`` under ``name``;
+    ``version(options)`` is its source's md5 (default ``version.builtin_version``)."""
 
     def deco(loader: Loader) -> Loader:
-        _REGISTRY[name] = DatasetSpec(name, options, loader, summary, needs_files)
+        _REGISTRY[name] = DatasetSpec(name, options, loader, summary, needs_files, version)
         return loader
 
     return deco
@@ -175,6 +179,20 @@ def parse_options(
         ) from None
 
 
+def source_version(name: str, options: Mapping[str, Any] | BaseModel | None = None) -> str:
+    """md5 hex of the source of dataset ``name`` with ``options`` (``version.py`` says which).
+
+    Cheap: reads the source file(s) once, never preprocesses or splits. A ConfigError for an
+    unknown dataset or bad options, a DataError naming the file when a source is unreadable.
+    """
+    opts = parse_options(name, options)
+    kind = kind_spec(opts)
+    if kind is not None:
+        return kind.version(opts)
+    spec = get_spec(name)
+    return spec.version(opts) if spec.version is not None else builtin_version(name, opts)
+
+
 def load_dataset(
     name: str, options: Mapping[str, Any] | BaseModel | None = None
 ) -> GroupedDataset:
@@ -183,8 +201,6 @@ def load_dataset(
     ``options`` with a ``kind`` (``table``, ``image_folder``) load the user's own dataset under
     ``name``. A DataError if the loader's output holds a NaN or inf feature or an id out of range.
     """
-    from dpfair.data.version import source_version
-
     opts = parse_options(name, options)
     kind = kind_spec(opts)
     ds = kind.loader(name, opts) if kind is not None else get_spec(name).loader(opts)

@@ -55,28 +55,29 @@ _MNIST_FALLBACK = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 _FASHION = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 
 
+#: The four files of an IDX dataset (MNIST's format), in their order.
+_IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+
+def _idx(dataset: str, dirname: str, base: str, fallback: str | None,
+         md5s: tuple[str, ...]) -> list[tuple[str, str, str, str, str, str | None]]:
+    """The rows of an IDX dataset's four files (``md5s`` in ``_IDX_FILES``' order)."""
+    return [(dataset, dirname, f, base, m, fallback) for f, m in zip(_IDX_FILES, md5s, strict=True)]
+
+
 def _records() -> dict[tuple[str, str], SourceFile]:
     rows = [
         ("adult", "adult", "adult.data", _UCI, "5d7c39d7b8804f071cdd1f2a7c460872", None),
         ("adult", "adult", "adult.test", _UCI, "35238206dfdf7f1fe215bbb874adecdc", None),
         ("dutch", "dutch", "dutch_census_2001.arff", _DUTCH,
          "ff7daa26f4a3119448a20302a1fa7574", None),
-        ("mnist", "mnist", "train-images-idx3-ubyte.gz", _MNIST,
-         "f68b3c2dcbeaaa9fbdd348bbdeb94873", _MNIST_FALLBACK),
-        ("mnist", "mnist", "train-labels-idx1-ubyte.gz", _MNIST,
-         "d53e105ee54ea40749a09fcbcd1e9432", _MNIST_FALLBACK),
-        ("mnist", "mnist", "t10k-images-idx3-ubyte.gz", _MNIST,
-         "9fb629c4189551a2d022fa330f9573f3", _MNIST_FALLBACK),
-        ("mnist", "mnist", "t10k-labels-idx1-ubyte.gz", _MNIST,
-         "ec29112dd5afa0611ce80d1b7f02629c", _MNIST_FALLBACK),
-        ("fashion_mnist", "fashion-mnist", "train-images-idx3-ubyte.gz", _FASHION,
-         "8d4fb7e6c68d591d4c3dfef9ec88bf0d", None),
-        ("fashion_mnist", "fashion-mnist", "train-labels-idx1-ubyte.gz", _FASHION,
-         "25c81989df183df01b3e8a0aad5dffbe", None),
-        ("fashion_mnist", "fashion-mnist", "t10k-images-idx3-ubyte.gz", _FASHION,
-         "bef4ecab320f06d8554ea6380940ec79", None),
-        ("fashion_mnist", "fashion-mnist", "t10k-labels-idx1-ubyte.gz", _FASHION,
-         "bb300cfdad3c16e7a12a480ee83cd310", None),
+        *_idx("mnist", "mnist", _MNIST, _MNIST_FALLBACK, (
+            "f68b3c2dcbeaaa9fbdd348bbdeb94873", "d53e105ee54ea40749a09fcbcd1e9432",
+            "9fb629c4189551a2d022fa330f9573f3", "ec29112dd5afa0611ce80d1b7f02629c")),
+        *_idx("fashion_mnist", "fashion-mnist", _FASHION, None, (
+            "8d4fb7e6c68d591d4c3dfef9ec88bf0d", "25c81989df183df01b3e8a0aad5dffbe",
+            "bef4ecab320f06d8554ea6380940ec79", "bb300cfdad3c16e7a12a480ee83cd310")),
     ]
     out = {}
     for dataset, dirname, filename, base, md5, fallback in rows:

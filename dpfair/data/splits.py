@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpfair.data.dataset import Split
+from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.data.errors import DataError
 
 if TYPE_CHECKING:
     import torch
+
+    from dpfair.data.options import HoldoutOptions
 
 
 def rng(seed: int, stream: int = 0) -> np.random.Generator:
@@ -100,6 +103,22 @@ def train_val_test(
         make_split(x[train], y[train], g[train], divisor),
         make_split(x[val], y[val], g[val], divisor),
         make_split(x[test], y[test], g[test], divisor),
+    )
+
+
+def holdout_dataset(name: str, opts: HoldoutOptions, x: np.ndarray, y: np.ndarray,
+                    g: np.ndarray, *, class_names: Sequence[str], group_names: Sequence[str],
+                    meta: dict[str, Any]) -> GroupedDataset:
+    """Dataset ``name`` of an encoded table without an official split: :func:`train_val_test`
+    at ``opts``' seed and fractions; ``meta`` plus ``opts`` as ``meta["options"]``."""
+    train, val, test = train_val_test(
+        x, y, g, seed=opts.seed,
+        test_fraction=opts.test_fraction, validation_fraction=opts.validation_fraction,
+    )
+    return GroupedDataset(
+        name=name, train=train, val=val, test=test,
+        class_names=list(class_names), group_names=list(group_names),
+        meta={"options": opts.model_dump(mode="json", exclude_none=True), **meta},
     )
 
 

@@ -38,6 +38,7 @@ from dpfair.data.options import HoldoutOptions
 from dpfair.data.preprocess import (
     TablePreprocessor,
     category_text,
+    first_missing,
     numeric_problems,
     to_categories,
 )
@@ -157,14 +158,13 @@ def _columns(frame: pd.DataFrame, opts: TableOptions, where: Where) -> list[str]
 def _missing(frame: pd.DataFrame, opts: TableOptions, where: Where) -> pd.DataFrame:
     labels = [opts.target, *opts.protected]
     if opts.missing == "error":
-        for col in frame.columns:
-            rows = frame.index[frame[col].isna()]
-            if len(rows):
-                raise DataError(
-                    f"column {col!r} of {where.source} has missing values ({where.rows(rows)}) "
-                    f"and {where.key('missing')} is 'error'. Fix: fill them in, or set "
-                    f"{where.key('missing')} to 'drop' (drop those rows) or 'impute'"
-                )
+        if (gap := first_missing(frame, frame.columns)) is not None:
+            col, rows = gap
+            raise DataError(
+                f"column {col!r} of {where.source} has missing values ({where.rows(rows)}) "
+                f"and {where.key('missing')} is 'error'. Fix: fill them in, or set "
+                f"{where.key('missing')} to 'drop' (drop those rows) or 'impute'"
+            )
         return frame
     check = list(frame.columns) if opts.missing == "drop" else labels
     kept = frame.dropna(subset=check)

@@ -1,8 +1,10 @@
 """The data version of a dataset's source: an md5 computed without preparing the dataset.
 
-``source_version(name, options)`` is what a scheduler compares to decide whether anything
-changed, and what every loaded dataset carries as ``meta["data_version"]``
-(``registry.load_dataset`` sets it from this function, so the two never disagree):
+``registry.source_version(name, options)`` is what a scheduler compares to decide whether
+anything changed, and what every loaded dataset carries as ``meta["data_version"]``
+(``registry.load_dataset`` sets it from that function, so the two never disagree). Each
+dataset's loader module declares its version (``@register(..., version=...)``,
+``@register_kind(..., version=...)``) from the pieces here, which import no loader:
 
 * a file dataset (``kind: table``): the md5 of the file's bytes, the hash ``dvc add`` records
   for it in its ``.dvc`` file;
@@ -20,9 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -55,37 +56,12 @@ def tree_version(root: str | Path, files: Iterable[Path], extra: Iterable[Path] 
     return manifest_version(entries)
 
 
-def _as_dict(options: Mapping[str, Any] | BaseModel | None) -> dict[str, Any]:
-    if options is None:
-        return {}
-    if isinstance(options, BaseModel):
-        return options.model_dump(mode="json")
-    return dict(options)
-
-
-def source_version(name: str, options: Mapping[str, Any] | BaseModel | None = None) -> str:
-    """md5 hex of the source of dataset ``name`` with ``options`` (see the module docstring).
-
-    Cheap: reads the source file(s) once, never preprocesses or splits. A ConfigError for an
-    unknown dataset or bad options, a DataError naming the file when a source is unreadable.
-    """
-    from dpfair.data.registry import kind_spec, parse_options
-
-    opts = parse_options(name, options)
-    spec = kind_spec(opts)
-    if spec is not None:
-        return spec.version(opts)
+def builtin_version(name: str, options: BaseModel) -> str:
+    """The version of a built-in dataset that declares no ``version`` of its own: its raw files'
+    canonical md5s (``sources.py``), or, without raw files, the md5 of its options."""
     files = sources_of(name)
     if files:
         return manifest_version((f.filename, f.md5) for f in files)
-    if name == "digits":
-        import sklearn.datasets
-
-        return file_version(Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz")
-    if name == "celeba":
-        from dpfair.data.celeba import ATTR_FILE, PARTITION_FILE, find_root
-
-        root, _ = find_root(opts)  # type: ignore[arg-type]
-        return tree_version(root, [root / ATTR_FILE, root / PARTITION_FILE])
-    canonical = json.dumps({"dataset": name, "options": _as_dict(opts)}, sort_keys=True)
+    canonical = json.dumps({"dataset": name, "options": options.model_dump(mode="json")},
+                           sort_keys=True)
     return hashlib.md5(canonical.encode()).hexdigest()

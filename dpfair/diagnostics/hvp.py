@@ -110,14 +110,8 @@ def rademacher(n: int, dtype: torch.dtype, seed: int) -> Tensor:
     return (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).to(dtype)
 
 
-def hutchinson_trace(
-    fm: FlatModel,
-    x: Tensor,
-    y: Tensor,
-    n_probes: int = 100,
-    seed: int = 0,
-    chunk_size: int = 1024,
-) -> tuple[float, float]:
+def hutchinson_trace(fm: FlatModel, x: Tensor, y: Tensor, n_probes: int = 100, seed: int = 0,
+                     chunk_size: int = 1024) -> tuple[float, float]:
     """Hutchinson's estimate of Tr(H) = E_z[z^T H z], z Rademacher (Esipova et al. App. B.3).
 
     Returns the mean of ``n_probes`` values z^T H z and its standard error

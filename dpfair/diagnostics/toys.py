@@ -24,23 +24,11 @@ Variant = Literal["sgd", "clipped", "magnitude", "direction"]
 VARIANTS: tuple[Variant, ...] = ("sgd", "clipped", "magnitude", "direction")
 
 
-def bimodal_mean_toy(
-    *,
-    c_lb: float = 0.0,
-    n: int = 1000,
-    minority_fraction: float = 0.4,
-    spread: float = 0.0,
-    steps: int = 3000,
-    lr: float = 0.05,
-    sample_rate: float = 0.1,
-    c_init: float = 1.0,
-    tau: float = 1.0,
-    gamma: float = 0.5,
-    eta_c: float = 0.2,
-    sigma: float = 0.0,
-    sigma_count: float | None = None,
-    seed: int = 0,
-) -> dict:
+def bimodal_mean_toy(*, c_lb: float = 0.0, n: int = 1000, minority_fraction: float = 0.4,
+                     spread: float = 0.0, steps: int = 3000, lr: float = 0.05,
+                     sample_rate: float = 0.1, c_init: float = 1.0, tau: float = 1.0,
+                     gamma: float = 0.5, eta_c: float = 0.2, sigma: float = 0.0,
+                     sigma_count: float | None = None, seed: int = 0) -> dict:
     """Zhao et al.'s Fig. 1 (left): mean estimation with (bounded) adaptive clipping.
 
     Data: a fraction ``1 − minority_fraction`` of the n points at 0 and the rest at 1 (plus

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -235,31 +235,16 @@ def _format_cell(mean: float, se: float, digits: int) -> str:
 
 
 def comparison_table(
-    runs: pd.DataFrame,
-    groups: Sequence[str],
-    *,
-    reference: str = "nonprivate",
-    labels: Sequence[str] | None = None,
-    layout: Literal["esipova", "xu", "groups"] = "esipova",
-    paired_reference: bool = False,
-    tau: float = XU_TAU,
-    max_gap_groups: Sequence[str] | None = None,
-    pair: Sequence[str] | None = None,
-    costs: bool = True,
-    percent: bool | None = None,
-    decimals: Mapping[str, int] | None = None,
+    runs: pd.DataFrame, groups: Sequence[str], *, percent: bool | None = None,
+    decimals: Mapping[str, int] | None = None, **options: Any,
 ) -> pd.DataFrame:
     """Method x column table of ``"mean ± se"`` strings in a paper's layout.
 
-    See :func:`comparison_stats` for the columns and :func:`format_table` for the cells.
-    ``percent`` defaults to True for Esipova's and the groups layout (accuracies in %) and
-    False for Xu's (fractions). Render with ``.to_markdown()`` or ``.to_csv(path)``.
+    ``options`` are :func:`comparison_stats`' (``reference``, ``labels``, ``layout``, ...; it
+    names the columns); :func:`format_table` makes the cells. ``percent`` defaults to True for
+    Esipova's and the groups layout (accuracies in %) and False for Xu's (fractions). Render
+    with ``.to_markdown()`` or ``.to_csv(path)``.
     """
-    frame = comparison_stats(
-        runs, groups, reference=reference, labels=labels, layout=layout,
-        paired_reference=paired_reference, tau=tau, max_gap_groups=max_gap_groups, pair=pair,
-        costs=costs,
-    )
-    percent = layout != "xu" if percent is None else percent
+    frame = comparison_stats(runs, groups, **options)
+    percent = options.get("layout") != "xu" if percent is None else percent
     return format_table(frame, percent=percent, decimals=decimals)
-

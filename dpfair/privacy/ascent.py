@@ -1,4 +1,5 @@
-"""Per-sample ascended gradients for BAM (Knolle et al., Alg. 2 line 4):
+"""Per-sample ascended gradients for BAM (Knolle et al., Alg. 2 line 4), and DP-SAT's shared
+ascent (:class:`SharedAscent`). BAM:
 ``g_i = grad l_i(theta + lam u_i)``, ``u_i = grad l_i(theta) / |grad l_i(theta)|`` (the global
 norm over every trainable parameter).
 
@@ -16,8 +17,11 @@ norm over every trainable parameter).
   affine gradients. Pass 1 is the ghost-clipping pass at ``theta``
   (:class:`dpfair.privacy.gradients.GhostClipping`: the factors and ``|g_i|``); pass 2 runs it
   again with forward hooks adding the corrections (later layers see the ascended activations,
-  as they must), so its ghost norms and weighted sum are those of the ascended gradients.
-  Cost: about two DP-SGD steps, and for a convolution its per-sample kernels.
+  as they must), so its ghost norms and weighted sum are those of the ascended gradients. The
+  corrections reuse pass 1's per-layer state: its balanced factors, bias sums, a norm layer's
+  per-sample gradients and a convolution's per-sample kernels where its norms formed them.
+  Cost: about two DP-SGD steps. Every layer from the first trainable one on sees shifted
+  inputs, so pass 2's forward and backward are needed whole.
 
 Both clamp ``|g_i|`` to the smallest normal number before dividing (a zero gradient moves
 nothing), and a sample with a non-finite norm gets a non-finite ascended norm (weight 0 in the
@@ -31,20 +35,25 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpfair.privacy.conv_factors import padded_input
-from dpfair.privacy.factors import balanced
 from dpfair.privacy.gradients import (
     GhostClipping,
     LossFn,
     Materialized,
     PerSampleFn,
+    PerSampleGradients,
     fast_path_obstacle,
     global_norm,
     plan_layers,
+    trainable_parameters,
 )
 from dpfair.privacy.layer_grads import (
+    ConvGrads,
+    DenseGrads,
     EmbeddingGrads,
+    LayerGrads,
+    PerSampleLayer,
+    SequenceGrads,
     layer_factors,
-    norm_layer_grads,
 )
 
 
@@ -99,111 +108,123 @@ def ghost_ascent_obstacle(model: nn.Module) -> str | None:
     return None
 
 
-def _positions(calls: list[Tensor], b: int) -> Tensor:
-    """A layer's per-call tensors ``(B, ..., k)`` as one ``(B, T, k)``, the calls' positions
-    concatenated (a view for one call)."""
-    flat = [t.reshape(b, -1, t.shape[-1]) for t in calls]
-    return flat[0] if len(flat) == 1 else torch.cat(flat, 1)
-
-
 class _Shift:
     """Forward hook adding sample ``i``'s ascent ``s_i`` (its share of ``lam u_i``) to a layer's
-    output. ``still`` (``s_i = 0``: an infinite norm; ``None`` when there is none) gets no shift
-    at all, as ``theta + 0 g_i`` is ``theta`` there (never ``0 * inf``)."""
+    output, built from pass 1's per-layer factors (the layer's
+    :data:`dpfair.privacy.layer_grads.LayerGrads`: nothing is formed twice). ``still``
+    (``s_i = 0``: an infinite norm; ``None`` when there is none) gets no shift at all, as
+    ``theta + 0 g_i`` is ``theta`` there (never ``0 * inf``)."""
 
     def __init__(self, scale: Tensor, still: Tensor | None) -> None:
-        self.dtype, self.still = scale.dtype, still
+        self.scale, self.dtype, self.still = scale, scale.dtype, still
 
     def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
         """The change of the layer's output (of ``shape``, or broadcast to it) on its input
         ``x`` (floating inputs in the parameters' dtype)."""
         raise NotImplementedError
 
-    def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        x = args[0]
-        with torch.autocast(x.device.type, enabled=False):  # the shift in full precision
-            shift = self.shift(x.to(self.dtype) if x.is_floating_point() else x, output.shape)
+    def shifted(self, x: Tensor, output: Tensor) -> Tensor:
+        """The layer's output on ``x`` at each sample's ascended parameters."""
+        shift = self.shift(x, output.shape)
         if self.still is not None:
             shift = torch.where(self.still.view(-1, *([1] * (shift.dim() - 1))), 0, shift)
         return output + shift.to(output.dtype)
 
+    def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        x = args[0]
+        with torch.autocast(x.device.type, enabled=False):  # the shift in full precision
+            return self.shifted(x.to(self.dtype) if x.is_floating_point() else x, output)
+
 
 class _LinearShift(_Shift):
     """A Linear's ascent on ``x_t``: ``s_i sum_s d_s (a_s . x_t + 1)`` over the positions ``s``
-    of its pass-1 calls. The weight's factors are balanced first
-    (:func:`dpfair.privacy.layer_grads.balance_factors`) and ``s_i`` scales the output-gradient
-    factor: a huge input with a zero output gradient, or a zero gradient
-    (``s_i = lam / tiny``), then gives ``0 * finite`` and moves nothing, as on the materialised
-    path."""
+    of its pass-1 calls, from pass 1's balanced weight factors
+    (:func:`dpfair.privacy.factors.balance_factors`) with ``s_i`` on the output-gradient factor:
+    a huge input with a zero output gradient, or a zero gradient (``s_i = lam / tiny``), then
+    gives ``0 * finite`` and moves nothing, as on the materialised path."""
 
     def __init__(
-        self, module: nn.Linear, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
-        still: Tensor | None, normal: bool | None = None,
+        self, layer: DenseGrads | SequenceGrads, scale: Tensor, still: Tensor | None
     ) -> None:
         super().__init__(scale, still)
-        b, scale = len(scale), scale.view(-1, 1, 1)
-        d = _positions([d for _, d in calls], b)  # (B, T, d_out)
-        self.a = self.sd = None
-        if module.weight.requires_grad:
-            a = _positions([a for a, _ in calls], b)  # (B, T, d_in)
-            self.a, d_w, _, _ = balanced(a, d, normal)
-            self.sd = scale * d_w
-        self.sb = None  # s_i sum_s d_s: the bias's shift, the same at every position
-        if module.bias is not None and module.bias.requires_grad:
-            self.sb = (scale * d).sum(1)
+        b = len(scale)
+        if isinstance(layer, DenseGrads):  # one position
+            weight, a, d_w = layer.weight is not None, layer.a_w, layer.d_w
+            bias = layer.d if layer.bias is not None else None
+        else:
+            weight, bias = layer.a is not None, layer.bias_grad
+            a, d_w = layer.a, layer.d
+        self.a = None if not weight else a.reshape(b, -1, a.shape[-1])  # (B, T, d_in)
+        self.d_w = None if not weight else d_w.reshape(b, -1, d_w.shape[-1])  # (B, T, d_out)
+        self.bias = None if bias is None else bias.reshape(b, -1)  # sum_s d_s
+        # one position, factors not rescaled: the bias's and the weight's shifts share s_i d_i
+        self.joint = isinstance(layer, DenseGrads) and weight and bias is not None and (
+            layer.d_w is layer.d)
 
     def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
-        b = x.shape[0]
-        if self.a is None or self.sd is None:  # bias only
-            return self.sb.view(b, *([1] * (len(shape) - 2)), -1)  # type: ignore[union-attr]
+        b, s = x.shape[0], self.scale.view(-1, 1)
+        sb = None if self.bias is None else s * self.bias
+        if self.a is None or self.d_w is None:  # bias only
+            return sb.view(b, *([1] * (len(shape) - 2)), -1)  # type: ignore[union-attr]
         x = x.reshape(b, -1, x.shape[-1])  # (B, T', d_in)
+        sd = s.unsqueeze(2) * self.d_w  # s_i on the output-gradient factor first
         if self.a.shape[1] == 1 and x.shape[1] == 1:  # one position: elementwise
             coeff = torch.linalg.vecdot(x, self.a)  # (B, 1)
-            if self.sb is None:
-                return (coeff * self.sd[:, 0]).view(shape)
-            return torch.addcmul(self.sb, coeff, self.sd[:, 0]).view(shape)
-        shift = torch.bmm(torch.bmm(x, self.a.transpose(1, 2)), self.sd)  # T' x T per sample
-        return (shift if self.sb is None else shift + self.sb.unsqueeze(1)).view(shape)
+            if sb is None:
+                return (coeff * sd[:, 0]).view(shape)
+            return torch.addcmul(sb, coeff, sd[:, 0]).view(shape)
+        shift = torch.bmm(torch.bmm(x, self.a.transpose(1, 2)), sd)  # T' x T per sample
+        return (shift if sb is None else shift + sb.unsqueeze(1)).view(shape)
+
+    def shifted(self, x: Tensor, output: Tensor) -> Tensor:
+        """With one position and unscaled factors: ``out + s_i d_i + (a_i . x) s_i d_i``."""
+        if not self.joint or self.still is not None or output.dtype != self.dtype:
+            return super().shifted(x, output)
+        assert self.a is not None and self.d_w is not None
+        sd = self.scale.unsqueeze(1) * self.d_w[:, 0]
+        return torch.addcmul(output + sd, sd, torch.linalg.vecdot(x, self.a[:, 0]).unsqueeze(1))
 
 
 class _ConvShift(_Shift):
     """A convolution's ascent: ``s_i (G_i * x + sum_p d_p)``, ``G_i`` sample ``i``'s weight
-    gradient ``sum_p d_p patch_p^T`` over pass 1's output positions ``p``. Like the engine's
-    norms (the mixed rule), per layer whichever is cheaper: the ``B`` kernels ``G_i``
-    materialised once (one grouped ``conv2d_weight`` per call) and applied by one grouped
-    convolution with ``B x groups`` groups, or, where there are few positions, the Gram form
-    ``s_i sum_p d_p (patch_p . patch'_q)`` of im2col patches (factors balanced as for a Linear).
-    """
+    gradient ``sum_p d_p patch_p^T`` over pass 1's output positions ``p``: pass 1's per-sample
+    kernels where its norms formed them (:class:`dpfair.privacy.layer_grads.ConvGrads`,
+    ``kernels``), applied by one grouped convolution with ``B x groups`` groups; else, where
+    there are few positions, the Gram form ``s_i sum_p d_p (patch_p . patch'_q)`` of im2col
+    patches (pass 1's balanced factors), or the kernels formed here (one grouped
+    ``conv2d_weight`` per call)."""
 
-    def __init__(
-        self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
-        still: Tensor | None, normal: bool | None = None,
-    ) -> None:
+    def __init__(self, layer: ConvGrads, scale: Tensor, still: Tensor | None) -> None:
         super().__init__(scale, still)
-        self.module, b = module, len(scale)
+        module = self.module = layer.module
+        b = len(scale)
         c_out, c_in_g, kh, kw = module.weight.shape
+        calls = layer.calls  # balanced; empty for a frozen weight
         positions = sum(d.shape[-1] * d.shape[-2] for _, d in calls)
-        self.gram = gram_is_cheaper(positions, c_in_g * kh * kw, c_out // module.groups)
         self.kernels = None  # (B c_out, c_in / groups, kh, kw): s_i G_i
         self.factors = None  # Gram form: patches (B, T, G, c_in_g kh kw), s_i d (B, T, G, c_out_g)
-        if module.weight.requires_grad and self.gram:
+        kernels = layer.kernels
+        if calls and kernels is None and gram_is_cheaper(
+            positions, c_in_g * kh * kw, c_out // module.groups
+        ):
             factors = [layer_factors(module, a, d) for a, d in calls]
             a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-            a, d, _, _ = balanced(a, d, normal)
             self.factors = (a, scale.view(-1, 1, 1, 1) * d)
-        elif module.weight.requires_grad:
-            grads = [
-                torch.nn.grad.conv2d_weight(
-                    padded_input(module, a).flatten(0, 1).unsqueeze(0), (b * c_out, c_in_g, kh, kw),
-                    d.flatten(0, 1).unsqueeze(0), stride=module.stride, padding=0,
-                    dilation=module.dilation, groups=b * module.groups,
+        elif calls:
+            if kernels is None:
+                kernels = sum(
+                    torch.nn.grad.conv2d_weight(
+                        padded_input(module, a).flatten(0, 1).unsqueeze(0),
+                        (b * c_out, c_in_g, kh, kw), d.flatten(0, 1).unsqueeze(0),
+                        stride=module.stride, padding=0, dilation=module.dilation,
+                        groups=b * module.groups,
+                    )
+                    for a, d in calls
                 )
-                for a, d in calls
-            ]
-            self.kernels = scale.repeat_interleave(c_out).view(-1, 1, 1, 1) * sum(grads)
+            self.kernels = scale.repeat_interleave(c_out).view(-1, 1, 1, 1) * kernels
         self.sb = None  # s_i sum_p d_p: the bias's shift
-        if module.bias is not None and module.bias.requires_grad:
-            self.sb = scale.view(-1, 1) * sum(d.sum((2, 3)) for _, d in calls)
+        if layer.bias_grad is not None:
+            self.sb = scale.view(-1, 1) * layer.bias_grad
 
     def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
         m, b = self.module, x.shape[0]
@@ -229,19 +250,17 @@ class _ConvShift(_Shift):
 class _NormShift(_Shift):
     """A LayerNorm's or GroupNorm's ascent: ``s_i (x_hat gw_i + gb_i)``, ``x_hat`` the input
     normalised without the affine part and ``gw_i``, ``gb_i`` sample ``i``'s gradients of the
-    affine weight and bias (small: the size of those parameters)."""
+    affine weight and bias (pass 1's, small: the size of those parameters)."""
 
     def __init__(
-        self, module: nn.LayerNorm | nn.GroupNorm, calls: list[tuple[Tensor, Tensor]],
-        scale: Tensor, still: Tensor | None,
+        self, module: nn.LayerNorm | nn.GroupNorm, layer: PerSampleLayer, scale: Tensor,
+        still: Tensor | None,
     ) -> None:
         super().__init__(scale, still)
-        self.module = module
-        per_call = [norm_layer_grads(module, a, d).grads for a, d in calls]
+        self.module, grads = module, layer.grads
         self.grads = {  # s_i times the per-sample gradient, per affine parameter
-            name: scale.view(-1, *([1] * p.dim())) * sum(c[p] for c in per_call)
-            for name, p in (("weight", module.weight), ("bias", module.bias))
-            if p is not None and p.requires_grad
+            name: scale.view(-1, *([1] * p.dim())) * grads[p]
+            for name, p in (("weight", module.weight), ("bias", module.bias)) if p in grads
         }
 
     def shift(self, x: Tensor, shape: torch.Size) -> Tensor:
@@ -265,14 +284,10 @@ class _EmbeddingShift(_Shift):
     shifted by that row sum: one sorted lookup of (sample, token) keys, never a ``V x d``
     matrix per sample. Positions holding ``padding_idx`` have no gradient, so no shift."""
 
-    def __init__(
-        self, module: nn.Embedding, calls: list[tuple[Tensor, Tensor]], scale: Tensor,
-        still: Tensor | None,
-    ) -> None:
+    def __init__(self, grads: EmbeddingGrads, scale: Tensor, still: Tensor | None) -> None:
         super().__init__(scale, still)
-        grads = EmbeddingGrads(module, calls)  # ids (B, T), d (B, T, dim), padding zeroed
-        b, t = grads.ids.shape
-        self.v = module.num_embeddings
+        b, t = grads.ids.shape  # ids (B, T), d (B, T, dim), padding zeroed
+        self.v = grads.module.num_embeddings
         keys = (torch.arange(b, device=grads.ids.device).unsqueeze(1) * self.v + grads.ids)
         self.keys, inverse = torch.unique(keys.flatten(), return_inverse=True)
         rows = grads.d.new_zeros(len(self.keys), grads.d.shape[-1])
@@ -288,20 +303,17 @@ class _EmbeddingShift(_Shift):
         return torch.where(found, self.rows[at], 0).view(shape)
 
 
-def _shift(
-    module: nn.Module, calls: list[tuple[Tensor, Tensor]], scale: Tensor, still: Tensor | None,
-    normal: bool | None,
-) -> _Shift:
-    """The forward hook shifting ``module``'s output by each sample's ascent; ``normal``: pass
-    1's overflow check of all weight factors passed, so they need no rescaling."""
-    if isinstance(module, nn.Linear):
-        return _LinearShift(module, calls, scale, still, normal)
-    if isinstance(module, nn.Conv2d):
-        return _ConvShift(module, calls, scale, still, normal)
-    if isinstance(module, nn.Embedding):
-        return _EmbeddingShift(module, calls, scale, still)
-    assert isinstance(module, nn.LayerNorm | nn.GroupNorm)
-    return _NormShift(module, calls, scale, still)
+def _shift(module: nn.Module, layer: LayerGrads, scale: Tensor, still: Tensor | None) -> _Shift:
+    """The forward hook shifting ``module``'s output by each sample's ascent, from pass 1's
+    per-sample gradients of that layer (``layer``)."""
+    if isinstance(layer, DenseGrads | SequenceGrads):
+        return _LinearShift(layer, scale, still)
+    if isinstance(layer, ConvGrads):
+        return _ConvShift(layer, scale, still)
+    if isinstance(layer, EmbeddingGrads):
+        return _EmbeddingShift(layer, scale, still)
+    assert isinstance(module, nn.LayerNorm | nn.GroupNorm) and isinstance(layer, PerSampleLayer)
+    return _NormShift(module, layer, scale, still)
 
 
 class AscentGhost(GhostClipping):
@@ -321,7 +333,11 @@ class AscentGhost(GhostClipping):
     def compute(
         self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
     ) -> Tensor:
-        norms = super().compute(model, loss_fn, x, y, groups)  # pass 1, at theta
+        self.keeps_kernels = True  # pass 1 keeps the convolutions' per-sample kernels
+        try:
+            norms = super().compute(model, loss_fn, x, y, groups)  # pass 1, at theta
+        finally:
+            self.keeps_kernels = False
         if self._whole_model() is not None or self.lam == 0:
             self._calls = {}
             return norms
@@ -329,10 +345,9 @@ class AscentGhost(GhostClipping):
         still = scale == 0
         still = still if bool(still.any()) else None
         with torch.autocast(x.device.type, enabled=False):  # as the engine forms its norms
-            normal = self._normal or None  # pass 1's check of every weight factor
-            shifts = [
-                (m, _shift(m, calls, scale, still, normal)) for m, calls in self._calls.items()
-            ]
+            # no fallback layers here: pass 1's layers are its fast layers, in order
+            shifts = [(m, _shift(m, layer, scale, still))
+                      for m, layer in zip(self._calls, self._layers, strict=True)]
         self._layers, self._calls = [], {}  # pass 1's state: the shifts hold what they need
         hooks = [m.register_forward_hook(shift) for m, shift in shifts]
         try:
@@ -343,3 +358,43 @@ class AscentGhost(GhostClipping):
         self._calls = {}
         self.losses = losses  # the loss at theta, as the materialised path reports
         return norms
+
+
+class SharedAscent(PerSampleGradients):
+    """DP-SAT (Park et al.): wraps an engine, per-sample gradients at the one point
+    ``theta + rho d / |d|`` of every sample, ``d`` the last release (post-processing)."""
+
+    def __init__(self, inner: PerSampleGradients, rho: float) -> None:
+        self.inner, self.rho = inner, rho
+        self.direction: list[Tensor] | None = None
+
+    def compute(
+        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
+    ) -> Tensor:
+        if self.direction is None:  # first step: nothing released yet
+            norms = self.inner.compute(model, loss_fn, x, y, groups)
+        else:
+            params = trainable_parameters(model)
+            saved = [p.detach().clone() for p in params]
+            with torch.no_grad():
+                for p, d in zip(params, self.direction, strict=True):
+                    p.add_(d)
+            try:
+                norms = self.inner.compute(model, loss_fn, x, y, groups)
+            finally:
+                with torch.no_grad():
+                    for p, s in zip(params, saved, strict=True):
+                        p.copy_(s)
+        self.losses = self.inner.losses
+        return norms
+
+    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
+        return self.inner.weighted_grad(weights)
+
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        self.inner.add_weighted_grad(weights, into)
+
+    def observe(self, private_grad: list[Tensor]) -> None:
+        norm = global_norm(private_grad)
+        if torch.isfinite(norm) and norm > 0:
+            self.direction = [(self.rho / norm) * g.detach() for g in private_grad]

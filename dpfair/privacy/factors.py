@@ -7,7 +7,8 @@ of two (exact), so that products, Gram matrices and the weighted sum stay in ran
 ``|g_i|^2`` does (see :mod:`dpfair.privacy.gradients`, "Overflow").
 
 Cost. Per-sample gradients or Gram matrices are formed a chunk of samples at a time, the chunk
-sized to a memory budget that knows the device (:func:`engine_budget`), and per layer by the
+sized to a memory budget that knows the device and the ``max_engine_memory`` setting
+(:func:`engine_budget`, :func:`engine_memory`), and per layer by the
 route of least estimated time (:func:`cheapest`: flops, elements moved and kernel launches).
 """
 
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,17 +132,37 @@ def balance_factors(
 
 
 #: Bytes of per-sample intermediates one layer may hold at once on a device whose free memory
-#: is not known (the CPU); on a GPU a quarter of its free memory (:func:`engine_budget`).
+#: is not known (the CPU) when no cap is set; on a GPU a quarter of its free memory
+#: (:func:`engine_budget`).
 CPU_ENGINE_MEMORY = 1 << 29
+#: The cap set by :func:`engine_memory` for the steps running inside it (bytes; ``None``: none).
+_CAP: ContextVar[int | None] = ContextVar("engine_memory_cap", default=None)
+
+
+@contextmanager
+def engine_memory(cap: int | None) -> Iterator[None]:
+    """Caps :func:`engine_budget` at ``cap`` bytes inside the block (``None``: no cap); the
+    step sets it from the ``max_engine_memory`` setting around its engine's passes."""
+    if cap is not None and cap < 1:
+        raise ValueError(f"an engine memory cap must be at least 1 byte, got {cap}")
+    token = _CAP.set(cap)
+    try:
+        yield
+    finally:
+        _CAP.reset(token)
 
 
 def engine_budget(device: torch.device) -> int:
     """Bytes one layer's per-sample intermediates (a chunk of per-sample gradients or Gram
-    matrices, with its im2col patches) may take: a quarter of a GPU's free memory (one query
-    per step), else :data:`CPU_ENGINE_MEMORY`."""
+    matrices, with its im2col patches) may take, and the most the layers' output gradients may
+    take before the low-memory path forms norms inside the backward pass: the cap of
+    :func:`engine_memory` where one is set, on a GPU at most a quarter of its free memory (one
+    query per step), else :data:`CPU_ENGINE_MEMORY` on the CPU."""
+    cap = _CAP.get()
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] // 4
-    return CPU_ENGINE_MEMORY
+        free = torch.cuda.mem_get_info(device)[0] // 4
+        return free if cap is None else min(cap, free)
+    return CPU_ENGINE_MEMORY if cap is None else cap
 
 
 @dataclass(frozen=True)

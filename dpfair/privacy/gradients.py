@@ -54,6 +54,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from dpfair.privacy.factors import cast_float, engine_budget, in_dtype, mask_rows
+from dpfair.privacy.layer_dots import layer_dots
 from dpfair.privacy.layer_fallback import (
     LayerPlan,
     batch_free_calls,
@@ -126,6 +127,12 @@ class PerSampleGradients(ABC):
         for out, grad in zip(into, self.weighted_grad(weights), strict=True):
             out.add_(grad)
 
+    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
+        """``<g_i, r>`` for every sample (``r``: one tensor per trainable parameter), from the
+        per-sample state :meth:`compute` kept, or ``None`` where it keeps none (the caller
+        then takes a double backward)."""
+        return None
+
     def observe(self, private_grad: list[Tensor]) -> None:  # noqa: B027 - optional hook
         """Told each step's released (noised) gradient; only DP-SAT's former uses it."""
 
@@ -158,6 +165,8 @@ class GhostClipping(PerSampleGradients):
     #: Whether :meth:`compute` keeps each fast layer's captured (input, output gradient) calls
     #: in ``_calls``, for a subclass's second pass (:class:`dpfair.privacy.ascent.AscentGhost`).
     keeps_calls = False
+    #: Whether the convolutions keep the per-sample kernels their norms form (BAM's pass 1).
+    keeps_kernels = False
 
     def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
         self.clone_outputs, self.low_memory = clone_outputs, low_memory
@@ -282,7 +291,7 @@ class GhostClipping(PerSampleGradients):
                     ))
             check = check_weight_factors(per_layer)
             self._normal = bool(check[1])
-            self._layers += model_layer_grads(per_layer, check=check)
+            self._layers += model_layer_grads(per_layer, check=check, keep=self.keeps_kernels)
             self._calls = per_layer if self.keeps_calls else {}
             squares = [layer.sq_norms() for layer in self._layers]
             if len(squares) > 2:  # one stack and one sum, not a sum per layer
@@ -340,6 +349,18 @@ class GhostClipping(PerSampleGradients):
             layer.add_weighted(weights, keep, targets)
 
 
+    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
+        """From each layer's kept factors (:func:`dpfair.privacy.layer_dots.layer_dots`);
+        ``None`` on the low-memory path, which keeps none."""
+        whole = self._whole_model()
+        if whole is not None:
+            return whole.per_sample_dots(vectors)
+        if self._graph is not None or not self._layers:
+            return None
+        r = dict(zip(self._params, vectors, strict=True))
+        return torch.stack([layer_dots(layer, r) for layer in self._layers]).sum(0)
+
+
 def _autocast_off(device_type: str) -> AbstractContextManager:
     """Leaves autocast for the norms and sums, where it is on (entering it costs a step of a
     small model more than the check)."""
@@ -394,6 +415,11 @@ class Materialized(PerSampleGradients):
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         keep = weights != 0
         return [torch.tensordot(weights.to(g.dtype), mask_rows(g, keep), 1) for g in self._grads]
+
+    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
+        return torch.stack(
+            [g.flatten(1) @ r.reshape(-1) for g, r in zip(self._grads, vectors, strict=True)]
+        ).sum(0)
 
 
 # ------------------------------------------------------------------------------ factory

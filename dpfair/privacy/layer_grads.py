@@ -3,23 +3,18 @@
 A layer's per-sample gradient is ``sum_t d_t a_t^T`` (``a`` its input, ``d`` its output
 gradient, ``t`` over positions or convolution taps). :func:`layer_grads` picks, per layer, the
 cheapest exact way to get its squared norms and its share of ``sum_i w_i g_i`` (the mixed ghost
-clipping rule of Bu et al., ICML 2023, "Differentially private optimization on large model at
-small cost", Sec. 3: per layer, ghost norm or materialised, whichever has fewer flops): the
-ghost norm ``|a|^2 |d|^2`` of a Linear applied once per sample (:class:`_DenseGrads`), the
-``T x T`` Gram trick or the materialised per-sample gradient (:class:`_LayerGrads`), a
-convolution's per-sample weight by kernel taps (:class:`_ConvGrads`), an embedding's sparse
-row scatter (:class:`EmbeddingGrads`), or the small LayerNorm/GroupNorm parameters
-materialised (:class:`PerSampleLayer`). Materialised per-sample gradients (and a convolution's
-im2col patches) only live while a layer's norms are formed, in chunks of samples sized to the
-device's memory budget (:func:`engine_budget`); the route per layer is the one of least
-estimated time (:func:`cheapest`: flops, memory traffic and kernel launches, not flops
-alone). The weighted sum is one contraction of the kept factors. :func:`balance_factors`
-keeps factors whose squares over- or underflow in range by exact powers of two (see the
-engine's module docstring, "Overflow"); :func:`model_layer_grads` makes that check once for
-the weight factors of all layers of a model (per-layer bookkeeping is what a small model's
-step launches most) and per layer only when it fails.
-Layers not listed here get their per-sample gradients one layer at a time by
-:mod:`dpfair.privacy.layer_fallback`; :func:`materialise_reason` says which and why.
+clipping rule of Bu et al., ICML 2023, Sec. 3): the ghost norm ``|a|^2 |d|^2`` of a Linear
+applied once per sample (:class:`DenseGrads`), the ``T x T`` Gram trick or the materialised
+per-sample gradient (:class:`SequenceGrads`), a convolution's per-sample weight by kernel taps
+(:class:`ConvGrads`), an embedding's sparse row scatter (:class:`EmbeddingGrads`), or the small
+LayerNorm/GroupNorm parameters materialised (:class:`PerSampleLayer`). Materialised per-sample
+gradients (and im2col patches) live only while a layer's norms are formed, in chunks of samples
+sized to the memory budget (:func:`engine_budget`), by the route of least estimated time
+(:func:`cheapest`: flops, memory traffic and kernel launches). The weighted sum is one
+contraction of the kept factors. :func:`balance_factors` keeps factors in range by exact powers
+of two (the engine's "Overflow"); :func:`model_layer_grads` checks all weight factors of a
+model at once, and per layer only when that fails. Other layers: one layer at a time by
+:mod:`dpfair.privacy.layer_fallback` (:func:`materialise_reason` says which and why).
 """
 
 from __future__ import annotations
@@ -48,11 +43,12 @@ from dpfair.privacy.factors import (
     same_dtype,
 )
 
-#: Layers whose per-sample gradient norms the fast path forms from their factors.
+#: Layers whose norms come from their factors; small layers materialised from the same tensors.
 GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
-#: Small layers the fast path materialises per sample, from the same input and output gradient.
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm)
 FAST_LAYERS = GHOST_LAYERS + PER_SAMPLE_LAYERS + (nn.Embedding,)
+
+
 def materialise_reason(module: nn.Module) -> str | None:
     """``None`` when the fast path handles this leaf module's own parameters (or it has none),
     else why its per-sample gradients are materialised, layer by layer."""
@@ -73,7 +69,7 @@ def materialise_reason(module: nn.Module) -> str | None:
         "materialised by vmap of the layer alone"
 
 
-class _DenseGrads:
+class DenseGrads:
     """A layer applied once to each sample (a Linear on ``(B, d_in)`` inputs): its per-sample
     gradient is ``g_i = d_i a_i^T`` (and ``d_i`` for the bias), so
     ``|g_i|^2 = |d_i|^2 |a_i|^2 + |d_i|^2`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``,
@@ -85,9 +81,8 @@ class _DenseGrads:
         self, module: nn.Linear, a: Tensor, d: Tensor,
         squares: tuple[Tensor | None, Tensor] | None = None, normal: bool | None = None,
     ) -> None:
-        """``squares``: ``(|a_i|^2, |d_i|^2)`` if already formed (``|a_i|^2`` only for a
-        trainable weight); ``normal``: whether they are known to be all normal numbers
-        (:func:`dense_layer_grads`), ``None``: check here."""
+        """``squares``: ``(|a_i|^2, |d_i|^2)`` if formed (``|a_i|^2`` for a trainable weight);
+        ``normal``: whether they are all normal numbers, ``None``: check here."""
         self.weight = module.weight if module.weight.requires_grad else None
         self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
         sq_a, sq_d = squares if squares is not None else (None, row_sq_norms(d))
@@ -130,7 +125,7 @@ def _factor_sq_norms(a: Tensor, d: Tensor, gram: bool) -> Tensor:
     return row_sq_norms(torch.einsum("bgkt,bgot->bgko", a, d))
 
 
-class _LayerGrads:
+class SequenceGrads:
     """A Linear layer on inputs with extra dimensions ``(B, T, d)``, or called several times:
     its per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``.
 
@@ -147,7 +142,7 @@ class _LayerGrads:
         self.module, self.batch_size, self.budget = module, a.shape[0], budget
         has_bias = module.bias is not None and module.bias.requires_grad
         self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
-        self.a: Tensor | None = None
+        self.a: Tensor | None = None  # the weight's balanced factors
         self.d: Tensor | None = None
         _, t, _, d_in = a.shape
         self.gram = gram_route(
@@ -184,23 +179,23 @@ class _LayerGrads:
             into[m.bias].view(-1).addmv_(bias_grad.T, w)  # type: ignore[union-attr]
 
 
-class _ConvGrads:
+class ConvGrads:
     """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
     come a chunk of samples at a time, by the route :func:`cheapest` expects fastest: the
     per-sample weight gradients by one batched matmul per kernel tap (no copy of the input),
     or by one matmul over the im2col patches of all taps (one copy, fewer kernels), or, where
     there are few positions, the Gram trick over those patches
-    (:mod:`dpfair.privacy.conv_factors`); neither patches nor per-sample gradients outlive
-    their chunk, whose size the memory budget sets. The weighted sum is one convolution
-    weight-gradient of the ``w``-scaled output gradients (``torch.nn.grad.conv2d_weight``,
-    padding inside it where the module pads with zeros)."""
+    (:mod:`dpfair.privacy.conv_factors`); patches and per-sample gradients live only in their
+    chunk (memory budget), unless ``keep`` (``kernels``). The weighted sum is one
+    ``conv2d_weight`` of the ``w``-scaled output gradients (zero padding inside it)."""
 
     def __init__(
         self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], budget: int,
-        normal: bool | None = None,
+        normal: bool | None = None, keep: bool = False,
     ) -> None:
         self.module, self.batch_size, self.budget = module, calls[0][0].shape[0], budget
         self.calls: list[tuple[Tensor, Tensor]] = []
+        self.keep, self.kernels = keep, None  # (B c_out, c_in_g, kh, kw) if kept and formed
         self.bias_grad = None
         if module.bias is not None and module.bias.requires_grad:
             self.bias_grad = functools.reduce(torch.add, [grad.sum((2, 3)) for _, grad in calls])
@@ -225,18 +220,25 @@ class _ConvGrads:
             self.routes, self.batch_size, inp.element_size(), inp.device, budget
         )
 
-    def _chunk_sq(self, c: slice) -> Tensor:
-        """A chunk's squared norms: per-tap products, or from patches ``(B, G, K, T)`` and
+    def _chunk_sq(self, c: slice) -> tuple[Tensor, Tensor | None]:
+        """A chunk's squared norms, and its per-sample kernels ``(b c_out, c_in_g, kh, kw)``
+        where the route forms them: per-tap products, or from patches ``(B, G, K, T)`` and
         ``d: (B, G, O, T)``."""
         m = self.module
+        c_out, c_in_g, kh, kw = m.weight.shape
         if self.route == "taps":
             grads = functools.reduce(torch.add, [
                 conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls
-            ])
-            return torch.linalg.vector_norm(grads, dim=(0, 2)).square()
+            ])  # (kh kw, b, G c_in_g O)
+            sq = torch.linalg.vector_norm(grads, dim=(0, 2)).square()
+            kernels = grads.view(kh, kw, -1, m.groups, c_in_g, self.o).permute(2, 3, 5, 4, 0, 1)
+            return sq, kernels.reshape(-1, c_in_g, kh, kw) if self.keep else None
         a = _cat([conv_patches(m, a[c]) for a, _ in self.calls], 3)
         d = _cat([d[c].reshape(len(a), m.groups, self.o, -1) for _, d in self.calls], 3)
-        return _factor_sq_norms(a, d, self.route == "gram")
+        if self.route == "gram":
+            return _factor_sq_norms(a, d, True), None
+        grads = torch.einsum("bgkt,bgot->bgok", a, d)  # (b, G, O, c_in_g kh kw)
+        return row_sq_norms(grads), grads.view(-1, c_in_g, kh, kw) if self.keep else None
 
     def sq_norms(self) -> Tensor:
         parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
@@ -244,7 +246,9 @@ class _ConvGrads:
             a = self.calls[0][0]
             held = self.routes[self.route].held * a.element_size()
             slices = chunks(self.batch_size, held, self.budget)
-            parts.append(_cat([self._chunk_sq(c) for c in slices]))
+            sq, kernels = zip(*[self._chunk_sq(c) for c in slices], strict=True)
+            parts.append(_cat(list(sq)))
+            self.kernels = None if kernels[0] is None else _cat(list(kernels))
         return _total(parts)
 
     def add_weighted(
@@ -398,7 +402,7 @@ def norm_layer_grads(
 
 
 def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
-    """A Linear called once on ``(B, d_in)`` inputs (:class:`_DenseGrads`)."""
+    """A Linear called once on ``(B, d_in)`` inputs (:class:`DenseGrads`)."""
     return len(calls) == 1 and isinstance(module, nn.Linear) and calls[0][0].dim() == 2
 
 
@@ -433,25 +437,26 @@ def check_weight_factors(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]
 
 def model_layer_grads(
     per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]], budget: int | None = None,
-    check: FactorCheck | None = None,
+    check: FactorCheck | None = None, keep: bool = False,
 ) -> list[LayerGrads]:
     """:func:`layer_grads` of every layer, in order, after one overflow check for all of them
     (``check``, :func:`check_weight_factors` if not given): where it fails, each layer makes its
     own check. ``budget``: bytes of per-sample intermediates per layer (default
-    :func:`engine_budget` of the factors' device)."""
+    :func:`engine_budget` of the factors' device); ``keep``: convolutions keep the per-sample
+    kernels their norms form (:class:`ConvGrads`)."""
     dense, normal = check_weight_factors(per_layer) if check is None else check
     if budget is None and per_layer:
         budget = engine_budget(next(iter(per_layer.values()))[0][1].device)
     return [
-        _DenseGrads(module, *calls[0], dense[module], normal or None)  # type: ignore[arg-type]
-        if module in dense else layer_grads(module, calls, budget, normal or None)
+        DenseGrads(module, *calls[0], dense[module], normal or None)  # type: ignore[arg-type]
+        if module in dense else layer_grads(module, calls, budget, normal or None, keep)
         for module, calls in per_layer.items()
     ]
 
 
 def layer_grads(
     module: nn.Module, calls: list[tuple[Tensor, Tensor]], budget: int | None = None,
-    normal: bool | None = None,
+    normal: bool | None = None, keep: bool = False,
 ) -> LayerGrads:
     """One layer's per-sample gradients from its (input, output gradient) per call.
     ``budget``: as for :func:`model_layer_grads`; ``normal``: whether its factors' squared norms
@@ -461,27 +466,25 @@ def layer_grads(
     if isinstance(module, nn.Embedding):
         return EmbeddingGrads(module, calls)
     if isinstance(module, nn.Conv2d):
-        return _ConvGrads(module, calls, budget, normal)
+        return ConvGrads(module, calls, budget, normal, keep)
     if isinstance(module, GHOST_LAYERS):
         if _is_dense(module, calls):
-            return _DenseGrads(module, *calls[0], normal=normal)
+            return DenseGrads(module, *calls[0], normal=normal)
         factors = [layer_factors(module, inp, grad) for inp, grad in calls]
         if len(factors) == 1:
-            return _LayerGrads(module, *factors[0], budget, normal)
+            return SequenceGrads(module, *factors[0], budget, normal)
         a, d = (torch.cat(t, 1) for t in zip(*factors, strict=True))  # calls are positions
-        return _LayerGrads(module, a, d, budget, normal)
+        return SequenceGrads(module, a, d, budget, normal)
     per_call = [norm_layer_grads(module, inp, grad) for inp, grad in calls]
     flat = functools.reduce(torch.add, [c.flat for c in per_call])
     return PerSampleLayer(per_call[0].params, flat)
 
 
 #: What :func:`layer_grads` returns for one layer.
-LayerGrads = _DenseGrads | _LayerGrads | _ConvGrads | EmbeddingGrads | PerSampleLayer
+LayerGrads = DenseGrads | SequenceGrads | ConvGrads | EmbeddingGrads | PerSampleLayer
 
 
-def tap_sq_norms(
-    module: nn.Module, a: Tensor, d: Tensor, budget: int
-) -> tuple[Tensor, list[Tensor]]:
+def tap_sq_norms(module: nn.Module, a: Tensor, d: Tensor, budget: int) -> tuple[Tensor, list]:
     """A layer called once, from its raw factors (no rescaling): its per-sample squared norms,
     and the squared norms of its weight factors, which must all be normal numbers
     (:func:`all_normal`) for those norms to be exact (:func:`balance_factors`)."""
@@ -489,7 +492,7 @@ def tap_sq_norms(
     if _is_dense(module, calls):
         trained = module.weight.requires_grad
         squares = (row_sq_norms(a) if trained else None, row_sq_norms(d))
-        layer = _DenseGrads(module, a, d, squares, normal=True)  # type: ignore[arg-type]
+        layer = DenseGrads(module, a, d, squares, normal=True)  # type: ignore[arg-type]
         return layer.sq_norms(), list(squares) if trained else []  # type: ignore[arg-type]
     checked = [row_norms(a).square(), row_norms(d).square()] if _balanced_weight(module) else []
     return layer_grads(module, calls, budget, normal=True).sq_norms(), checked

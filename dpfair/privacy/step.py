@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from dpfair.errors import ConfigError
+from dpfair.privacy.factors import engine_memory
 from dpfair.privacy.gradients import EngineKind, LossFn, trainable_parameters
 from dpfair.privacy.layer_grads import in_dtype
 from dpfair.privacy.low_memory import cuda_devices, rng_state, set_rng_state
@@ -79,6 +80,10 @@ class PrivateStep:
             (module docstring); ``None``: one chunk.
         autocast: ``"bf16"`` runs forward and backward under bfloat16 autocast (module
             docstring); ``"off"`` (default) does not.
+        max_engine_memory: MiB the engine's per-sample intermediates of one layer (and the
+            layers' output gradients, before it forms norms inside the backward pass) may take;
+            ``None``: 512 MiB on the CPU, a quarter of the free memory on a GPU (on a GPU a cap
+            above that quarter is lowered to it). Only the chunking changes, not the update.
     """
 
     def __init__(
@@ -92,6 +97,7 @@ class PrivateStep:
         loss_fn: LossFn | None = None,
         max_physical_batch: int | None = None,
         autocast: Literal["off", "bf16"] = "off",
+        max_engine_memory: int | None = None,
     ) -> None:
         if sigma < 0 or expected_batch_size <= 0:
             raise ValueError(
@@ -117,6 +123,9 @@ class PrivateStep:
         if autocast not in ("off", "bf16"):
             raise ConfigError(f"autocast must be 'off' or 'bf16', got {autocast!r}")
         self.autocast = autocast
+        if max_engine_memory is not None and max_engine_memory < 1:
+            raise ConfigError(f"max_engine_memory must be >= 1 (MiB), got {max_engine_memory}")
+        self.engine_memory = None if max_engine_memory is None else max_engine_memory << 20
 
     def _precision(self, device: torch.device) -> AbstractContextManager:
         if self.autocast == "off":
@@ -132,6 +141,12 @@ class PrivateStep:
         ``generator``, which must live on the model's device."""
         if self.plain:
             return self._plain_step(x, y)
+        with engine_memory(self.engine_memory):
+            return self._private_step(x, y, g, generator)
+
+    def _private_step(
+        self, x: Tensor, y: Tensor, g: Tensor, generator: torch.Generator
+    ) -> StepInfo:
         if len(x) == 0:  # an empty Poisson batch still releases noise (and counts)
             norms = torch.empty(0, dtype=self.params[0].dtype, device=self.params[0].device)
             rule = self.method.step_rule(norms, g, generator)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PositiveFloat,
@@ -26,6 +27,23 @@ MAX_EPOCHS = 100_000
 MAX_STEPS = 100_000_000
 #: The largest batch, physical batch and evaluation batch (examples).
 MAX_BATCH = 10_000_000
+#: The largest engine memory cap (MiB): 1 PiB, far above any device.
+MAX_MIB = 1 << 30
+
+
+def _mebibytes(value: object) -> object:
+    """A whole positive number of MiB; units in a string ("12GB") or a non-positive number are
+    refused with the fix, never guessed."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_MIB
+    if not ok:
+        raise ValueError(
+            f"max_engine_memory is a whole number of MiB between 1 and {MAX_MIB}, got {value!r}: "
+            "write e.g. 12288 for 12 GiB, or null for the engine's default")
+    return value
+
+
+#: A memory size in MiB, strictly (``BeforeValidator``: travels with the field's type).
+Mebibytes = Annotated[int, BeforeValidator(_mebibytes)]
 
 
 class MetricsReleaseConfig(BaseModel):
@@ -120,6 +138,12 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
         None, le=MAX_BATCH,
         description="form a larger Poisson batch's per-sample gradients in chunks of at most "
         "this many samples (same update, noise once per step; costs a second pass)",
+    )
+    max_engine_memory: Mebibytes | None = Field(
+        None, description="MiB (a whole number, e.g. 2048) of per-sample intermediates the "
+        "engine may hold at once; it forms them in more, smaller chunks under a lower cap (same "
+        "update). null: 512 on the CPU, a quarter of the free memory on a GPU (a cap above that "
+        "is lowered to it)",
     )
     eval_every: PositiveInt = Field(1, le=MAX_EPOCHS,
                                     description="evaluate on the test split every N epochs")

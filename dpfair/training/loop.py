@@ -159,7 +159,7 @@ def train(
     step = PrivateStep(
         model, method, sigma=plan.sigma, expected_batch_size=float(config.batch_size),
         engine=config.engine, max_physical_batch=config.max_physical_batch,
-        autocast=config.autocast,
+        autocast=config.autocast, max_engine_memory=config.max_engine_memory,
     )
     generator = torch.Generator(device=device)
     if config.reproducible:

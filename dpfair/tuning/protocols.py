@@ -8,8 +8,8 @@ run time, so the pure modules stay free of torch and optuna.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
 
 if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
@@ -28,6 +28,7 @@ __all__ = [
     "ReportsEvent",
     "RunConfig",
     "RunOutcome",
+    "SearchHooks",
     "TrainFn",
 ]
 
@@ -66,3 +67,18 @@ TrainFn: TypeAlias = "Callable[[RunConfig, DatasetLike], RunOutcome]"
 EventFn: TypeAlias = "Callable[[RunConfig, DatasetLike], DpEvent]"
 #: ``on_trial(row, result)``: called after each completed run with its ledger row.
 OnTrial: TypeAlias = "Callable[[LedgerRow, RunOutcome], None]"
+
+
+class SearchHooks(TypedDict, total=False):
+    """The keyword arguments of :func:`dpfair.tuning.tune` and :func:`~dpfair.tuning.prepare`.
+
+    ``allowed``: the hyperparameter names a space may use (default: the fields of the method
+    and training configs). ``event_fn(config, dataset)`` predicts a run's training event
+    (default :func:`dpfair.tuning.events.planned_run_event`). ``on_trial(row, result)`` is
+    called in the worker after each completed run with its ledger row and the train_fn result
+    (e.g. to log a nested MLflow run); its errors are logged, never fail the run.
+    """
+
+    allowed: Collection[str] | None
+    event_fn: EventFn | str | None
+    on_trial: OnTrial | str | None

@@ -39,55 +39,28 @@ from dpfair.tuning.study import load_study, make_storage, open_study
 from dpfair.tuning.worker import run_worker, spawn_workers
 
 if TYPE_CHECKING:
-    from dpfair.tuning.protocols import (
-        DatasetLike,
-        EventFn,
-        MethodSpec,
-        OnTrial,
-        RunConfig,
-        RunOutcome,
-        TrainFn,
-    )
+    from typing_extensions import Unpack
+
+    from dpfair.tuning import protocols as p  # the types a search takes and hands back
 
 __all__ = ["finish", "prepare", "tune"]
 
 _MAX_GRID = 200_000
 
 
-def tune(
-    method_cfg: MethodSpec,
-    train_cfg_base: RunConfig,
-    dataset: DatasetLike,
-    tuning_cfg: TuningConfig | Mapping[str, object],
-    train_fn: TrainFn | str | None = None,
-    *,
-    allowed: Collection[str] | None = None,
-    event_fn: EventFn | str | None = None,
-    on_trial: OnTrial | str | None = None,
-) -> TuningResult:
+def tune(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig, dataset: p.DatasetLike,
+         tuning_cfg: TuningConfig | Mapping[str, object], train_fn: p.TrainFn | str | None = None,
+         **hooks: Unpack[p.SearchHooks]) -> TuningResult:
     """Search ``tuning_cfg.space`` for ``method_cfg`` trained per ``train_cfg_base``.
 
     ``train_fn(config, dataset)`` (default :func:`dpfair.training.train`) returns an object
     with ``val_predictions`` (``y_true``, ``y_pred``, ``groups``, ``loss``) and either
-    ``event`` or TrainResult's ``sample_rate``/``sigma``/``steps``/``count_sigma``.
-    ``allowed``: the hyperparameter names a space may use (default: the fields of the method
-    and training configs). ``event_fn(config, dataset)`` predicts a run's training event
-    (default :func:`dpfair.tuning.events.planned_run_event`). ``on_trial(row, result)`` is
-    called in the worker after each completed run with its ledger row and the train_fn result
-    (e.g. to log a nested MLflow run); its errors are logged, never fail the run. Errors (bad
-    space, eta, mu, budget, storage) are raised before any training. Calling ``tune`` again on
-    the same study resumes it.
+    ``event`` or TrainResult's ``sample_rate``/``sigma``/``steps``/``count_sigma``. The
+    keyword ``hooks`` (``allowed``, ``event_fn``, ``on_trial``) are those of
+    :class:`~dpfair.tuning.protocols.SearchHooks`. Errors (bad space, eta, mu, budget, storage)
+    are raised before any training. Calling ``tune`` again on the same study resumes it.
     """
-    job = prepare(
-        method_cfg,
-        train_cfg_base,
-        dataset,
-        tuning_cfg,
-        train_fn,
-        allowed=allowed,
-        event_fn=event_fn,
-        on_trial=on_trial,
-    )
+    job = prepare(method_cfg, train_cfg_base, dataset, tuning_cfg, train_fn, **hooks)
     best_result = None
     if job.cfg.workers > 1:
         spawn_workers(job, job.cfg.workers)
@@ -99,20 +72,15 @@ def tune(
     return result
 
 
-def prepare(
-    method_cfg: MethodSpec,
-    train_cfg_base: RunConfig,
-    dataset: DatasetLike,
-    tuning_cfg: TuningConfig | Mapping[str, object],
-    train_fn: TrainFn | str | None = None,
-    *,
-    allowed: Collection[str] | None = None,
-    event_fn: EventFn | str | None = None,
-    on_trial: OnTrial | str | None = None,
-) -> TuningJob:
+def prepare(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig, dataset: p.DatasetLike,
+            tuning_cfg: TuningConfig | Mapping[str, object],
+            train_fn: p.TrainFn | str | None = None, *, allowed: Collection[str] | None = None,
+            event_fn: p.EventFn | str | None = None, on_trial: p.OnTrial | str | None = None,
+            ) -> TuningJob:
     """Validate everything (the space's names and each value, a non-empty validation split,
     ``tuning.delta`` < 1/n_train, the workers), account the search, check the budget, create
-    (or reopen) the study and draw (or read back) K. No training happens here."""
+    (or reopen) the study and draw (or read back) K. No training happens here; the arguments
+    are :func:`tune`'s."""
     cfg = tuning_cfg if isinstance(tuning_cfg, TuningConfig) else _validate_cfg(tuning_cfg)
     if train_fn is None and event_fn is None:
         method_cfg, train_cfg_base = _train_configs(method_cfg, train_cfg_base)
@@ -148,29 +116,19 @@ def prepare(
     study_name = cfg.study_name or f"dpfair-{method_name}-{getattr(dataset, 'name', 'data')}"
     storage, storage_desc = make_storage(cfg)
     job = TuningJob(
-        method_cfg=method_cfg,
-        train_cfg_base=train_cfg_base,
-        dataset=dataset,
-        cfg=cfg,
-        train_fn=train_fn,
-        event_fn=event_fn,
-        on_trial=on_trial,
-        allowed=names,
-        study_name=study_name,
-        storage_desc=storage_desc,
-        run_event_json=accounting.event_to_json(run),
-        planned=planned,
+        method_cfg=method_cfg, train_cfg_base=train_cfg_base, dataset=dataset, cfg=cfg,
+        train_fn=train_fn, event_fn=event_fn, on_trial=on_trial, allowed=names,
+        study_name=study_name, storage_desc=storage_desc,
+        run_event_json=accounting.event_to_json(run), planned=planned,
         search_event_json=accounting.event_to_json(search) if search is not None else None,
-        epsilon_training=eps_train,
-        epsilon_search=eps_search,
-        delta=delta,
+        epsilon_training=eps_train, epsilon_search=eps_search, delta=delta,
     )
     job.k = open_study(job, storage, len(grid))
     return job
 
 
 def finish(
-    job: TuningJob, best_result: RunOutcome | None = None, poll: float = 0.5
+    job: TuningJob, best_result: p.RunOutcome | None = None, poll: float = 0.5
 ) -> TuningResult:
     """Wait until no run is RUNNING (failing stale ones), then select the best run."""
     cfg = job.cfg
@@ -194,25 +152,15 @@ def finish(
             reproducible=cfg.reproducible,
         )
     return TuningResult(
-        best_config=best_config,
-        best_params=best_params,
+        best_config=best_config, best_params=best_params,
         best_score=best_t.value if best_t is not None else None,
         best_trial=best_t.number if best_t is not None else None,
-        K=job.k,
-        n_runs=n_runs,
-        trials=[ledger_row(t, job.k, cfg.tuning_privacy) for t in trials],
-        epsilon_training=job.epsilon_training,
-        epsilon_search=job.epsilon_search,
-        delta=job.delta,
-        event_json=job.search_event_json,
-        run_event_json=job.run_event_json,
-        tuning_privacy=cfg.tuning_privacy,
-        score_privacy=cfg.score_privacy,
-        score=cfg.score,
-        study_name=job.study_name,
-        storage=job.storage_desc,
-        privacy_guarantee=guarantee(trials, job.k),
-        best_result=best_result,
+        K=job.k, n_runs=n_runs, trials=[ledger_row(t, job.k, cfg.tuning_privacy) for t in trials],
+        epsilon_training=job.epsilon_training, epsilon_search=job.epsilon_search, delta=job.delta,
+        event_json=job.search_event_json, run_event_json=job.run_event_json,
+        tuning_privacy=cfg.tuning_privacy, score_privacy=cfg.score_privacy, score=cfg.score,
+        study_name=job.study_name, storage=job.storage_desc,
+        privacy_guarantee=guarantee(trials, job.k), best_result=best_result,
         reproducible=cfg.reproducible,
     )
 
@@ -224,7 +172,7 @@ def _validate_cfg(data: Mapping[str, object]) -> TuningConfig:
         raise TuningError(format_validation_error(exc, TuningConfig, ("tuning",))) from None
 
 
-def _check_validation_split(dataset: DatasetLike) -> None:
+def _check_validation_split(dataset: p.DatasetLike) -> None:
     """Every run is scored on the validation split: an empty one would select on noise."""
     labels = getattr(getattr(dataset, "val", None), "y", None)
     if labels is not None and len(labels) == 0:
@@ -236,7 +184,7 @@ def _check_validation_split(dataset: DatasetLike) -> None:
         )
 
 
-def _check_search_delta(delta: float, dataset: DatasetLike, train_cfg_base: RunConfig) -> None:
+def _check_search_delta(delta: float, dataset: p.DatasetLike, train_cfg_base: p.RunConfig) -> None:
     """``tuning.delta`` < 1/n_train, as every training run's delta
     (:func:`dpfair.training.plan.check_delta`; its opt-out is the training config's)."""
     labels = getattr(getattr(dataset, "train", None), "y", None)
@@ -269,8 +217,8 @@ def _check_workers(cfg: TuningConfig, **functions: object) -> None:
             ) from None
 
 
-def _train_configs(method_cfg: MethodSpec, train_cfg_base: RunConfig
-                   ) -> tuple[MethodSpec, RunConfig]:
+def _train_configs(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig
+                   ) -> tuple[p.MethodSpec, p.RunConfig]:
     """With dpfair's own training (no ``train_fn``/``event_fn``), mappings validated into a
     :class:`~dpfair.training.TrainConfig` and its method, as the types allow them; a
     ``ConfigError`` names a bad key."""
@@ -295,10 +243,10 @@ def _grid(cfg: TuningConfig) -> list[dict[str, Scalar]]:
 
 def _plan_events(
     grid: list[dict[str, Scalar]],
-    method_cfg: MethodSpec,
-    train_cfg_base: RunConfig,
-    dataset: DatasetLike,
-    event_of: EventFn,
+    method_cfg: p.MethodSpec,
+    train_cfg_base: p.RunConfig,
+    dataset: p.DatasetLike,
+    event_of: p.EventFn,
     cfg: TuningConfig,
 ) -> tuple[dict[str, str], dp_event.DpEvent]:
     """Every configuration's predicted training event (JSON, by :func:`params_key`; this also

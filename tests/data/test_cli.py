@@ -12,6 +12,15 @@ from dpfair.data import load_dataset, summarize
 runner = CliRunner()
 
 
+def prepare_synthetic(tmp_path, option: str):
+    """``dpfair data prepare synthetic`` into ``tmp_path`` with ``option`` in its params.yaml."""
+    params = tmp_path / "params.yaml"
+    params.write_text(f"datasets:\n  synthetic:\n    {option}\n")
+    return runner.invoke(
+        app, ["data", "prepare", "synthetic", "--params", str(params), "--out", str(tmp_path)]
+    )
+
+
 def test_data_list():
     result = runner.invoke(app, ["data", "list"])
     assert result.exit_code == 0, result.output
@@ -20,11 +29,7 @@ def test_data_list():
 
 
 def test_data_prepare_prints_summary(tmp_path):
-    params = tmp_path / "params.yaml"
-    params.write_text("datasets:\n  synthetic:\n    n: 400\n")
-    result = runner.invoke(
-        app, ["data", "prepare", "synthetic", "--params", str(params), "--out", str(tmp_path)]
-    )
+    result = prepare_synthetic(tmp_path, "n: 400")
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "synthetic" / "summary.json").read_text())
     assert summary["rows"]["total"] == 400
@@ -38,11 +43,7 @@ def test_data_prepare_prints_summary(tmp_path):
 
 
 def test_bad_params_exit_2_without_traceback(tmp_path):
-    params = tmp_path / "params.yaml"
-    params.write_text("datasets:\n  synthetic:\n    n_features: many\n")
-    result = runner.invoke(
-        app, ["data", "prepare", "synthetic", "--params", str(params), "--out", str(tmp_path)]
-    )
+    result = prepare_synthetic(tmp_path, "n_features: many")
     assert result.exit_code == 2
     assert "datasets.synthetic.n_features" in result.output
     assert "Traceback" not in result.output
@@ -114,11 +115,7 @@ def test_data_prepare_unwritable_out_names_the_path(tmp_path):
 
 
 def test_data_prepare_refuses_infinite_option(tmp_path):
-    params = tmp_path / "params.yaml"
-    params.write_text("datasets:\n  synthetic:\n    class_sep: .inf\n")
-    result = runner.invoke(
-        app, ["data", "prepare", "synthetic", "--params", str(params), "--out", str(tmp_path)]
-    )
+    result = prepare_synthetic(tmp_path, "class_sep: .inf")
     assert result.exit_code == 2, result.output
     assert "datasets.synthetic.class_sep: Input should be a finite number (got inf)" in " ".join(
         result.output.split())

@@ -60,32 +60,33 @@ def batch(model: nn.Module, split: Split, C: float) -> tuple[torch.Tensor, torch
     return batch_gradients(model, ce, split.x[idx], split.y[idx], C)
 
 
-def test_gradient_hvp_quadratic_forms_match_explicit_hessian(setup):
+@pytest.fixture(scope="module", params=[0, 1])
+def group(setup, request) -> tuple:
+    """The flat model, group a's rows, and its g_{D_a} and Hessian by plain autograd."""
     model, split = setup
-    fm = FlatModel(model, ce)
-    for a in (0, 1):
-        g, H = explicit(model, split, a)
-        x, y = split.x[split.g == a], split.y[split.g == a]
-        v = torch.randn_like(fm.theta)
-        w = torch.randn_like(fm.theta)
-        assert torch.allclose(mean_gradient(fm, x, y, chunk_size=7), g, atol=1e-12)
-        assert torch.allclose(hvp(fm, x, y, v, chunk_size=7), H @ v, atol=1e-12)
-        q = quadratic_forms(fm, x, y, [v, w], chunk_size=4)
-        assert torch.allclose(q, torch.stack([v @ H @ v, w @ H @ w]), atol=1e-12)
-        lam = torch.linalg.eigvalsh(H)
-        top = lam[lam.abs().argmax()]
-        assert max_eigenvalue(fm, x, y, n_iter=500) == pytest.approx(float(top), rel=1e-6)
+    a = request.param
+    x, y = split.x[split.g == a], split.y[split.g == a]
+    return (FlatModel(model, ce), x, y, *explicit(model, split, a))
 
 
-def test_hutchinson_within_three_standard_errors(setup):
-    model, split = setup
-    fm = FlatModel(model, ce)
-    for a in (0, 1):
-        _, H = explicit(model, split, a)
-        x, y = split.x[split.g == a], split.y[split.g == a]
-        est, se = hutchinson_trace(fm, x, y, n_probes=100, seed=3)
-        assert se > 0
-        assert abs(est - float(torch.trace(H))) < 3 * se
+def test_gradient_hvp_quadratic_forms_match_explicit_hessian(group):
+    fm, x, y, g, H = group
+    v = torch.randn_like(fm.theta)
+    w = torch.randn_like(fm.theta)
+    assert torch.allclose(mean_gradient(fm, x, y, chunk_size=7), g, atol=1e-12)
+    assert torch.allclose(hvp(fm, x, y, v, chunk_size=7), H @ v, atol=1e-12)
+    q = quadratic_forms(fm, x, y, [v, w], chunk_size=4)
+    assert torch.allclose(q, torch.stack([v @ H @ v, w @ H @ w]), atol=1e-12)
+    lam = torch.linalg.eigvalsh(H)
+    top = lam[lam.abs().argmax()]
+    assert max_eigenvalue(fm, x, y, n_iter=500) == pytest.approx(float(top), rel=1e-6)
+
+
+def test_hutchinson_within_three_standard_errors(group):
+    fm, x, y, _, H = group
+    est, se = hutchinson_trace(fm, x, y, n_probes=100, seed=3)
+    assert se > 0
+    assert abs(est - float(torch.trace(H))) < 3 * se
 
 
 def test_report_terms_equal_explicit_formulas(setup):

@@ -25,6 +25,9 @@ def assert_paths_agree(model: nn.Module, x, y, loss_fn=per_sample_cross_entropy)
     expected = ref.weighted_grad(weights)
     for a, b in zip(fast.weighted_grad(weights), expected, strict=True):
         torch.testing.assert_close(a, b, atol=TOL, rtol=TOL)
+    # <g_i, r> for every sample (FairLens) from the kept factors, as from the materialised ones
+    r = [torch.randn_like(g) for g in expected]
+    torch.testing.assert_close(fast.per_sample_dots(r), ref.per_sample_dots(r), atol=TOL, rtol=TOL)
     # adding in place (as the step adds the update to its noise) leaves what was there
     start = [torch.randn_like(g) for g in expected]
     for engine in (fast, ref):

@@ -12,9 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from dpfair.errors import ConfigError
+from dpfair.privacy import layer_grads as layer_grads_module
 from dpfair.privacy.gradients import GhostClipping, Materialized
 from dpfair.privacy.layer_grads import layer_grads
-from dpfair.privacy.step import per_sample_cross_entropy
+from dpfair.privacy.methods.dpsgd import Dpsgd
+from dpfair.privacy.step import PrivateStep, per_sample_cross_entropy
 
 TOL = 1e-5
 DTYPE = torch.float64
@@ -113,3 +116,33 @@ def test_chunks_of_one_sample_give_the_whole_batch_norms(nets):
         whole = layer_grads(module, c, budget=1 << 40).sq_norms()
         chunked = layer_grads(module, c, budget=1).sq_norms()
         torch.testing.assert_close(chunked, whole, atol=1e-12, rtol=1e-12)
+
+
+def test_a_small_engine_memory_cap_gives_more_smaller_chunks_and_the_same_sum(nets, monkeypatch):
+    """``max_engine_memory`` (MiB) caps the chunk budget: at 1 MiB a 16-channel 32x32
+    convolution's per-sample intermediates (~0.4 MB a sample) come a few samples at a time, and
+    the step's clipped sum (no noise) is the uncapped one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Tanh(), nn.Flatten(),
+                          nn.Linear(16 * 32 * 32, 2)).to(DTYPE)
+    x, y, g = nets.batch((16, 32, 32), 2, b=6)
+    real, sizes = layer_grads_module.chunks, []
+
+    def spy(batch: int, per_sample: int, budget: int) -> list:
+        sizes.append([s.stop - s.start for s in real(batch, per_sample, budget)])
+        return real(batch, per_sample, budget)
+
+    monkeypatch.setattr(layer_grads_module, "chunks", spy)
+    sums, chunked = {}, {}
+    for cap in (None, 1):
+        sizes = []
+        step = PrivateStep(model, Dpsgd(0.3), sigma=0.0, expected_batch_size=6.0,
+                           max_engine_memory=cap)
+        step(x, y, g, torch.Generator().manual_seed(0))
+        sums[cap], chunked[cap] = [p.grad.clone() for p in model.parameters()], sizes
+    assert chunked[None] == [[6]]  # the conv layer, one chunk
+    assert len(chunked[1]) == 1 and len(chunked[1][0]) > 1 and max(chunked[1][0]) < 6
+    for capped, whole in zip(sums[1], sums[None], strict=True):
+        torch.testing.assert_close(capped, whole, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ConfigError, match="max_engine_memory must be >= 1"):
+        PrivateStep(model, Dpsgd(0.3), sigma=0.0, expected_batch_size=6.0, max_engine_memory=0)

@@ -177,16 +177,8 @@ def test_dpsgd_clips_and_normalises():
 
 @pytest.mark.parametrize("C_LB", [0.0, 1.9])
 def test_adaptive_clips_at_c_t_then_updates_it(C_LB):
-    method = Adaptive(
-        s=0.5,
-        C0=2.0,
-        eta_C=0.2,
-        gamma=0.5,
-        tau=1.5,
-        C_LB=C_LB,
-        sigma_count=3.0,
-        expected_batch_size=10,
-    )
+    method = Adaptive(s=0.5, C0=2.0, eta_C=0.2, gamma=0.5, tau=1.5, C_LB=C_LB, sigma_count=3.0,
+                      expected_batch_size=10)
     norms = torch.tensor([1.0, 2.5, 3.5, 4.0, 10.0], dtype=DTYPE)
     rule = method.step_rule(norms, torch.zeros(5, dtype=int), rng(4))
     assert rule.weights.tolist() == pytest.approx([0.25, 0.2, 0.5 / 3.5, 0.125, 0.05])
@@ -299,16 +291,8 @@ def test_dpsgd_f_count_noise_is_gaussian_with_sigma1():
 
 def test_adaptive_count_noise_is_gaussian_with_sigma_count():
     sigma_count, B = 5.0, 50
-    method = Adaptive(
-        s=1.0,
-        C0=1.0,
-        eta_C=0.2,
-        gamma=0.5,
-        tau=1.0,
-        C_LB=0.0,
-        sigma_count=sigma_count,
-        expected_batch_size=B,
-    )
+    method = Adaptive(s=1.0, C0=1.0, eta_C=0.2, gamma=0.5, tau=1.0, C_LB=0.0,
+                      sigma_count=sigma_count, expected_batch_size=B)
     norms = torch.linspace(0.0, 2.0, 40, dtype=DTYPE)
     gen, noise = rng(6), []
     for _ in range(2000):
@@ -329,16 +313,8 @@ def zhao_toy(C_LB: float, steps: int = 300) -> tuple[float, float]:
     x = torch.cat(
         [0.01 * torch.randn(600, generator=rng(7)), 1 + 0.01 * torch.randn(400, generator=rng(8))]
     ).to(DTYPE)
-    method = Adaptive(
-        s=1.0,
-        C0=1.0,
-        eta_C=0.2,
-        gamma=0.5,
-        tau=1.0,
-        C_LB=C_LB,
-        sigma_count=0.0,
-        expected_batch_size=len(x),
-    )
+    method = Adaptive(s=1.0, C0=1.0, eta_C=0.2, gamma=0.5, tau=1.0, C_LB=C_LB, sigma_count=0.0,
+                      expected_batch_size=len(x))
     mu, groups, gen = 0.5, torch.zeros(len(x), dtype=int), rng(9)
     for _ in range(steps):
         grads = x - mu  # descent direction of each per-sample loss

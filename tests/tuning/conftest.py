@@ -17,7 +17,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpfair.privacy import accounting
-from dpfair.tuning import TuningConfig, TuningResult, draw_k
+from dpfair.tuning import TuningConfig, TuningJob, TuningResult, draw_k, prepare, tune
 
 THIS = str(Path(__file__).resolve())
 TRAIN = f"{THIS}:fast_train"
@@ -100,6 +100,20 @@ def cfg(tmp_path, **kw) -> dict:
     out = {"space": SPACE, "storage": f"sqlite:///{tmp_path / 'study.db'}", "study_name": "t"}
     out.update(kw)
     return out
+
+
+def fast_tune(settings: dict, dataset: SimpleNamespace | None = None, train: object = TRAIN,
+              **hooks: object) -> TuningResult:
+    """``tune`` METHOD over BASE (on ``make_dataset()`` by default) with the fast event and
+    trainer, or ``train``."""
+    ds = make_dataset() if dataset is None else dataset
+    return tune(METHOD, BASE, ds, settings, train, event_fn=fast_event, **hooks)
+
+
+def prepare_untrained(settings: dict, dataset: SimpleNamespace | None = None) -> TuningJob:
+    """``prepare`` a search of METHOD over BASE with the fast event, whose runs must not train."""
+    ds = make_dataset() if dataset is None else dataset
+    return prepare(METHOD, BASE, ds, settings, never_train, event_fn=fast_event)
 
 
 def seed_with_k(lo: int, hi: int, **kw) -> int:

@@ -16,14 +16,14 @@ from dpfair.privacy import accounting
 from dpfair.tuning.study import CONFIG_SEED
 from tests.tuning.conftest import (
     BASE,
-    METHOD,
     SPACE,
-    TRAIN,
     cfg,
     fast_event,
     fast_train,
+    fast_tune,
     make_dataset,
     never_train,
+    prepare_untrained,
     seed_with_k,
 )
 
@@ -47,21 +47,14 @@ from tests.tuning.conftest import (
 )
 def test_errors_before_any_training(tmp_path, override, match):
     with pytest.raises(tuning.TuningError, match=match):
-        tuning.tune(
-            METHOD,
-            BASE,
-            make_dataset(),
-            cfg(tmp_path, **override),
-            never_train,
-            event_fn=fast_event,
-        )
+        fast_tune(cfg(tmp_path, **override), train=never_train)
     assert not (tmp_path / "study.db").exists()  # refused before even creating the study
 
 
 def test_unknown_space_key_says_did_you_mean_and_the_allowed_names(tmp_path):
     c = cfg(tmp_path, space={"lrr": [1]})
     with pytest.raises(tuning.TuningError) as err:
-        tuning.prepare(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)
+        prepare_untrained(c)
     assert str(err.value) == (
         "space.lrr: 'lrr' is not a hyperparameter of method 'dpsgd' or of training; did you "
         "mean 'lr'? (allowed: clip, epochs, batch_size, lr, sigma)"
@@ -90,7 +83,7 @@ def test_empty_validation_split_is_refused_naming_validation_fraction(tmp_path):
     ds = make_dataset()
     ds.val = type(ds.val)(x=ds.val.x[:0], y=ds.val.y[:0], g=ds.val.g[:0])
     with pytest.raises(tuning.TuningError) as err:
-        tuning.tune(METHOD, BASE, ds, cfg(tmp_path), never_train, event_fn=fast_event)
+        fast_tune(cfg(tmp_path), ds, train=never_train)
     assert "empty validation split" in str(err.value)
     assert "set datasets.synthetic.validation_fraction above 0" in str(err.value)
     assert not (tmp_path / "study.db").exists()
@@ -99,17 +92,10 @@ def test_empty_validation_split_is_refused_naming_validation_fraction(tmp_path):
 def test_budget_is_checked_before_any_run(tmp_path):
     ds = make_dataset()
     ok = cfg(tmp_path, mu=2.0, budget_epsilon=1e6)
-    job = tuning.prepare(METHOD, BASE, ds, ok, never_train, event_fn=fast_event)
+    job = prepare_untrained(ok, ds)
     assert job.epsilon_search > job.epsilon_training > 0
     with pytest.raises(tuning.BudgetExceededError):
-        tuning.prepare(
-            METHOD,
-            BASE,
-            ds,
-            {**ok, "budget_epsilon": job.epsilon_search * 0.99},
-            never_train,
-            event_fn=fast_event,
-        )
+        prepare_untrained({**ok, "budget_epsilon": job.epsilon_search * 0.99}, ds)
 
 
 # ---------------------------------------------------------------------- in-process searches
@@ -120,9 +106,7 @@ def test_tnb_search_ledger_and_resume(tmp_path):
     seed = seed_with_k(3, 6, mu=4.0)
     c = cfg(tmp_path, mu=4.0, seed=seed, heartbeat_interval=1, reproducible=True)
     seen = []
-    res = tuning.tune(
-        METHOD, BASE, ds, c, TRAIN, event_fn=fast_event, on_trial=lambda r, _: seen.append(r)
-    )
+    res = fast_tune(c, ds, on_trial=lambda r, _: seen.append(r))
     k = tuning.draw_k(tuning.TuningConfig(mu=4.0, seed=seed, reproducible=True), 1)
     assert [r["number"] for r in seen] == list(range(k)) and seen[0]["score"] is not None
     assert res.K == k and res.n_runs == k
@@ -141,19 +125,17 @@ def test_tnb_search_ledger_and_resume(tmp_path):
         assert accounting.event_from_json(r["event"]) == fast_event(BASE, ds)
     assert res.best_result is not None
     # resume: nothing new runs, K is read back
-    again = tuning.tune(METHOD, BASE, ds, c, never_train, event_fn=fast_event)
+    again = fast_tune(c, ds, train=never_train)
     assert again.K == k and again.n_runs == k and len(again.trials) == len(res.trials)
     # other settings on the same study (secret randomness included): refused
     for other in ({**c, "mu": 5.0}, {**c, "reproducible": False}):
         with pytest.raises(tuning.TuningError, match="other tuning settings"):
-            tuning.tune(METHOD, BASE, ds, other, never_train, event_fn=fast_event)
+            fast_tune(other, ds, train=never_train)
 
 
 def test_grid_fixed_public_and_crashes(tmp_path):
     ds = make_dataset()
-    res = tuning.tune(
-        METHOD, BASE, ds, cfg(tmp_path, mode="grid", study_name="g"), TRAIN, event_fn=fast_event
-    )
+    res = fast_tune(cfg(tmp_path, mode="grid", study_name="g"), ds)
     assert res.K == 6 and res.n_runs == 6 and res.tuning_privacy == "none"
     assert res.epsilon_search == math.inf and res.event_json is None
     assert {(r["params"]["lr"], r["params"]["clip"]) for r in res.trials} == {
@@ -170,9 +152,7 @@ def test_grid_fixed_public_and_crashes(tmp_path):
         score_privacy="public_validation",
         space={"lr": [0.1, 0.5], "crash": [True]},
     )
-    res = tuning.tune(
-        METHOD, BASE, ds, c, TRAIN, event_fn=fast_event, allowed=["lr", "clip", "crash"]
-    )
+    res = fast_tune(c, ds, allowed=["lr", "clip", "crash"])
     # every run crashed: all 3 counted, none selected
     assert res.n_runs == 3 and res.best_config is None
     assert all(r["state"] == "FAIL" and "planned crash" in r["error"] for r in res.trials)
@@ -189,7 +169,7 @@ def test_poisson_k_zero_runs_nothing(tmp_path):
         == 0
     )
     c = cfg(tmp_path, mode="poisson", mu=1.0, seed=seed, reproducible=True)
-    res = tuning.tune(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)
+    res = fast_tune(c, train=never_train)
     assert res.K == 0 and res.n_runs == 0 and res.best_config is None and res.trials == []
     ev = accounting.event_from_json(res.event_json)
     assert ev.shape == math.inf and res.tuning_privacy == "poisson"
@@ -203,11 +183,11 @@ def test_secret_randomness_by_default(tmp_path):
 
     def prepare(name, **kw):
         c = cfg(tmp_path, study_name=name, mu=10.0, **kw)
-        return tuning.prepare(METHOD, BASE, ds, c, never_train, event_fn=fast_event)
+        return prepare_untrained(c, ds)
 
     def search(name, **kw):
         c = cfg(tmp_path, study_name=name, mode="fixed", n_runs=3, seed=5, **kw)
-        return tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
+        return fast_tune(c, ds)
 
     jobs = [prepare(f"s{i}") for i in range(20)]
     assert len({job.k for job in jobs}) > 1  # P(20 equal) < 1e-10, see test_k_draw

@@ -16,18 +16,8 @@ import pytest
 
 from dpfair.errors import TuningError
 from dpfair.privacy import accounting
-from dpfair.tuning import prepare, tune
 from dpfair.tuning.ledger import ledger_row
-from tests.tuning.conftest import (
-    BASE,
-    METHOD,
-    SPACE,
-    TRAIN,
-    cfg,
-    fast_event,
-    make_dataset,
-    never_train,
-)
+from tests.tuning.conftest import BASE, SPACE, cfg, fast_tune, prepare_untrained
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EXPECTED = json.loads((FIXTURES / "v1_study.json").read_text())
@@ -54,7 +44,7 @@ def test_v1_study_resumes_with_the_same_k_and_ledger(tmp_path):
     written = optuna.load_study(study_name="v1", storage=f"sqlite:///{db}").get_trials()
     assert [ledger_row(t, EXPECTED["K"], "tnb") for t in written] == EXPECTED["rows_written"]
 
-    res = tune(METHOD, BASE, make_dataset(), v1_settings(db), TRAIN, event_fn=fast_event)
+    res = fast_tune(v1_settings(db))
 
     want = EXPECTED["resumed"]
     assert res.K == EXPECTED["K"] == 4 and res.n_runs == 4
@@ -83,14 +73,7 @@ def test_v1_study_resumes_with_the_same_k_and_ledger(tmp_path):
 
 
 def test_new_study_has_the_v1_attrs(tmp_path):
-    job = prepare(
-        METHOD,
-        BASE,
-        make_dataset(),
-        v1_settings(tmp_path / "new.db"),
-        never_train,
-        event_fn=fast_event,
-    )
+    job = prepare_untrained(v1_settings(tmp_path / "new.db"))
     assert job.k == EXPECTED["K"]
     study = optuna.load_study(study_name="v1", storage=f"sqlite:///{tmp_path / 'new.db'}")
     attrs, want = dict(study.user_attrs), dict(EXPECTED["study_user_attrs"])
@@ -105,14 +88,7 @@ def test_new_study_has_the_v1_attrs(tmp_path):
 
 def test_fingerprint_marks_only_secret_randomness(tmp_path):
     """A reproducible study keeps the v1 fingerprint; a default one adds one key."""
-    secret = prepare(
-        METHOD,
-        BASE,
-        make_dataset(),
-        {**v1_settings(tmp_path / "new.db"), "reproducible": False},
-        never_train,
-        event_fn=fast_event,
-    )
+    secret = prepare_untrained({**v1_settings(tmp_path / "new.db"), "reproducible": False})
     attrs = optuna.load_study(study_name="v1", storage=f"sqlite:///{tmp_path / 'new.db'}")
     stored = json.loads(attrs.user_attrs["dpfair.fingerprint"])
     assert stored == {
@@ -129,7 +105,7 @@ def test_concurrent_creators_agree_on_one_secret_k(tmp_path):
 
     def open_study(_: int) -> int:
         start.wait()
-        return prepare(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event).k
+        return prepare_untrained(c).k
 
     with ThreadPoolExecutor(6) as pool:
         ks = list(pool.map(open_study, range(6)))
@@ -143,4 +119,4 @@ def test_a_study_without_k_is_refused(tmp_path):
     c = cfg(tmp_path, grace_period=1)
     optuna.create_study(study_name="t", storage=c["storage"])  # not by dpfair: no attrs
     with pytest.raises(TuningError, match="exists but holds no K"):
-        prepare(METHOD, BASE, make_dataset(), c, never_train, event_fn=fast_event)
+        prepare_untrained(c)

@@ -26,8 +26,9 @@ from tests.tuning.conftest import (
     cfg,
     check_exactly_k,
     fast_event,
+    fast_tune,
     make_dataset,
-    never_train,
+    prepare_untrained,
     seed_with_k,
     worker_env,
 )
@@ -38,7 +39,7 @@ def test_excess_trial_is_not_a_run(tmp_path, monkeypatch):
     ask. Its trial (number K) is marked excess and PRUNED without training."""
     ds = make_dataset()
     c = cfg(tmp_path, mode="fixed", n_runs=1, study_name="x")
-    job = tuning.prepare(METHOD, BASE, ds, c, never_train, event_fn=fast_event)
+    job = prepare_untrained(c, ds)
     study = optuna.load_study(study_name="x", storage=c["storage"])
     other = study.ask()  # another worker's run, number 0
     study.tell(other, 0.5)
@@ -109,7 +110,7 @@ def test_two_workers_journal(tmp_path, monkeypatch):
         storage=f"journal:{tmp_path / 'journal.log'}",
         heartbeat_interval=5,  # grace 10 s: no live worker is failed under load
     )  # not reproducible: the configuration draws are seeded by the study's secret
-    res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
+    res = fast_tune(c, ds)
     check_exactly_k(res)
     assert res.K == 8 and all(r["state"] == "COMPLETE" for r in res.trials if r["ledger"] == "run")
     # configurations depend on the trial number and the study's seed only, whichever worker
@@ -148,7 +149,7 @@ def test_two_workers_postgres(tmp_path, monkeypatch, postgres_url):
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = tuning.tune(METHOD, BASE, ds, c, TRAIN, event_fn=fast_event)
+        res = fast_tune(c, ds)
     check_exactly_k(res)
     assert res.K == tuning.draw_k(
         tuning.TuningConfig(mu=6.0, eta=1.0, seed=seed, reproducible=True), 1

@@ -47,19 +47,9 @@ class Adaptive(Method):
     update ``Z <- Z exp(-eta_Z + b~)`` is ours with ``eta_C = 1``, ``gamma = eta_Z``.
     """
 
-    def __init__(
-        self,
-        *,
-        s: float,
-        C0: float,
-        eta_C: float,
-        gamma: float,
-        tau: float,
-        C_LB: float,
-        sigma_count: float,
-        expected_batch_size: float,
-        name: str = "adaptive",
-    ) -> None:
+    def __init__(self, *, s: float, C0: float, eta_C: float, gamma: float, tau: float,
+                 C_LB: float, sigma_count: float, expected_batch_size: float,
+                 name: str = "adaptive") -> None:
         super().__init__(name, count_sigma=sigma_count)
         self.s, self.eta_C, self.gamma, self.tau, self.C_LB = s, eta_C, gamma, tau, C_LB
         self.C = max(C0, C_MIN)
@@ -90,19 +80,16 @@ class AdaptiveFamily(MethodSpec):
     def adaptive(self) -> AdaptiveConfig:
         """The same method as an :class:`AdaptiveConfig`."""
 
+    def same_named(self, **settings: float) -> AdaptiveConfig:
+        """The :class:`AdaptiveConfig` with this config's fields of the same name (a preset's
+        ``C0``, ``eta_C``, ...), and ``settings`` for the rest."""
+        return AdaptiveConfig(**{**self.model_dump(exclude={"name"}), **settings})
+
     def build(self, ctx: BuildContext) -> Adaptive:
         a = self.adaptive()
-        return Adaptive(
-            s=a.s,
-            C0=a.C0,
-            eta_C=a.eta_C,
-            gamma=a.gamma,
-            tau=a.tau,
-            C_LB=a.C_LB,
-            sigma_count=ctx.count_sigma(a.sigma_count),
-            expected_batch_size=ctx.expected_batch_size,
-            name=self.name,
-        )
+        return Adaptive(**a.model_dump(exclude={"name", "sigma_count"}),
+                        sigma_count=ctx.count_sigma(a.sigma_count),
+                        expected_batch_size=ctx.expected_batch_size, name=self.name)
 
 
 @register_method

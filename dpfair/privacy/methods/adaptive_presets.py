@@ -26,15 +26,7 @@ class AdaclipConfig(AdaptiveFamily):
     sigma_count: PositiveFloat | None = None
 
     def adaptive(self) -> AdaptiveConfig:
-        return AdaptiveConfig(
-            s=1.0,
-            C0=self.C0,
-            eta_C=self.eta_C,
-            gamma=self.gamma,
-            tau=1.0,
-            C_LB=0.0,
-            sigma_count=self.sigma_count,
-        )
+        return self.same_named(s=1.0, tau=1.0, C_LB=0.0)
 
     @classmethod
     def example(cls) -> AdaclipConfig:
@@ -57,15 +49,8 @@ class DpsgdGlobalAdaptConfig(AdaptiveFamily):
     sigma2: PositiveFloat | None = None
 
     def adaptive(self) -> AdaptiveConfig:
-        return AdaptiveConfig(
-            s=self.C0,
-            C0=self.Z0,
-            eta_C=1.0,
-            gamma=self.eta_Z,
-            tau=self.tau,
-            C_LB=0.0,
-            sigma_count=self.sigma2,
-        )
+        return AdaptiveConfig(s=self.C0, C0=self.Z0, eta_C=1.0, gamma=self.eta_Z, tau=self.tau,
+                              C_LB=0.0, sigma_count=self.sigma2)
 
     @classmethod
     def example(cls) -> DpsgdGlobalAdaptConfig:
@@ -85,15 +70,7 @@ class BoundedAdaptiveConfig(AdaptiveFamily):
     sigma_count: PositiveFloat | None = None
 
     def adaptive(self) -> AdaptiveConfig:
-        return AdaptiveConfig(
-            s=1.0,
-            C0=self.C0,
-            eta_C=self.eta_C,
-            gamma=self.gamma,
-            tau=self.tau,
-            C_LB=self.C_LB,
-            sigma_count=self.sigma_count,
-        )
+        return self.same_named(s=1.0)
 
     @classmethod
     def example(cls) -> BoundedAdaptiveConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeFloat, PositiveFloat
+from pydantic import NonNegativeFloat
 from torch import nn
 
 from dpfair.privacy.ascent import AscentGhost, AscentMaterialized, ghost_ascent_obstacle
@@ -22,7 +22,8 @@ from dpfair.privacy.gradients import (
     modifies_in_place,
 )
 from dpfair.privacy.methods.dpsgd import Dpsgd
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+from dpfair.privacy.methods.keyword_spec import FormerSpec
+from dpfair.privacy.methods.registry import register_method
 
 
 class Bam(Dpsgd):
@@ -49,15 +50,7 @@ class Bam(Dpsgd):
 
 
 @register_method
-class BamConfig(MethodSpec):
+class BamConfig(FormerSpec):
     method_class = Bam
     name: Literal["bam"] = "bam"
-    C: PositiveFloat = 1.0
     lam: NonNegativeFloat = 0.02
-
-    def build(self, ctx: BuildContext) -> Bam:
-        return Bam(self.C, self.lam)
-
-    @classmethod
-    def example(cls) -> BamConfig:
-        return cls(C=0.7)

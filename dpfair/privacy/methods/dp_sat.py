@@ -10,59 +10,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
-from pydantic import NonNegativeFloat, PositiveFloat
-from torch import Tensor, nn
+from pydantic import NonNegativeFloat
+from torch import nn
 
-from dpfair.privacy.gradients import (
-    EngineKind,
-    LossFn,
-    PerSampleGradients,
-    global_norm,
-    make_engine,
-    trainable_parameters,
-)
+from dpfair.privacy.ascent import SharedAscent
+from dpfair.privacy.gradients import EngineKind, PerSampleGradients, make_engine
 from dpfair.privacy.methods.dpsgd import Dpsgd
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
-
-
-class SharedAscent(PerSampleGradients):
-    """Wraps an engine: per-sample gradients at ``theta + rho d / |d|``, ``d`` the last release."""
-
-    def __init__(self, inner: PerSampleGradients, rho: float) -> None:
-        self.inner, self.rho = inner, rho
-        self.direction: list[Tensor] | None = None
-
-    def compute(
-        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
-    ) -> Tensor:
-        if self.direction is None:  # first step: nothing released yet
-            norms = self.inner.compute(model, loss_fn, x, y, groups)
-        else:
-            params = trainable_parameters(model)
-            saved = [p.detach().clone() for p in params]
-            with torch.no_grad():
-                for p, d in zip(params, self.direction, strict=True):
-                    p.add_(d)
-            try:
-                norms = self.inner.compute(model, loss_fn, x, y, groups)
-            finally:
-                with torch.no_grad():
-                    for p, s in zip(params, saved, strict=True):
-                        p.copy_(s)
-        self.losses = self.inner.losses
-        return norms
-
-    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
-        return self.inner.weighted_grad(weights)
-
-    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
-        self.inner.add_weighted_grad(weights, into)
-
-    def observe(self, private_grad: list[Tensor]) -> None:
-        norm = global_norm(private_grad)
-        if torch.isfinite(norm) and norm > 0:
-            self.direction = [(self.rho / norm) * g.detach() for g in private_grad]
+from dpfair.privacy.methods.keyword_spec import FormerSpec
+from dpfair.privacy.methods.registry import register_method
 
 
 class DpSat(Dpsgd):
@@ -77,15 +32,7 @@ class DpSat(Dpsgd):
 
 
 @register_method
-class DpSatConfig(MethodSpec):
+class DpSatConfig(FormerSpec):
     method_class = DpSat
     name: Literal["dp_sat"] = "dp_sat"
-    C: PositiveFloat = 1.0
     rho: NonNegativeFloat = 0.086
-
-    def build(self, ctx: BuildContext) -> DpSat:
-        return DpSat(self.C, self.rho)
-
-    @classmethod
-    def example(cls) -> DpSatConfig:
-        return cls(C=0.7)

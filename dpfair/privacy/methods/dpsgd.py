@@ -23,13 +23,13 @@ class Dpsgd(Method):
         super().__init__(name)
         self.C, self.normalize = C, normalize
 
+    def state(self) -> State:
+        return {"C": self.C}
+
     def _weights(self, norms: Tensor, groups: Tensor) -> tuple[Tensor, float]:
         if self.normalize:
             return torch.minimum(1.0 / norms, torch.full_like(norms, 1.0 / self.C)), 1.0
         return (self.C / norms).clamp(max=1.0), self.C
-
-    def state(self) -> State:
-        return {"C": self.C}
 
 
 @register_method

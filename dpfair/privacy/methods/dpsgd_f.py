@@ -28,15 +28,8 @@ class DpsgdF(Method):
 
     releases_before_clipping = True
 
-    def __init__(
-        self,
-        C0: float,
-        sigma1: float,
-        *,
-        n_groups: int,
-        expected_batch_size: float,
-        name: str = "dpsgd_f",
-    ) -> None:
+    def __init__(self, C0: float, sigma1: float, *, n_groups: int, expected_batch_size: float,
+                 name: str = "dpsgd_f") -> None:
         super().__init__(name, count_sigma=sigma1)
         self.C0, self.n_groups, self.expected_batch_size = C0, n_groups, expected_batch_size
         self.C_k = torch.full((n_groups,), C0, dtype=torch.float64)
@@ -82,12 +75,8 @@ class XuGroupConfig(MethodSpec):
     sigma1: PositiveFloat | None = None
 
     def build(self, ctx: BuildContext) -> Method:
-        return self.method_class(
-            self.C0,
-            ctx.count_sigma(self.sigma1),
-            n_groups=ctx.n_groups,
-            expected_batch_size=ctx.expected_batch_size,
-        )
+        return self.method_class(self.C0, ctx.count_sigma(self.sigma1), n_groups=ctx.n_groups,
+                                 expected_batch_size=ctx.expected_batch_size)
 
     @classmethod
     def example(cls) -> Self:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import PositiveFloat, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 from torch import Tensor
 
 from dpfair.privacy.methods.base import Method, State
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+from dpfair.privacy.methods.keyword_spec import KeywordSpec
+from dpfair.privacy.methods.registry import register_method
 
 
 def _check(C0: float, Z: float) -> None:
@@ -36,19 +37,18 @@ class DpsgdGlobal(Method):
 
 
 @register_method
-class DpsgdGlobalConfig(MethodSpec):
+class DpsgdGlobalConfig(KeywordSpec):
+    """Esipova's DPSGD-Global with ``Z >= C0`` (a kept sample's weight ``C0 / Z`` is at most 1)."""
+
     method_class = DpsgdGlobal
     name: Literal["dpsgd_global"] = "dpsgd_global"
-    C0: PositiveFloat = 1.0
-    Z: PositiveFloat = 50.0
+    C0: PositiveFloat = Field(1.0, description="the sensitivity: a kept sample weighs C0 / Z")
+    Z: PositiveFloat = Field(50.0, description="a sample whose gradient norm is above Z is dropped")
 
     @model_validator(mode="after")
     def _z_bounds_c0(self) -> DpsgdGlobalConfig:
         _check(self.C0, self.Z)
         return self
-
-    def build(self, ctx: BuildContext) -> DpsgdGlobal:
-        return DpsgdGlobal(self.C0, self.Z)
 
     @classmethod
     def example(cls) -> DpsgdGlobalConfig:

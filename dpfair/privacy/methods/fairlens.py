@@ -1,16 +1,9 @@
 """FairLens (Tran et al. 2021, as implemented by Esipova et al., Alg. 4): regularised DPSGD.
 
-Per-sample gradients are those of ``l_i + gamma1 R1 + gamma2 R2`` for two groups ``a, b``:
-``R1 = |<g_{B_a} - g_{B_b}, gbar_B - g_B>|`` (group mean gradients; clipped minus unclipped
-batch mean) and ``R2 = 1/2 (f_a (1 - f_a) + f_b (1 - f_b))`` (``f_k`` the group's mean predicted
-probability of class 1). The regularisers are batch terms, so every ``g'_i = g_i + r`` with the
-same ``r = grad(gamma1 R1 + gamma2 R2)``; ``g'_i`` then depends on other samples and clipping it
-at ``C`` does not bound the sensitivity: ``privacy_guarantee = "heuristic"``.
-
-``grad R1`` needs Hessian-vector products: writing
-``u = g_{B_a} - g_{B_b} = grad sum_i alpha_i l_i`` and ``v = gbar_B - g_B = grad sum_i beta_i l_i``
-with the clip factors held fixed,
-``grad <u, v> = H_alpha v + H_beta u``, one double backward.
+Per-sample gradients are those of ``l_i + gamma1 R1 + gamma2 R2``, two batch regularisers
+comparing group 0 with group 1 (:mod:`dpfair.privacy.regularised`): every ``g'_i = g_i + r``
+with the same ``r``, so ``g'_i`` depends on other samples and clipping it at ``C`` does not
+bound the sensitivity: ``privacy_guarantee = "heuristic"``.
 
 Defaults: Tran via Esipova (``gamma1 = gamma2 = 1``).
 """
@@ -19,109 +12,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
-from pydantic import NonNegativeFloat, PositiveFloat
-from torch import Tensor, nn
+from pydantic import NonNegativeFloat
+from torch import nn
 
-from dpfair.privacy.gradients import (
-    EngineKind,
-    LossFn,
-    PerSampleGradients,
-    make_engine,
-    trainable_parameters,
-)
+from dpfair.privacy.gradients import EngineKind, PerSampleGradients, make_engine
+from dpfair.privacy.methods.base import Method
 from dpfair.privacy.methods.dpsgd import Dpsgd
-from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
-
-
-def _positive_probability(outputs: Tensor) -> Tensor:
-    if outputs.dim() == 2 and outputs.shape[1] == 2:
-        return outputs.softmax(1)[:, 1]
-    if outputs.dim() == 1 or (outputs.dim() == 2 and outputs.shape[1] == 1):
-        return outputs.reshape(-1).sigmoid()
-    raise ValueError(f"fairlens needs a binary classifier, got outputs {tuple(outputs.shape)}")
-
-
-def _dot(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
-    return torch.stack([(a * b).sum() for a, b in zip(xs, ys, strict=True)]).sum()
-
-
-class RegularisedGradients(PerSampleGradients):
-    """Wraps an engine: ``g'_i = g_i + r`` with ``r`` the gradient of the FairLens regularisers."""
-
-    chunkable = False  # r is a batch term
-
-    def __init__(self, inner: PerSampleGradients, C: float, gamma1: float, gamma2: float) -> None:
-        self.inner, self.C, self.gamma1, self.gamma2 = inner, C, gamma1, gamma2
-        self.shared: list[Tensor] = []
-
-    def compute(
-        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
-    ) -> Tensor:
-        if groups is None:
-            raise ValueError("fairlens needs the group ids of the batch")
-        norms = self.inner.compute(model, loss_fn, x, y)
-        self.losses = self.inner.losses
-        keep = torch.isfinite(norms)  # the regularisers are formed from the finite samples
-        params = trainable_parameters(model)
-        outputs = model(x[keep])
-        losses = loss_fn(outputs, y[keep])
-        reg = self._regulariser(norms, keep, groups, outputs, losses, params)
-        if reg.requires_grad:
-            grads = torch.autograd.grad(reg, params, retain_graph=True, allow_unused=True)
-        else:
-            grads = (None,) * len(params)
-        self.shared = [
-            torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
-        ]
-        # <g_i, r> for every i at once: J r = d/dv <J^T v, r> (a double backward).
-        v = torch.ones_like(losses, requires_grad=True)
-        jt_v = torch.autograd.grad(losses, params, v, create_graph=True)
-        cross = torch.autograd.grad(_dot(list(jt_v), self.shared), v, allow_unused=True)[0]
-        sq = norms.square() + _dot(self.shared, self.shared)
-        if cross is not None:
-            sq[keep] = sq[keep] + 2 * cross.detach()
-        return sq.clamp(min=0).sqrt()
-
-    def _regulariser(
-        self,
-        norms: Tensor,
-        keep: Tensor,
-        groups: Tensor,
-        outputs: Tensor,
-        losses: Tensor,
-        params: list[nn.Parameter],
-    ) -> Tensor:
-        """``gamma1 R1 + gamma2 R2`` as a function of theta, with the clip factors held fixed."""
-        prob, kept = _positive_probability(outputs), groups[keep]
-        total = losses.new_zeros(())
-        for k in (0, 1):  # R2
-            if (kept == k).any():
-                f = prob[kept == k].mean()
-                total = total + self.gamma2 * 0.5 * f * (1 - f)
-        in_group = [keep & (groups == k) for k in (0, 1)]
-        sizes = [m.sum() for m in in_group]
-        if sizes[0] == 0 or sizes[1] == 0:  # R1 needs both groups
-            return total
-        alpha = (in_group[0] / sizes[0] - in_group[1] / sizes[1]).to(norms.dtype)
-        beta = torch.where(keep, ((self.C / norms).clamp(max=1.0) - 1) / keep.sum(), 0.0)
-        u, v = self.inner.weighted_grad(alpha), self.inner.weighted_grad(beta)
-        ju = torch.autograd.grad(losses, params, alpha[keep], create_graph=True)
-        jv = torch.autograd.grad(losses, params, beta[keep], create_graph=True)
-        inner = _dot(list(ju), v) + _dot(list(jv), u)  # its gradient: H_alpha v + H_beta u
-        return total + self.gamma1 * torch.sign(_dot(u, v)) * inner
-
-    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
-        summed = [torch.zeros_like(r) for r in self.shared]
-        self.add_weighted_grad(weights, summed)
-        return summed
-
-    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
-        """``sum_i w_i (g_i + r) = sum_i w_i g_i + (sum_i w_i) r``."""
-        self.inner.add_weighted_grad(weights, into)
-        total = weights.sum()
-        for out, r in zip(into, self.shared, strict=True):
-            out.add_(total * r)
+from dpfair.privacy.methods.keyword_spec import FormerSpec
+from dpfair.privacy.methods.registry import BuildContext, register_method
+from dpfair.privacy.regularised import RegularisedGradients
 
 
 class FairLens(Dpsgd):
@@ -138,20 +37,15 @@ class FairLens(Dpsgd):
 
 
 @register_method
-class FairLensConfig(MethodSpec):
+class FairLensConfig(FormerSpec):
     """FairLens for two groups (R1 and R2 compare group 0 with group 1)."""
 
     method_class = FairLens
     name: Literal["fairlens"] = "fairlens"
-    C: PositiveFloat = 1.0
     gamma1: NonNegativeFloat = 1.0
     gamma2: NonNegativeFloat = 1.0
 
-    def build(self, ctx: BuildContext) -> FairLens:
+    def build(self, ctx: BuildContext) -> Method:
         if ctx.n_groups != 2:
             raise ValueError(f"fairlens is defined for two groups, got n_groups={ctx.n_groups}")
-        return FairLens(self.C, self.gamma1, self.gamma2)
-
-    @classmethod
-    def example(cls) -> FairLensConfig:
-        return cls(C=0.7)
+        return super().build(ctx)

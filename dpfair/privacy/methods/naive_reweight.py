@@ -22,15 +22,8 @@ class NaiveReweight(Method):
 
     releases_before_clipping = True
 
-    def __init__(
-        self,
-        C0: float,
-        sigma1: float,
-        *,
-        n_groups: int,
-        expected_batch_size: float,
-        name: str = "naive_reweight",
-    ) -> None:
+    def __init__(self, C0: float, sigma1: float, *, n_groups: int, expected_batch_size: float,
+                 name: str = "naive_reweight") -> None:
         super().__init__(name, count_sigma=sigma1)
         self.C0, self.n_groups, self.expected_batch_size = C0, n_groups, expected_batch_size
         self.theta = torch.ones(n_groups, dtype=torch.float64)
