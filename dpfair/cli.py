@@ -120,6 +120,7 @@ def train_cmd(
     Its run is named "standalone"; only pipeline runs register models, unless --register."""
     from dpfair.commands import train_standalone
     from dpfair.data import load_dataset
+    from dpfair.privacy import accounting
     from dpfair.release import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
     from dpfair.tracking import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
@@ -136,7 +137,8 @@ def train_cmd(
                   f"worst group {percent(m['worst_group_accuracy'])}")
     run = f"{result.steps} steps, q={result.sample_rate:.4g}, sigma={result.sigma:.4g}"
     if result.privacy_guarantee == "proven":
-        console.print(f"epsilon {epsilon_text(result.epsilon)} at delta {result.delta:g} ({run})")
+        console.print(f"epsilon {epsilon_text(result.epsilon)} at delta {result.delta:g} "
+                      f"({accounting.spend(result.event, result.delta).accountant}; {run})")
     else:
         no_eps = NONPRIVATE_REFERENCE if result.privacy_guarantee == "none" else HEURISTIC
         console.print(f"epsilon: {no_eps} ({run}; privacy_guarantee: "
@@ -198,8 +200,9 @@ def tune_cmd(
         console.print(f"epsilon: {HEURISTIC} (privacy_guarantee: {release.guarantee})")
     else:
         eps = release.epsilon_search if search.event else math.inf
-        console.print(f"epsilon: one training run {result.epsilon_training:.3f}, whole search "
-                      f"{eps:.3f} ({search.label}; delta {result.delta:g})")
+        console.print(f"epsilon: one training run {release.epsilon_run:.3f} "
+                      f"({release.accountant_run}), whole search {eps:.3f} ({search.label}; "
+                      f"{release.accountant_search}; delta {result.delta:g})")
     if mode == "all_trials":
         console.print(f"K = {result.K} runs, best {cfg.score} = {score(result.best_score)}; "
                       f"ledger (released): {ledger}")

@@ -217,8 +217,7 @@ def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
 
 
 def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
-    """:func:`plan_release` with the searches prepared in a throwaway storage (K is drawn only
-    in the real study, later; Optuna's "study created" lines are not shown for it)."""
+    """:func:`plan_release` on searches in a throwaway storage (K: drawn by the real study)."""
     scratch, verbosity = params.model_copy(deep=True), optuna.logging.get_verbosity()
     studies = {m: f"scratch-{m}" for m in params.experiment.methods if m in params.tuning.spaces}
     with tempfile.TemporaryDirectory(prefix="dpfair-scratch-") as tmp:
@@ -231,9 +230,8 @@ def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
 
 
 def check_release(params: Params, dataset: GroupedDataset) -> None:
-    """``dpfair run``'s budget check (:func:`dpfair.release.check_budget`) in seconds, before
-    the orchestration, on a :func:`_scratch_plan`; the privacy gate checks the real plan again
-    (alone with ``tuning.release: all_trials``: a search's ε depends on the real study's K)."""
+    """``dpfair run``'s :func:`~dpfair.release.check_budget` on a :func:`_scratch_plan`, in
+    seconds; the gate checks the real plan again (alone with ``all_trials``: K matters)."""
     if not (params.tuning.spaces and params.tuning.release == "all_trials"):
         checked = calibrated_params(params, dataset)
         check_budget(_scratch_plan(checked, dataset), checked.budget)
@@ -327,10 +325,12 @@ def log_search(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, l
                    "epsilon_training": release.epsilon_run, "delta": release.delta}
     bounded = release.has_epsilon and release.epsilon_search is not None
     noise = {"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}
+    accountants = {"dpfair.accountant_search": str(release.accountant_search),  # ACCOUNTANTS
+                   "dpfair.accountant_training": release.accountant_run} if bounded else {}
     set_tags(tracking, tune_run_id, described({
         "tuning_privacy": result.tuning_privacy, "score_privacy": result.score_privacy,
         "dpfair.epsilon_search": tag_number(release.epsilon_search) if bounded
-        else release.guarantee, **{k: NOISE_TOKEN[v] for k, v in noise.items()}},
+        else release.guarantee, **accountants, **{k: NOISE_TOKEN[v] for k, v in noise.items()}},
         {"dpfair.epsilon_search": search.label if release.has_epsilon
          else release.no_epsilon_label, **noise}))
     if search.event is not None and release.has_epsilon:

@@ -340,11 +340,11 @@ def search_release(
         label = f"all {k} trials released: composition of the {k} runs{scores}"
     else:
         event = search_event(cfg, run_event)
+        selected = "only the selected configuration released"
         label = {
-            "tnb": f"RepeatAndSelect, TNB η={cfg.eta:g} μ={cfg.mu:g}: only the selected "
-                   "configuration released",
-            "poisson": f"RepeatAndSelect, Poisson μ={cfg.mu:g}: only the selected "
-                       "configuration released",
+            "tnb": f"RepeatAndSelect, TNB η={cfg.eta:g} μ={cfg.mu:g}: {selected}",
+            "poisson": f"RepeatAndSelect, Poisson μ={cfg.mu:g}: {selected}",
+            "binomial": f"best of K ~ Binomial({cfg.n_runs}, {cfg.p}) runs: {selected}",
             "fixed": f"best of {cfg.n_runs} runs: composition of the {cfg.n_runs} runs{scores}",
             "grid": "grid search: no DP guarantee",
         }[cfg.mode]

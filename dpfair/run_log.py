@@ -91,9 +91,10 @@ class EpochLogger:
 
 def epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
     """DPSGD-F's per-group ε (:mod:`dpfair.privacy.group_accounting`: each group's own steps
-    accounted) as a table: group name, ε at the run's δ."""
+    accounted) as a table: group name, ε at the run's δ, its accountant."""
     return pd.DataFrame({"group": dataset.group_names, "epsilon": result.group_epsilons,
-                         "delta": result.delta}).set_index("group")
+                         "delta": result.delta, "accountant": result.group_accountants}
+                        ).set_index("group")
 
 
 def event_with_note(result: TrainResult) -> str:

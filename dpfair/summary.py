@@ -277,24 +277,31 @@ def _what_is_predicted(dataset: GroupedDataset) -> dict[str, str]:
 def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
                   data_version: str) -> dict[str, str]:
     """The tags of a registered model version, each a machine-readable value: method, seed,
-    dataset, guarantee, both ε (``inf`` without guarantee), δ, noise, data version, what it
-    predicts for which groups (target, protected attributes, group names) and the test
-    headline as fractions (what :mod:`dpfair.registry`'s champion rule reads)."""
+    dataset, guarantee, both ε (``inf`` without guarantee) and their accountants, δ, noise,
+    data version, what it predicts for which groups (target, protected attributes, group
+    names) and the test headline as fractions (what :mod:`dpfair.registry`'s champion rule
+    reads)."""
     release = plan.methods[record.label]
     bounded = release.has_epsilon
+    run, method = ((release.accountant_run, release.accountant) if bounded
+                   else (accounting.ACCOUNTANT_NONE,) * 2)
     return _tags(record, dataset, data_version, release.guarantee,
                  release.epsilon_run if bounded else math.inf,
                  release.epsilon if bounded else math.inf, plan.epsilon_total, release.delta,
-                 release.reproducible)
+                 release.reproducible, (run, method, plan.accountant_total))
 
 
 def _tags(record: RunRecord, dataset: GroupedDataset, data_version: str, guarantee: str,
           eps_run: float, eps_method: float, eps_total: float, delta: float,
-          reproducible: bool) -> dict[str, str]:
+          reproducible: bool, accountants: tuple[str, str, str]) -> dict[str, str]:
+    """``accountants``: those of the training run's, the method's and the total's ε."""
     return {
         "method": record.label, "seed": str(record.seed), "dataset": dataset.name,
         "privacy_guarantee": guarantee, "epsilon_training_run": tag_number(eps_run),
         EPSILON_TAG: tag_number(eps_method), "epsilon_pipeline_total": tag_number(eps_total),
+        "epsilon_accountants": "; ".join(
+            f"{what}: {name}" for what, name in zip(("training run", "method", "pipeline total"),
+                                                    accountants, strict=True)),
         "delta": f"{delta:g}", "noise": "replayable" if reproducible else "secret",
         "data_version": data_version,
         **_what_is_predicted(dataset),
@@ -311,8 +318,10 @@ def register_standalone(params: Params, dataset: GroupedDataset, result: TrainRe
     tracking, settings = params.tracking, params.pipeline.registry
     name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
     version = client(tracking).get_run(record.run_id).data.tags.get("dpfair.data_version", "")
+    accountant = accounting.spend(result.event, result.delta).accountant
     tags = {**_tags(record, dataset, version, result.privacy_guarantee, record.epsilon,
-                    record.epsilon, record.epsilon, result.delta, result.reproducible),
+                    record.epsilon, record.epsilon, result.delta, result.reproducible,
+                    (accountant,) * 3),
             "standalone": "true"}
     worst, gap = (100 * record.headline[k] for k in ("worst_group_accuracy",
                                                      "largest_group_gap"))

@@ -247,13 +247,16 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
         "runs": [{"label": r.label, "seed": r.seed, "run_id": r.run_id, "epsilon": r.epsilon}
                  for r in runs],
         "release": {"delta": plan.delta, "epsilon_total": plan.epsilon_total,
+                    "accountant_total": plan.accountant_total,
                     "total_label": plan.total_label,
                     "epsilon_test_total": plan.epsilon_test_total,
                     "test_delta": plan.test_delta,
                     "methods": {m.label: {"epsilon_run": m.epsilon_run,
+                                          "accountant_run": m.accountant_run,
                                           "epsilon_search": m.epsilon_search,
-                                          "epsilon": m.epsilon, "search": m.tuning,
-                                          "guarantee": m.guarantee}
+                                          "accountant_search": m.accountant_search,
+                                          "epsilon": m.epsilon, "accountant": m.accountant,
+                                          "search": m.tuning, "guarantee": m.guarantee}
                                 for m in plan.methods.values()}},
     }
 

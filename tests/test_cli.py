@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import mlflow
 import pytest
 import torch
 import yaml
@@ -22,6 +23,7 @@ from dpfair.data import registry
 from dpfair.data.dataset import Split
 from dpfair.error_boundary import cli_errors, describe_failure
 from dpfair.errors import ConfigError
+from dpfair.privacy.accounting import ACCOUNTANTS
 from dpfair.release import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
 from dpfair.training import REPLAYABLE_NOISE
 
@@ -59,7 +61,16 @@ def test_tune_prints_the_selection_and_epsilons_but_neither_k_nor_scores(tmp_pat
     assert out.exit_code == 0, out.output
     text = _printed(out.output)
     assert "selected (macro_accuracy, fixed search): {'lr':" in text
-    assert re.search(r"epsilon: one training run [\d.]+, whole search [\d.]+", text)
+    # every ε names its accountant, in the console and on the search's MLflow run
+    named = "|".join(re.escape(a) for a in ACCOUNTANTS)
+    found = re.search(rf"epsilon: one training run [\d.]+ \(({named})\), whole search [\d.]+ "
+                      rf"\(best of 3 runs[^;]*; ({named}); delta", text)
+    assert found, text
+    client = mlflow.MlflowClient("sqlite:///mlflow.db")
+    [tuned] = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                 "tags.`dpfair.stage` = 'tuning'")
+    assert tuned.data.tags["dpfair.accountant_search"] == found[2]
+    assert tuned.data.tags["dpfair.accountant_training"] == found[1]
     [ledger] = tmp_path.glob("*.ledger.PRIVATE.json")
     squeezed = "".join(text.split())  # rich breaks a long path anywhere
     assert "".join(f"private ledger (K, every trial and score: not for release): {ledger}"
@@ -101,7 +112,8 @@ def test_train_reproducible_says_the_noise_is_replayable(tmp_path, monkeypatch):
     out = runner.invoke(app, ["train", "--method", "dpsgd"])
     assert out.exit_code == 0, out.output
     text = _printed(out.output)
-    assert re.search(r"epsilon \d+\.\d+ at delta 1e-05", text)
+    assert re.search(r"epsilon \d+\.\d+ at delta 1e-05 \(PLD \(dp_accounting, pessimistic\); "
+                     r"\d+ steps", text)
     assert f"reproducible: {REPLAYABLE_NOISE}" in text
 
 
@@ -446,6 +458,9 @@ def test_train_register_makes_a_standalone_version_and_results_name_the_dataset(
     assert "dpfair-synthetic version 1 (@challenger; it is @champion)" in _printed(out.output)
     version = mlflow.get_model_version("dpfair-synthetic", "1")
     assert version.tags["standalone"] == "true" and 0 <= float(version.tags["accuracy"]) <= 1
+    pld = "PLD (dp_accounting, pessimistic)"  # one run: its own ε is every figure
+    assert version.tags["epsilon_accountants"] == (
+        f"training run: {pld}; method: {pld}; pipeline total: {pld}")
     assert mlflow.get_run(version.run_id).info.run_name.endswith(" · standalone")
     out = runner.invoke(app, ["results", "--dataset", "digits"])
     assert out.exit_code == 2 and "no finished pipeline run of dataset 'digits'" in _printed(

@@ -22,6 +22,7 @@ from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
 from dpfair.privacy.methods import registered_methods
+from dpfair.run_log import epsilon_by_group
 from dpfair.training import (
     Predictions,
     RunPlan,
@@ -173,8 +174,13 @@ def test_same_seed_is_bit_identical_when_reproducible(name: str) -> None:
         assert [c["step"] for c in a.clip_trajectory] == list(range(1, a.steps + 1))
         assert len(a.clip_trajectory[-1]["C_k"]) == 2
         assert a.group_epsilons is not None and max(a.group_epsilons) <= a.epsilon
+        assert a.group_accountants is not None and len(a.group_accountants) == 2
+        # each group's own PLD figure, or the run's (with its accountant) where that is smaller
+        run_accountant = accounting.spend(a.event, a.delta).accountant
+        assert set(a.group_accountants) <= {accounting.ACCOUNTANT_PLD, run_accountant}
+        assert (epsilon_by_group(a, ds)["accountant"] == a.group_accountants).all()
     else:
-        assert a.group_epsilons is None
+        assert a.group_epsilons is None and a.group_accountants is None
     c = train(cfg.model_copy(update={"seed": 8}), ds)
     assert not all(torch.equal(a.model_state[k], c.model_state[k]) for k in a.model_state)
 

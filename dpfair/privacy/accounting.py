@@ -31,6 +31,11 @@ serialised like the built-in events):
   by the maximum.
 * ``RepeatAndSelectDpEvent`` with shape in (-1, 0) (Papernot & Steinke allow η > -1;
   dp_accounting 0.6 only η ≥ 0): :mod:`dpfair.privacy.repeat_select`.
+* :class:`BinomialSelectDpEvent` — the best of K ~ Binomial(n, p) runs of an event (Koskela,
+  Redberg & Wang 2024, Section 5: a binomial number of rounds). Its PLD comes from the
+  privacy-profile bound (:mod:`dpfair.privacy.profiles`); its RDP is that of all n runs
+  composed (K ≤ n, and releasing the best of K of them is post-processing of the n runs and
+  of coins independent of the data).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ __all__ = [
     "ACCOUNTANT_PROFILE",
     "ACCOUNTANT_RDP",
     "DEFAULT_ORDERS",
+    "BinomialSelectDpEvent",
     "MaxOfDpEvent",
     "Spend",
     "epsilon",
@@ -95,6 +101,16 @@ class MaxOfDpEvent(dp_event.DpEvent):
     """
 
     events: Sequence[dp_event.DpEvent]
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class BinomialSelectDpEvent(dp_event.DpEvent):
+    """The best of K runs of ``event``, K ~ Binomial(``n``, ``p``) drawn independently of the
+    data (K = 0 releases nothing); see the module doc."""
+
+    event: dp_event.DpEvent
+    n: int
+    p: float
 
 
 # ----------------------------------------------------------------------------------- builders
@@ -185,7 +201,7 @@ def map_subevents(event: dp_event.DpEvent,
 
 
 def _needs_own_walk(event: dp_event.DpEvent) -> bool:
-    if isinstance(event, MaxOfDpEvent):
+    if isinstance(event, (MaxOfDpEvent, BinomialSelectDpEvent)):
         return True
     if isinstance(event, dp_event.RepeatAndSelectDpEvent):
         return event.shape < 0 or _needs_own_walk(event.event)
@@ -209,6 +225,8 @@ def rdp_curve(event: dp_event.DpEvent, orders: Sequence[float] | None = None) ->
         return np.max([rdp_curve(e, orders_arr) for e in event.events], axis=0)
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return event.count * rdp_curve(event.event, orders_arr)
+    if isinstance(event, BinomialSelectDpEvent):  # all n runs composed (module doc)
+        return event.n * rdp_curve(event.event, orders_arr)
     if isinstance(event, dp_event.ComposedDpEvent):
         return np.sum([rdp_curve(e, orders_arr) for e in event.events], axis=0)
     if isinstance(event, dp_event.RepeatAndSelectDpEvent):
@@ -250,7 +268,7 @@ class Spend:
 
 
 def _has_selection(event: dp_event.DpEvent) -> bool:
-    if isinstance(event, dp_event.RepeatAndSelectDpEvent):
+    if isinstance(event, (dp_event.RepeatAndSelectDpEvent, BinomialSelectDpEvent)):
         return True
     if isinstance(event, (dp_event.SelfComposedDpEvent, dp_event.PoissonSampledDpEvent)):
         return _has_selection(event.event)
@@ -305,7 +323,7 @@ def epsilon(
 
 # -------------------------------------------------------------------------------- JSON ledger
 
-_EXTRA_TYPES = {"MaxOfDpEvent": MaxOfDpEvent}
+_EXTRA_TYPES = {"MaxOfDpEvent": MaxOfDpEvent, "BinomialSelectDpEvent": BinomialSelectDpEvent}
 
 
 def _encode(value: Any) -> Any:

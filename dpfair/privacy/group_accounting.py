@@ -6,15 +6,18 @@ the sum by at most ``C_tk``: for that member the step is a Gaussian mechanism of
 multiplier ``z_tk = σ · max_j C_tj / C_tk`` (≥ σ). The noisy counts ``{m_k, o_k}`` of the
 same batch (sensitivity 1, noise ``σ1``) compose in on the same Poisson-sampled batch, so the
 step reduces to one Gaussian of multiplier ``(z_tk^-2 + σ1^-2)^-1/2`` (Zhao et al., Lemma
-3.1). Group k's ε is that heterogeneous sequence of Poisson-subsampled Gaussians composed by
-dp_accounting's RDP accountant (:func:`group_event`).
+3.1). Group k's ε is that heterogeneous sequence of Poisson-subsampled Gaussians composed
+(:func:`group_event`) and accounted by dp_accounting's pessimistic PLD
+(:mod:`dpfair.privacy.pld`; RDP, the slower and looser accountant, is its cross-check in the
+tests).
 
 Xu's §5.2 figure ``ε · mean_t C_tk / max_j C_tj`` is not a bound when the ratio varies over
 the steps (a group at the top bound on a tenth of the steps already pays the ε of those steps
 alone), hence this accounting. To keep the composition short, each step's multiplier is
-rounded *down* to a geometric grid of ratio ``1 + GRID`` before identical steps are grouped:
-a smaller multiplier has a larger ε, so the result stays an upper bound (at most about
-``GRID`` relatively above the exact composition).
+rounded *down* to a geometric grid of ratio ``1 + GRID`` before identical steps are grouped;
+if more than :data:`MAX_CELLS` grid cells remain, adjacent cells are merged into runs of about
+equal numbers of steps, each at its smallest multiplier. A smaller multiplier has a larger ε
+at every δ (more noise is post-processing), so the result stays an upper bound.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_accountant
 
 from dpfair.errors import PrivacyError
-from dpfair.privacy.accounting import DEFAULT_ORDERS, rdp_curve
+from dpfair.privacy.accounting import ACCOUNTANT_PLD, Spend
+from dpfair.privacy.pld import pld_epsilon
 
 GRID = 0.01  # multipliers rounded down to powers of 1.01
+#: the most distinct multipliers one group's composition holds (each is a PLD to build)
+MAX_CELLS = 16
 
-__all__ = ["GRID", "group_epsilons", "group_event"]
+__all__ = ["GRID", "MAX_CELLS", "group_epsilons", "group_event"]
 
 
 def _multipliers(sigma: float, count_sigma: float | None, bounds: np.ndarray) -> np.ndarray:
@@ -48,7 +53,19 @@ def _cells(multipliers: np.ndarray) -> Counter[int]:
     """Grid cell (``z`` rounded down to ``(1 + GRID)^cell``) -> number of steps; steps of
     infinite multiplier (the group's bound is 0 and nothing else is released) cost nothing."""
     z = multipliers[np.isfinite(multipliers)]
-    return Counter(np.floor(np.log(z) / math.log1p(GRID)).astype(np.int64).tolist())
+    cells = Counter(np.floor(np.log(z) / math.log1p(GRID)).astype(np.int64).tolist())
+    if len(cells) <= MAX_CELLS:
+        return cells
+    # adjacent cells merged into runs of about len(z) / MAX_CELLS steps, each at its lowest cell
+    merged: Counter[int] = Counter()
+    per_run, low, steps = len(z) / MAX_CELLS, None, 0
+    for cell, count in sorted(cells.items()):
+        low = cell if low is None else low
+        merged[low] += count
+        steps += count
+        if steps >= per_run:
+            low, steps = None, 0
+    return merged
 
 
 def _cell_event(cell: int, sample_rate: float) -> dp_event.DpEvent:
@@ -81,10 +98,11 @@ def group_epsilons(
     sample_rate: float,
     clip_bounds: Sequence[Sequence[float]],
     delta: float,
-) -> list[float]:
-    """ε of each group at ``delta`` (module docstring): ``clip_bounds[t][k]`` is group k's
-    clipping bound at step t, one row per step of the run, ``sigma`` the gradient noise
-    multiplier, ``count_sigma`` the count noise (``None``: no count release)."""
+) -> list[Spend]:
+    """ε of each group at ``delta`` and its accountant (module docstring):
+    ``clip_bounds[t][k]`` is group k's clipping bound at step t, one row per step of the run,
+    ``sigma`` the gradient noise multiplier, ``count_sigma`` the count noise (``None``: no
+    count release)."""
     bounds = np.asarray(clip_bounds, dtype=np.float64)
     if bounds.ndim != 2 or bounds.shape[0] == 0 or bounds.shape[1] == 0:
         raise PrivacyError("clip_bounds must be a non-empty list (steps) of lists (groups)")
@@ -93,12 +111,5 @@ def group_epsilons(
     if not sigma > 0:
         raise PrivacyError(f"sigma must be > 0, got {sigma}")
     z = _multipliers(sigma, count_sigma, bounds)
-    cells = [_cells(_checked(z[:, k], sample_rate)) for k in range(bounds.shape[1])]
-    orders = np.asarray(DEFAULT_ORDERS, dtype=np.float64)
-    curve = {c: rdp_curve(_cell_event(c, sample_rate), orders)  # each cell once, all groups
-             for c in sorted(set().union(*cells))}
-    out = []
-    for mine in cells:
-        rdp = sum((n * curve[c] for c, n in mine.items()), np.zeros_like(orders))
-        out.append(float(rdp_accountant.compute_epsilon(orders, rdp, delta)[0]))
-    return out
+    return [Spend(pld_epsilon(group_event(z[:, k], sample_rate), delta), delta, ACCOUNTANT_PLD)
+            for k in range(bounds.shape[1])]

@@ -11,7 +11,8 @@ neighbours, both directions): every discretisation is dp_accounting's pessimisti
   sensitivity 1 on the same batch are, for every pair of neighbours, one two-dimensional
   Gaussian whose privacy loss is that of σ_eff (Zhao et al., Lemma 3.1), before and after
   subsampling.
-* ``RepeatAndSelectDpEvent`` (and :class:`~dpfair.privacy.accounting.MaxOfDpEvent`): their
+* ``RepeatAndSelectDpEvent``, :class:`~dpfair.privacy.accounting.BinomialSelectDpEvent` (and
+  :class:`~dpfair.privacy.accounting.MaxOfDpEvent`): their
   privacy profile is bounded (:mod:`dpfair.privacy.profiles`; for ``MaxOf``, the largest of the
   profiles, hockey-stick divergence being jointly convex) and turned back into a pessimistic PLD
   by connect-the-dots (Doroshenko et al., PETS 2022, Algorithm 1: the PLD supported on the grid
@@ -94,9 +95,10 @@ def _walk(event: dp_event.DpEvent, cached: bool = False
           ) -> pld_lib.PrivacyLossDistribution | None:
     """PLD of ``event``; a search or a ``MaxOf`` inside a composition goes through the cache
     (the same search is in a method's total, the run's total and the ledger's)."""
-    from dpfair.privacy.accounting import MaxOfDpEvent
+    from dpfair.privacy.accounting import BinomialSelectDpEvent, MaxOfDpEvent
 
-    if not cached and isinstance(event, (MaxOfDpEvent, dp_event.RepeatAndSelectDpEvent)):
+    selections = (MaxOfDpEvent, dp_event.RepeatAndSelectDpEvent, BinomialSelectDpEvent)
+    if not cached and isinstance(event, selections):
         return _pld_cached(_key(event))
 
     if isinstance(event, dp_event.NoOpDpEvent):
@@ -112,15 +114,8 @@ def _walk(event: dp_event.DpEvent, cached: bool = False
         if event.sampling_probability == 0:
             return _identity()
         return _gaussian(float(inner.noise_multiplier), float(event.sampling_probability))
-    if isinstance(event, dp_event.SelfComposedDpEvent):
-        if isinstance(event.event, dp_event.GaussianDpEvent) and event.count > 0:
-            return _gaussian(float(event.event.noise_multiplier) / math.sqrt(event.count))
-        inner_pld = _walk(event.event)
-        if inner_pld is None or event.count == 0:
-            return None if event.count else _identity()
-        return inner_pld.self_compose(int(event.count))
-    if isinstance(event, dp_event.ComposedDpEvent):
-        return _compose([_walk(e) for e in event.events])
+    if isinstance(event, (dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent)):
+        return _compose_parts(_parts(event))
     if isinstance(event, MaxOfDpEvent):
         parts = [_walk(e) for e in event.events]
         if not parts:
@@ -137,7 +132,51 @@ def _walk(event: dp_event.DpEvent, cached: bool = False
             return None
         rounds = Rounds.from_shape(float(event.mean), float(event.shape))
         return selection_pld(base, rounds)
+    if isinstance(event, BinomialSelectDpEvent):
+        base = _walk(event.event)
+        if base is None:
+            return None
+        return selection_pld(base, Rounds("binomial", n=int(event.n), p=float(event.p)))
     raise UnsupportedEvent(f"no PLD for {type(event).__name__}")
+
+
+def _parts(event: dp_event.DpEvent, times: int = 1,
+           into: dict[str, tuple[dp_event.DpEvent, int]] | None = None
+           ) -> dict[str, tuple[dp_event.DpEvent, int]]:
+    """A composition flattened: every distinct part (not a composition itself) by its JSON,
+    with how many times it is composed (a run's steps, the same run on several seeds)."""
+    out = {} if into is None else into
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _parts(event.event, times * int(event.count), out) if event.count else out
+    if isinstance(event, dp_event.ComposedDpEvent):
+        for e in event.events:
+            _parts(e, times, out)
+        return out
+    key = _key(event)
+    out[key] = (event, out[key][1] + times if key in out else times)
+    return out
+
+
+def _compose_parts(parts: dict[str, tuple[dp_event.DpEvent, int]]
+                   ) -> pld_lib.PrivacyLossDistribution | None:
+    """PLD of a flattened composition: each distinct part's PLD built once and self-composed
+    (one FFT power instead of many compositions, one tail truncation), Gaussians merged into
+    one of σ = (Σ n_j σ_j^-2)^-1/2 (composing Gaussians adds their squared sensitivities over
+    noise, exactly)."""
+    precision, pieces = 0.0, []
+    for event, times in parts.values():
+        if isinstance(event, dp_event.GaussianDpEvent):
+            if event.noise_multiplier == 0:
+                return None
+            precision += times / float(event.noise_multiplier) ** 2
+            continue
+        part = _walk(event)
+        if part is None:
+            return None
+        pieces.append(part if times == 1 else part.self_compose(times))
+    if precision:
+        pieces.append(_gaussian(precision ** -0.5))
+    return _compose(pieces)
 
 
 def selection_pld(base: pld_lib.PrivacyLossDistribution, rounds: Rounds

@@ -51,7 +51,8 @@ from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError
 from dpfair.fairness.noisy import noisy_group_metrics
 from dpfair.models import build_model, check_output_shape
-from dpfair.privacy import group_accounting
+from dpfair.privacy import accounting, group_accounting
+from dpfair.privacy.accounting import Spend
 from dpfair.privacy.methods import Method, build_method
 from dpfair.privacy.model_check import check_model
 from dpfair.privacy.step import PrivateStep
@@ -120,17 +121,20 @@ def _nanmean(values: list[float]) -> float:
 
 
 def _group_epsilons(plan: RunPlan, count_sigma: float | None,
-                    trajectory: list[dict[str, Any]]) -> list[float] | None:
-    """Per-group ε of DPSGD-F from its per-step bounds ``C_k``, each group's steps accounted
-    on their own (:mod:`dpfair.privacy.group_accounting`); None for other methods. Steps
-    missing from the trajectory count at the top bound (the run's own ε)."""
+                    trajectory: list[dict[str, Any]]) -> list[Spend] | None:
+    """Per-group ε of DPSGD-F and its accountant from its per-step bounds ``C_k``, each
+    group's steps accounted on their own (:mod:`dpfair.privacy.group_accounting`); None for
+    other methods. Steps missing from the trajectory count at the top bound (the run's own
+    ε)."""
     if not trajectory or "C_k" not in trajectory[0] or not math.isfinite(plan.epsilon):
         return None
     bounds = [entry["C_k"] for entry in trajectory]
     bounds += [[1.0] * len(bounds[0])] * max(0, plan.steps - len(bounds))
     found = group_accounting.group_epsilons(plan.sigma, count_sigma, plan.sample_rate, bounds,
                                             plan.delta)
-    return [min(e, plan.epsilon) for e in found]  # both bound the group: keep the tighter
+    run = accounting.spend(plan.event, plan.delta)
+    # both bound the group: keep the tighter
+    return [g if g.epsilon <= run.epsilon else run for g in found]
 
 
 def train(
@@ -250,6 +254,7 @@ def _result(
     val_metrics = None
     if len(dataset.val):
         val_metrics = metrics_from_predictions(val_pred, dataset.n_classes, dataset.n_groups)
+    groups = _group_epsilons(plan, method.count_sigma, log.clip_trajectory)
     return TrainResult(
         config=config,
         model_state={k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
@@ -273,7 +278,8 @@ def _result(
         event=plan.event,
         epsilon=plan.epsilon,
         delta=plan.delta,
-        group_epsilons=_group_epsilons(plan, method.count_sigma, log.clip_trajectory),
+        group_epsilons=None if groups is None else [g.epsilon for g in groups],
+        group_accountants=None if groups is None else [g.accountant for g in groups],
         clip_trajectory=log.clip_trajectory,
         nonprivate_stats=log.nonprivate_stats,
         wall_time_s=time.perf_counter() - started,

@@ -34,7 +34,8 @@ class TrainResult:
     when ``TrainConfig.nonprivate_stats`` is set. ``event`` is the planned run event
     (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``; DPSGD-F's
     ``group_epsilons`` bound each group's ε at ``delta`` from that group's own per-step clip
-    bounds (:mod:`dpfair.privacy.group_accounting`), each at most ``epsilon``.
+    bounds (:mod:`dpfair.privacy.group_accounting`), each at most ``epsilon``, and
+    ``group_accountants`` name the accountant of each.
 
     No field determines the noise: by default the batches and noise come from OS entropy that
     is kept nowhere. ``reproducible`` (from the config) says they were drawn from
@@ -71,6 +72,7 @@ class TrainResult:
     test_release: MetricsRelease
     #: the trained module (on the CPU) when ``train`` was given one instead of ``config.model``
     own_model: nn.Module | None = None
+    group_accountants: list[str] | None = None
 
     def load_model(self) -> nn.Module:
         """A fresh CPU model holding the trained parameters."""

@@ -6,6 +6,8 @@ or from the seed with ``reproducible``, :mod:`~dpfair.tuning.k_draw`):
 * ``tnb`` (default): K ~ truncated negative binomial TNB(η, γ) with mean μ (Papernot &
   Steinke, ICLR 2022, Theorem 2). Privacy: ``RepeatAndSelectDpEvent(run ∘ score, μ, η)``.
 * ``poisson``: K ~ Poisson(μ) (Theorem 6); K may be 0: the search then returns no config.
+* ``binomial``: K ~ Binomial(n_runs, p) (Koskela, Redberg & Wang, ICML 2024): at most n_runs
+  runs, more concentrated than Poisson; accounted by the privacy-profile bound; K may be 0.
 * ``fixed``: K = ``n_runs``; privacy by n-fold composition ``SelfComposed(run ∘ score, n)``.
 * ``grid``: every point of the grid once; **no accounting**: the result, every ledger row and
   the study carry ``tuning_privacy: "none"`` and the search's epsilon is ``inf``.

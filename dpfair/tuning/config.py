@@ -50,11 +50,15 @@ class TuningConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["tnb", "poisson", "fixed", "grid"] = "tnb"
+    mode: Literal["tnb", "poisson", "binomial", "fixed", "grid"] = "tnb"
     eta: float = Field(0.0, description="TNB shape η > -1 (0 logarithmic, 1 geometric)")
     mu: float = Field(10.0, description=f"mean number of runs (tnb, poisson), 1 to {MAX_RUNS}")
-    n_runs: PositiveInt | None = Field(None, le=MAX_RUNS,
-                                       description="number of runs (mode fixed)")
+    n_runs: PositiveInt | None = Field(
+        None, le=MAX_RUNS,
+        description="number of runs (mode fixed); the most runs, n of Binomial(n, p) (binomial)")
+    p: float | None = Field(None, gt=0.0, le=1.0,
+                            description="binomial: each of the n_runs runs happens with "
+                            "probability p, so K ~ Binomial(n_runs, p)")
     # Items are checked by _check (one message naming the key), not by pydantic's union.
     space: dict[str, list[SkipValidation[Scalar]]] = Field(default_factory=dict)
     score: ScoreName = "macro_accuracy"
@@ -94,10 +98,16 @@ class TuningConfig(BaseModel):
         if not math.isfinite(self.mu) or not 1 <= self.mu <= MAX_RUNS:
             raise ValueError(f"mu (the mean number of runs) must be between 1 and {MAX_RUNS} "
                              f"(got {self.mu:g})")
-        if self.mode == "fixed" and self.n_runs is None:
-            raise ValueError("mode 'fixed' needs n_runs")
-        if self.mode != "fixed" and self.n_runs is not None:
-            raise ValueError(f"n_runs is only used by mode 'fixed' (mode is {self.mode!r})")
+        if self.mode in ("fixed", "binomial") and self.n_runs is None:
+            raise ValueError(f"mode {self.mode!r} needs n_runs")
+        if self.mode not in ("fixed", "binomial") and self.n_runs is not None:
+            raise ValueError(f"n_runs is only used by modes 'fixed' and 'binomial' (mode is "
+                             f"{self.mode!r})")
+        if self.mode == "binomial" and self.p is None:
+            raise ValueError("mode 'binomial' needs p (each of the n_runs runs happens with "
+                             "probability p)")
+        if self.mode != "binomial" and self.p is not None:
+            raise ValueError(f"p is only used by mode 'binomial' (mode is {self.mode!r})")
         for name, values in self.space.items():
             if not values:
                 raise ValueError(f"space.{name}: the list of values is empty")

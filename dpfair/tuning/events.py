@@ -2,9 +2,11 @@
 
 * ``search_event``: ``tnb`` → ``RepeatAndSelectDpEvent(run ∘ score, μ, η)`` (Papernot &
   Steinke, ICLR 2022, Theorem 2); ``poisson`` → the same with ``shape = inf``, as dp_accounting
-  encodes Theorem 6; ``fixed`` → ``SelfComposed(run ∘ score, n)``; ``grid`` → None (no
-  guarantee). With ``score_privacy: noisy`` the score release (one Gaussian query of
-  sensitivity 1, see :mod:`dpfair.tuning.score`) is composed into the run event.
+  encodes Theorem 6; ``binomial`` → :class:`~dpfair.privacy.accounting.BinomialSelectDpEvent`
+  (run ∘ score, n_runs, p) (Koskela, Redberg & Wang 2024); ``fixed`` →
+  ``SelfComposed(run ∘ score, n)``; ``grid`` → None (no guarantee). With
+  ``score_privacy: noisy`` the score release (one Gaussian query of sensitivity 1, see
+  :mod:`dpfair.tuning.score`) is composed into the run event.
 * ``combine_run_events``: a run's training event is predicted for every configuration of the
   space before training. If all give one event it is used as is; otherwise the per-run event
   is ``MaxOfDpEvent`` of the non-dominated distinct events (a run with a random configuration
@@ -43,6 +45,8 @@ def search_event(cfg: TuningConfig, run: dp_event.DpEvent) -> dp_event.DpEvent |
         per_run = dp_event.ComposedDpEvent([run, accounting.score_release_event(cfg.sigma_score)])
     if cfg.mode == "fixed":
         return dp_event.SelfComposedDpEvent(per_run, int(cfg.n_runs or 0))
+    if cfg.mode == "binomial":
+        return accounting.BinomialSelectDpEvent(per_run, int(cfg.n_runs or 0), float(cfg.p or 0))
     shape = math.inf if cfg.mode == "poisson" else float(cfg.eta)
     return dp_event.RepeatAndSelectDpEvent(per_run, float(cfg.mu), shape)
 

@@ -4,12 +4,14 @@
   logarithmic, η = 1 geometric). γ solves ``mean(γ) = μ`` with ``mean = η(1-γ)/(γ(1-γ^η))``
   (η ≠ 0) or ``(1/γ-1)/log(1/γ)`` (η = 0), the convention of dp_accounting.
 * ``poisson``: K ~ Poisson(μ) (Theorem 6); K may be 0 (probability e^-μ).
+* ``binomial``: K ~ Binomial(n_runs, p) (Koskela, Redberg & Wang, ICML 2024); K may be 0
+  (probability (1-p)^n_runs).
 * ``fixed``: K = ``n_runs``; ``grid``: K = the number of grid points.
 
-K is drawn (inverse CDF for TNB, ``Generator.poisson`` for Poisson) when the study is created
-and kept in the study (the private working state); a resumed study reads it back, never redraws
-it. The generator is seeded from OS entropy (``SeedSequence()``), so K cannot be recomputed
-from any setting; with ``TuningConfig.reproducible`` it is
+K is drawn (inverse CDF for TNB, ``Generator.poisson`` / ``binomial`` otherwise) when the
+study is created and kept in the study (the private working state); a resumed study reads it
+back, never redraws it. The generator is seeded from OS entropy (``SeedSequence()``), so K
+cannot be recomputed from any setting; with ``TuningConfig.reproducible`` it is
 ``numpy.random.default_rng(SeedSequence([seed, 75]))``.
 """
 
@@ -66,8 +68,8 @@ def sample_tnb(
 
 
 def draw_k(cfg: TuningConfig, n_grid: int) -> int:
-    """The number of runs: drawn for tnb/poisson (secret or seeded, see the module doc), else
-    fixed."""
+    """The number of runs: drawn for tnb/poisson/binomial (secret or seeded, see the module
+    doc), else fixed."""
     if cfg.mode == "fixed":
         return int(cfg.n_runs or 0)
     if cfg.mode == "grid":
@@ -76,4 +78,6 @@ def draw_k(cfg: TuningConfig, n_grid: int) -> int:
     rng = np.random.default_rng(entropy)
     if cfg.mode == "poisson":
         return int(rng.poisson(cfg.mu))
+    if cfg.mode == "binomial":
+        return int(rng.binomial(int(cfg.n_runs or 0), float(cfg.p or 0.0)))
     return int(sample_tnb(cfg.eta, cfg.mu, rng))

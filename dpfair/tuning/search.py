@@ -98,8 +98,9 @@ def prepare(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig, dataset: p.Da
     grid = _grid(cfg)
     planned, run = _plan_events(grid, method_cfg, train_cfg_base, dataset, event_of, cfg)
     search = search_event(cfg, run)
-    eps_train = accounting.epsilon(run, delta)
-    eps_search = accounting.epsilon(search, delta) if search is not None else math.inf
+    train_spend = accounting.spend(run, delta)
+    search_spend = accounting.spend(search or dp_event.NonPrivateDpEvent(), delta)
+    eps_train, eps_search = train_spend.epsilon, search_spend.epsilon
     if cfg.budget_epsilon is not None and not eps_search <= cfg.budget_epsilon:
         why = (
             "grid mode has no privacy guarantee for the search"
@@ -107,8 +108,9 @@ def prepare(method_cfg: p.MethodSpec, train_cfg_base: p.RunConfig, dataset: p.Da
             else f"mode {cfg.mode}"
         )
         raise BudgetExceededError(
-            f"the search would spend epsilon {eps_search:.4g} at delta {delta:g} ({why}; one "
-            f"training run alone: {eps_train:.4g}), over the budget {cfg.budget_epsilon:g}. "
+            f"the search would spend epsilon {eps_search:.4g} ({search_spend.accountant}) at "
+            f"delta {delta:g} ({why}; one training run alone: {eps_train:.4g}, "
+            f"{train_spend.accountant}), over the budget {cfg.budget_epsilon:g}. "
             "Lower mu, raise sigma/sigma_score, or shorten training. Nothing was run."
         )
 

@@ -48,8 +48,9 @@ def _artifact_event(client: MlflowClient, run_id: str, name: str, tmp: Path) -> 
 
 
 def _machine_readable(value: str) -> bool:
-    """A tag value a program can read: one token or number (no spaces), or JSON."""
-    if " " not in value:
+    """A tag value a program can read: one token or number (no spaces), one name of a fixed
+    set (an accountant), or JSON."""
+    if " " not in value or value in accounting.ACCOUNTANTS:
         return True
     try:
         json.loads(value)
@@ -171,6 +172,12 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     assert out["release"]["epsilon_total"] == pytest.approx(total, rel=1e-4)
     assert float(parent.data.tags["dpfair.epsilon_total"]) == pytest.approx(total, rel=1e-4)
     assert "not covered: non-private reference" in parent.data.tags["mlflow.note.content"]
+    # every ε of the results names its accountant, the search's run too
+    assert out["release"]["accountant_total"] in accounting.ACCOUNTANTS
+    tuned = out["release"]["methods"]["dpsgd"]
+    assert {tuned["accountant_run"], tuned["accountant_search"], tuned["accountant"]} <= set(
+        accounting.ACCOUNTANTS)
+    assert tune_run.data.tags["dpfair.accountant_search"] == tuned["accountant_search"]
     assert TEST_METRICS_NOTE in parent.data.tags["mlflow.note.content"]
     # tags are machine-readable values (a token, a number, JSON); prose is in descriptions
     for r in runs:

@@ -1,9 +1,11 @@
 """DPSGD-F's per-group ε (dpfair.privacy.group_accounting) against dp_accounting composed by
-hand, one step at a time, and against the run's own ε."""
+hand, one step at a time (PLD: never below it; RDP: never above it), and against the run's
+own ε."""
 
 import numpy as np
 import pytest
 from dp_accounting import dp_event
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from dpfair.errors import PrivacyError
@@ -21,6 +23,16 @@ def _exact(multipliers):
     return a.get_epsilon(DELTA)
 
 
+def _exact_pld(multipliers):
+    """Oracle: every step its own Poisson-sampled Gaussian, no grid, dp_accounting's PLD
+    (dpfair's figure, its multipliers rounded down, must never be below it)."""
+    out = pld_lib.identity(value_discretization_interval=1e-3)
+    for z in multipliers:
+        out = out.compose(pld_lib.from_gaussian_mechanism(
+            float(z), sampling_prob=Q, value_discretization_interval=1e-3))
+    return out.get_epsilon_for_delta(DELTA)
+
+
 def _reduced(z):
     return (z ** -2 + SIGMA1 ** -2) ** -0.5
 
@@ -30,31 +42,40 @@ def test_top_bound_throughout_is_the_runs_epsilon():
     # group ε is an RDP figure: compared with the run's ε under RDP
     run = acc.rdp_epsilon(acc.reduced(acc.run_event(dp_event.ComposedDpEvent(
         [dp_event.GaussianDpEvent(SIGMA), dp_event.GaussianDpEvent(SIGMA1)]), Q, steps)), DELTA)
+    pld_run = acc.spend(acc.run_event(dp_event.ComposedDpEvent(
+        [dp_event.GaussianDpEvent(SIGMA), dp_event.GaussianDpEvent(SIGMA1)]), Q, steps), DELTA)
     out = ga.group_epsilons(SIGMA, SIGMA1, Q, [[2.0, 2.0]] * steps, DELTA)
     for e in out:  # multipliers rounded down: never below, at most the grid's rounding above
-        assert run <= e <= run * 1.02
+        assert e.accountant == acc.ACCOUNTANT_PLD
+        assert pld_run.epsilon <= e.epsilon <= pld_run.epsilon * 1.02
+        assert e.epsilon < run  # PLD below RDP
 
 
-def test_heterogeneous_steps_match_the_exact_composition():
+def test_heterogeneous_steps_are_between_the_exact_pld_and_rdp_compositions():
+    """30 steps of distinct multipliers for group 1 (group 0 at the top bound): more grid
+    cells than MAX_CELLS, so cells are merged (rounded down further); the PLD figure stays
+    above the exact PLD composition and below RDP's."""
     rng = np.random.default_rng(3)
-    bounds = 1.0 + rng.random((24, 2))
+    bounds = np.stack([np.full(30, 3.0), 1.0 + 2.0 * rng.random(30)], axis=1)
     out = ga.group_epsilons(SIGMA, SIGMA1, Q, bounds.tolist(), DELTA)
-    for k in range(2):
-        z = _reduced(SIGMA * bounds.max(axis=1) / bounds[:, k])
-        exact = _exact(z)
-        assert exact <= out[k] <= exact * 1.02
+    z = _reduced(SIGMA * 3.0 / bounds[:, 1])
+    fine_cells = set(np.floor(np.log(z) / np.log1p(ga.GRID)).tolist())
+    assert len(ga.group_event(z, Q).events) <= ga.MAX_CELLS + 1 < len(fine_cells)
+    assert out[1].accountant == acc.ACCOUNTANT_PLD
+    assert _exact_pld(z) <= out[1].epsilon <= _exact(z)
+    assert out[1].epsilon < out[0].epsilon
 
 
 def test_a_group_at_the_top_bound_on_a_tenth_of_the_steps_pays_for_those_steps():
     # Xu 5.2's figure, eps * mean ratio, is below the eps of the top steps alone: not a bound
     steps, top = 1000, 100
     bounds = [[1.0, 1.0]] * top + [[1.0, 0.1]] * (steps - top)
-    run = ga.group_epsilons(SIGMA, None, Q, [[1.0, 1.0]] * steps, DELTA)[0]
-    out = ga.group_epsilons(SIGMA, None, Q, bounds, DELTA)
+    run = ga.group_epsilons(SIGMA, None, Q, [[1.0, 1.0]] * steps, DELTA)[0].epsilon
+    out = ga.group_epsilons(SIGMA, None, Q, bounds, DELTA)[1].epsilon
     those_alone = acc.epsilon(acc.run_event(dp_event.GaussianDpEvent(SIGMA), Q, top), DELTA)
     xu = run * (top + 0.1 * (steps - top)) / steps
-    assert out[1] >= those_alone > xu
-    assert out[1] < run  # the other steps are nearly free, not free of cost
+    assert out >= those_alone > xu
+    assert out < run  # the other steps are nearly free, not free of cost
 
 
 def test_bad_trajectories_are_refused():
@@ -66,4 +87,4 @@ def test_bad_trajectories_are_refused():
 
 
 def test_a_group_with_bound_zero_and_no_counts_costs_nothing():
-    assert ga.group_epsilons(SIGMA, None, Q, [[1.0, 0.0]] * 10, DELTA)[1] == 0.0
+    assert ga.group_epsilons(SIGMA, None, Q, [[1.0, 0.0]] * 10, DELTA)[1].epsilon == 0.0

@@ -63,15 +63,32 @@ def test_bound_is_never_below_the_exact_profile(rounds, sigma):
     assert np.all(bound[check] >= exact * (1 - 1e-6) - 1e-12)
 
 
-@pytest.mark.parametrize("rounds", ROUNDS[:4], ids=lambda r: f"{r.kind}-{r.mean}-{r.eta}")
+def selection_event(rounds: Rounds, sigma: float) -> dp_event.DpEvent:
+    base = dp_event.GaussianDpEvent(sigma)
+    if rounds.kind == "binomial":
+        return acc.BinomialSelectDpEvent(base, rounds.n, rounds.p)
+    shape = math.inf if rounds.kind == "poisson" else rounds.eta
+    return dp_event.RepeatAndSelectDpEvent(base, rounds.mean, shape)
+
+
+@pytest.mark.parametrize("rounds", ROUNDS, ids=lambda r: f"{r.kind}-{r.mean}-{r.eta}-{r.n}")
 @pytest.mark.parametrize("sigma", [0.7, 2.0, 5.0])
 def test_bound_beats_renyi_dp(rounds, sigma):
-    """Papernot & Steinke's RDP bound (dp_accounting; η < 0 through dpfair's own walk)."""
+    """Papernot & Steinke's RDP bound (dp_accounting; η < 0 through dpfair's own walk); for a
+    binomial K, where no such bound exists, RDP of the n runs composed (K <= n)."""
     delta = 1e-6
     eps, bound = selection_profile(gaussian_profile(sigma), rounds, 0.01, 40.0)
-    shape = math.inf if rounds.kind == "poisson" else rounds.eta
-    event = dp_event.RepeatAndSelectDpEvent(dp_event.GaussianDpEvent(sigma), rounds.mean, shape)
+    event = selection_event(rounds, sigma)
+    if rounds.kind == "binomial":
+        n_runs = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(sigma), rounds.n)
+        assert acc.rdp_epsilon(event, delta) == pytest.approx(acc.rdp_epsilon(n_runs, delta))
     assert epsilon_at(eps, bound, delta) < acc.rdp_epsilon(event, delta)
+    if sigma != 2.0:
+        return
+    # through the accountant (the bound turned into a PLD): the same figure, named
+    spend = acc.spend(event, delta)
+    assert spend.accountant == acc.ACCOUNTANT_PROFILE
+    assert epsilon_at(eps, bound, delta) - 0.02 <= spend.epsilon <= epsilon_at(eps, bound, delta)
 
 
 def test_pgf_derivative_at_one_is_the_mean():
@@ -89,10 +106,12 @@ def test_pgf_derivative_at_one_is_the_mean():
     assert Rounds("tnb", mean, eta).pgf_derivative()(np.array([z]))[0] == pytest.approx(total)
 
 
-@pytest.mark.parametrize("mode, eta", [("tnb", 1.0), ("tnb", 0.0), ("poisson", 0.0)])
-def test_search_epsilon_uses_the_profile_and_beats_rdp(mode, eta):
+@pytest.mark.parametrize("law", [{"mode": "tnb", "eta": 1.0}, {"mode": "tnb", "eta": 0.0},
+                                 {"mode": "poisson"}, {"mode": "binomial", "n_runs": 20, "p": 0.5}])
+def test_search_epsilon_uses_the_profile_and_beats_rdp(law):
     run = acc.run_event(dp_event.GaussianDpEvent(1.0), 256 / 36_000, 2820)
-    event = search_event(TuningConfig(mode=mode, eta=eta, mu=10.0, sigma_score=10.0), run)
+    event = search_event(TuningConfig(**law, mu=10.0, sigma_score=10.0), run)
+    assert acc.event_from_json(acc.event_to_json(event)) == event
     spend = acc.spend(event, 1e-6)
     assert spend.accountant == acc.ACCOUNTANT_PROFILE
     assert acc.epsilon(run, 1e-6) < spend.epsilon < acc.rdp_epsilon(event, 1e-6)

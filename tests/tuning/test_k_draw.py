@@ -51,3 +51,16 @@ def test_reproducible_k_is_the_seeded_stream(seed):
     poisson = tuning.TuningConfig(mode="poisson", mu=6.0, seed=seed, reproducible=True)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 75]))
     assert tuning.draw_k(poisson, 1) == rng.poisson(6.0)
+
+
+def test_binomial_k_is_secret_by_default_and_the_seeded_stream_when_reproducible():
+    """K ~ Binomial(n_runs, p): its mean and range; 20 equal secret draws have probability
+    < 1e-8 (P(K = k) <= 0.18 for Binomial(20, 0.5)); reproducible: SeedSequence([seed, 75])."""
+    secret = tuning.TuningConfig(mode="binomial", n_runs=20, p=0.5, seed=0)
+    many = [tuning.draw_k(secret, 1) for _ in range(2000)]
+    assert 0 <= min(many) and max(many) <= 20
+    assert abs(np.mean(many) - 10.0) < 5 * math.sqrt(5.0 / len(many))
+    assert len(set(many[:20])) > 1
+    seeded = secret.model_copy(update={"reproducible": True, "seed": 18})
+    rng = np.random.default_rng(np.random.SeedSequence([18, 75]))
+    assert tuning.draw_k(seeded, 1) == tuning.draw_k(seeded, 1) == rng.binomial(20, 0.5)

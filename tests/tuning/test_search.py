@@ -38,7 +38,11 @@ from tests.tuning.conftest import (
         ({"eta": -1.0}, "eta must be a finite number > -1"),
         ({"eta": -3.0}, "eta must be"),
         ({"mu": 0.5}, r"mu \(the mean number of runs\) must be between 1 and 1000"),
-        ({"budget_epsilon": 0.5}, "would spend epsilon .* over the budget 0.5"),
+        ({"budget_epsilon": 0.5}, r"would spend epsilon [\d.]+ \((PLD|RDP).*\) at delta "
+                                  r".*one training run alone: [\d.]+, (PLD|RDP).* over the "
+                                  r"budget 0.5"),
+        ({"mode": "binomial", "n_runs": 4}, "mode 'binomial' needs p"),
+        ({"mode": "binomial", "n_runs": 4, "pp": 0.5}, "tuning.pp.*did you mean 'p'"),
         ({"mode": "grid", "budget_epsilon": 100.0}, "grid mode has no privacy guarantee"),
         ({"mode": "fixed"}, "mode 'fixed' needs n_runs"),
         ({"workers": 2}, "several workers need storage"),
@@ -173,6 +177,18 @@ def test_poisson_k_zero_runs_nothing(tmp_path):
     assert res.K == 0 and res.n_runs == 0 and res.best_config is None and res.trials == []
     ev = accounting.event_from_json(res.event_json)
     assert ev.shape == math.inf and res.tuning_privacy == "poisson"
+
+
+def test_binomial_search_runs_its_k_and_is_accounted_by_the_profile_bound(tmp_path):
+    c = cfg(tmp_path, mode="binomial", n_runs=4, p=0.5, seed=3, reproducible=True)
+    k = tuning.draw_k(tuning.TuningConfig.model_validate(c), 1)
+    res = fast_tune(c)
+    assert res.K == res.n_runs == k and res.tuning_privacy == "binomial"
+    ev = accounting.event_from_json(res.event_json)
+    assert isinstance(ev, accounting.BinomialSelectDpEvent) and (ev.n, ev.p) == (4, 0.5)
+    spend = accounting.spend(ev, res.delta)
+    assert spend.accountant == accounting.ACCOUNTANT_PROFILE
+    assert res.epsilon_search == spend.epsilon < accounting.rdp_epsilon(ev, res.delta)
 
 
 def test_secret_randomness_by_default(tmp_path):
