@@ -81,9 +81,9 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
 
 def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_path: Path) -> None:
     """A misspelt key is refused when params.yaml loads, before `dpfair run` imports what the
-    checks of the data need (pandas, sklearn) or anything of Prefect, MLflow or Optuna. (The
-    params schema itself still imports torch: the model and method settings live beside
-    their torch code.)"""
+    checks of the data need (pandas, sklearn), the accounting (dp_accounting, scipy) or anything
+    of Prefect, MLflow or Optuna. (The params schema itself still imports torch: the model and
+    method settings live beside their torch code.)"""
     params = copy.deepcopy(BASE)
     params["experiment"]["datset"] = params["experiment"].pop("dataset")
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
@@ -92,7 +92,8 @@ def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_p
         from typer.testing import CliRunner
         from dpfair.cli import app
         result = CliRunner().invoke(app, ["run", "--params", "typo.yaml"])
-        heavy = ("pandas", "sklearn", "prefect", "mlflow", "optuna", "dvc")
+        heavy = ("pandas", "sklearn", "dp_accounting", "scipy", "prefect", "mlflow", "optuna",
+                 "dvc")
         print(json.dumps([result.exit_code, result.output, [m for m in heavy if m in sys.modules]]))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
