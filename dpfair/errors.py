@@ -46,8 +46,9 @@ class UnreachableError(DpfairError, OSError):
     work: :mod:`dpfair.pipeline.preflight`)."""
 
 
-class BudgetExceededError(TuningError):
-    """A planned release exceeds its budget, known before any run: a search's ε, or a retrain
+class BudgetExceededError(TuningError, PrivacyError):
+    """A planned release exceeds its budget, known before any run: a run's total over
+    ``budget.epsilon`` (or a release ``budget.*`` does not allow), a search's ε, or a retrain
     composed with what a data source's people already spent (``budget.lifetime_epsilon``)."""
 
 

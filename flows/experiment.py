@@ -38,6 +38,7 @@ from prefect.futures import PrefectFuture  # noqa: E402
 from dpfair.config.params import DEFAULT_PARAMS, Params, load_params  # noqa: E402
 from dpfair.config.sections import PipelineSection  # noqa: E402
 from dpfair.data import GroupedDataset, source_version  # noqa: E402
+from dpfair.errors import DpfairError  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
 from dpfair.pipeline import experiment as steps  # noqa: E402
 from dpfair.pipeline.checks import check_run  # noqa: E402
@@ -97,16 +98,29 @@ def task_runner(pipeline: PipelineSection) -> Any:
     return ThreadPoolTaskRunner(max_workers=pipeline.max_workers)
 
 
-def _collect(futures: dict[Any, PrefectFuture], failures: dict[str, str]) -> dict[Any, Any]:
-    """Results of ``futures``; a failed one is recorded under its method label."""
+def _collect(futures: dict[Any, PrefectFuture], run: FlowRun) -> dict[Any, Any]:
+    """Results of ``futures``; a failed one is recorded under its method label (its error in
+    ``run.errors``)."""
     done = {}
     for key, future in futures.items():
         label = key[0] if isinstance(key, tuple) else key
         try:
             done[key] = future.result()
         except Exception as exc:  # one method's failure must not lose the others
-            failures.setdefault(label, f"{type(exc).__name__}: {exc}")
+            run.failures.setdefault(label, f"{type(exc).__name__}: {exc}")
+            run.errors.setdefault(label, exc)
     return done
+
+
+def _raise_user_error(run: FlowRun) -> None:
+    """When every failed method failed on a user error (a ``DpfairError``: bad data or
+    settings), raise the first one as it is: the CLI prints it once with its fix and its exit
+    code. A bug among them leaves it to ``MethodsFailed``."""
+    errors = run.errors
+    if errors and all(isinstance(e, DpfairError) for e in errors.values()):
+        _log.warning("method(s) %s stopped on the error below (what ran is logged in MLflow "
+                     "run %s)", ", ".join(sorted(errors)), run.parent)
+        raise errors[min(errors)] from None
 
 
 @contextmanager
@@ -163,6 +177,7 @@ class FlowRun:
     exp_id: str = ""
     parent: str = ""
     failures: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, Exception] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -245,12 +260,13 @@ def tune(run: FlowRun, plan: ReleasePlan) -> dict[str, TuneRecord]:
                                         plan.methods[label])
         for label in run.studies if not (earlier and label in earlier.tuned)
     }
-    return {**(earlier.tuned if earlier else {}), **_collect(futures, run.failures)}
+    return {**(earlier.tuned if earlier else {}), **_collect(futures, run)}
 
 
 def train(run: FlowRun, plan: ReleasePlan, tuned: dict[str, TuneRecord]) -> list[RunRecord]:
     """Every method that has not failed on every seed (in parallel), but the trainings a resumed
-    run finished; the records in plan order."""
+    run finished; the records in plan order. None at all: a user error is raised now (nothing
+    to summarise)."""
     seeds = run.params.experiment.seeds
     done = run.earlier.trained if run.earlier else {}
     futures = {
@@ -261,9 +277,12 @@ def train(run: FlowRun, plan: ReleasePlan, tuned: dict[str, TuneRecord]) -> list
         for label in plan.methods if label not in run.failures
         for seed in seeds if (label, seed) not in done
     }
-    trained = {**done, **_collect(futures, run.failures)}
-    return [trained[label, seed] for label in plan.methods for seed in seeds
+    trained = {**done, **_collect(futures, run)}
+    runs = [trained[label, seed] for label in plan.methods for seed in seeds
             if (label, seed) in trained]
+    if not runs:
+        _raise_user_error(run)
+    return runs
 
 
 def evaluate(run: FlowRun, plan: ReleasePlan, runs: list[RunRecord]) -> Summary | None:
@@ -311,9 +330,10 @@ def publish(run: FlowRun, reserved: Release, summary: Summary | None,
 
 
 def raise_failures(run: FlowRun) -> None:
-    """End the flow failed when methods failed (the others are logged), with the notes of the
-    steps that failed after them."""
+    """End the flow failed when methods failed (the others are logged): as their user error
+    when every one failed on one, else with the notes of the steps that failed after them."""
     if run.failures:
+        _raise_user_error(run)
         raise MethodsFailed(
             "methods failed (the others are logged in MLflow run "
             f"{run.parent}): " + "; ".join(f"{k}: {v}" for k, v in sorted(run.failures.items()))

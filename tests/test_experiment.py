@@ -94,10 +94,12 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     client = MlflowClient(tracking.uri)
     logged = {r.label: client.get_run(r.run_id).data for r in records}
     assert logged["dpsgd"].metrics["epsilon_method_release"] == plan.methods["dpsgd"].epsilon
-    assert logged["dpsgd"].tags["dpfair.noise"] == REPLAYABLE_NOISE
+    assert logged["dpsgd"].tags["dpfair.noise"] == "replayable"
+    assert REPLAYABLE_NOISE in logged["dpsgd"].tags["mlflow.note.content"]
     for label, why in (("fairlens", HEURISTIC), ("nonprivate", NONPRIVATE_REFERENCE)):
         assert not [m for m in logged[label].metrics if m.startswith("epsilon")]
-        assert logged[label].tags["dpfair.epsilon"].startswith(why)
+        assert logged[label].tags["dpfair.epsilon"] == plan.methods[label].guarantee
+        assert f"- dpfair.epsilon: {why}" in logged[label].tags["mlflow.note.content"]
     note = client.get_run(parent).data.tags["mlflow.note.content"]
     assert TEST_METRICS_NOTE in note and REPLAYABLE_NOISE in note
     table = summary.table
@@ -332,8 +334,12 @@ def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, 
     assert "mlflow.parentRunId" not in trained.data.tags
     assert trained.data.tags["dpfair.standalone"] == "true"
     assert trained.data.tags["dpfair.stage"] == "final"
-    assert trained.data.tags["dpfair.noise"] == SECRET_NOISE
-    assert trained.data.tags["dpfair.epsilon"].startswith("epsilon: this training run alone")
+    assert trained.data.tags["dpfair.noise"] == "secret"
+    assert float(trained.data.tags["dpfair.epsilon"]) == pytest.approx(
+        trained.data.metrics["epsilon"], rel=1e-5)
+    assert ("- dpfair.epsilon: epsilon: this training run alone"
+            in trained.data.tags["mlflow.note.content"])
+    assert SECRET_NOISE in trained.data.tags["mlflow.note.content"]
     assert {"epsilon", "epsilon_method_release"} <= set(trained.data.metrics)
     assert len(trained.outputs.model_outputs) == 1
     assert trained.inputs.dataset_inputs[0].dataset.digest == dataset.meta["data_version"]

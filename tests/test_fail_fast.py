@@ -77,3 +77,28 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
         assert code == 2, (name, output)
         assert output.count(f"{label}: ") == 1 and output.count(message) == 1, output
         assert "Traceback" not in output and "bug" not in output
+
+
+def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_path: Path) -> None:
+    """A misspelt key is refused when params.yaml loads, before `dpfair run` imports what the
+    checks of the data need (pandas, sklearn), the accounting (dp_accounting, scipy) or anything
+    of Prefect, MLflow or Optuna. (The params schema itself still imports torch: the model and
+    method settings live beside their torch code.)"""
+    params = copy.deepcopy(BASE)
+    params["experiment"]["datset"] = params["experiment"].pop("dataset")
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
+    script = textwrap.dedent("""
+        import json, sys
+        from typer.testing import CliRunner
+        from dpfair.cli import app
+        result = CliRunner().invoke(app, ["run", "--params", "typo.yaml"])
+        heavy = ("pandas", "sklearn", "dp_accounting", "scipy", "prefect", "mlflow", "optuna",
+                 "dvc")
+        print(json.dumps([result.exit_code, result.output, [m for m in heavy if m in sys.modules]]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    code, output, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 2 and loaded == [], (output, loaded)
+    assert output.count("did you mean 'dataset'") == 1 and "Traceback" not in output

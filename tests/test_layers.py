@@ -137,8 +137,7 @@ BELOW = {
                "dpfair.cli", "flows", "tasks"),
     "release": (*ADAPTERS, "dpfair.config.params", "dpfair.ledger", "dpfair.tracking",
                 "dpfair.pipeline", "dpfair.cli", "flows", "tasks"),
-    "tracking": ("optuna", "prefect", "dvc", "dpfair.config", "dpfair.release", "dpfair.ledger",
-                 "dpfair.pipeline", "dpfair.cli", "flows", "tasks"),
+    "tracking": ("optuna", "prefect", "dvc", "dpfair.pipeline", "dpfair.cli", "flows", "tasks"),
     "pipeline": ("prefect", "dpfair.cli", "flows", "tasks"),
 }
 

@@ -199,13 +199,15 @@ def test_pipeline_labels_noisy_test_metrics_in_the_table_and_mlflow(tmp_path):
     client = MlflowClient(tracking.uri)
     parent_data = client.get_run(parent).data
     assert parent_data.metrics["epsilon_test_total"] == pytest.approx(plan.epsilon_test_total)
-    assert parent_data.tags["dpfair.test_metrics"].startswith("noisy (ε")
+    assert parent_data.tags["dpfair.test_metrics"] == "noisy"
+    assert "- dpfair.test_metrics: noisy (ε" in parent_data.tags["mlflow.note.content"]
     assert plan.test_note() in parent_data.tags["mlflow.note.content"]
     assert TEST_METRICS_NOTE not in parent_data.tags["mlflow.note.content"]
     for result, record in trained:
         data = client.get_run(record.run_id).data
-        assert data.tags["dpfair.test_metrics"] == result.test_release.label
-        assert data.tags["dpfair.test_metrics"].startswith("noisy")
+        assert data.tags["dpfair.test_metrics"] == "noisy"
+        assert (f"- dpfair.test_metrics: {result.test_release.label}"
+                in data.tags["mlflow.note.content"])
         assert data.metrics["epsilon_test_split"] == pytest.approx(1.0, rel=1e-3)
         logged = data.metrics["final/test/accuracy"]
         assert logged == result.test_metrics["accuracy"]

@@ -150,7 +150,8 @@ def test_runs_left_running_by_a_killed_process_are_marked_failed(tmp_path):
         assert client.get_run(live).info.status == "RUNNING"  # its process is alive
     failed = client.get_run(killed)
     assert failed.info.status == "FAILED" and failed.info.end_time is not None
-    assert "died while this run was RUNNING" in failed.data.tags["dpfair.stale"]
+    assert json.loads(failed.data.tags["dpfair.stale"])["pid"] > 0  # machine-readable
+    assert "died while this run was RUNNING" in failed.data.tags["mlflow.note.content"]
     assert client.get_run(other_host).info.status == "RUNNING"  # unknowable: left alone
     assert fail_stale_runs(cfg, exp) == []
 

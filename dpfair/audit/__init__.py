@@ -10,16 +10,31 @@ An audit gives an empirical *lower* bound: a bound above the claimed ε shows a 
 claim that does not hold); a bound below it proves nothing about privacy.
 """
 
-from dpfair.audit.bound import epsilon_lower_bound, mu_lower_bound, p_value
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from dpfair.audit.config import AuditSection, AuditSettings
-from dpfair.audit.run import (
-    AuditResult,
-    GroupAudit,
-    audit,
-    canary_count,
-    claimed_epsilon,
-    group_ids,
-)
+from dpfair.lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from dpfair.audit.bound import epsilon_lower_bound, mu_lower_bound, p_value
+    from dpfair.audit.run import (
+        AuditResult,
+        GroupAudit,
+        audit,
+        canary_count,
+        claimed_epsilon,
+        group_ids,
+    )
+
+# The bound (scipy.stats) and the run (torch) load on first use: params.yaml's ``audit:``
+# section is read by every command's configuration check, which must stay light.
+__getattr__ = lazy_getattr(__name__, {
+    **dict.fromkeys(["epsilon_lower_bound", "mu_lower_bound", "p_value"], "bound"),
+    **dict.fromkeys(["AuditResult", "GroupAudit", "audit", "canary_count", "claimed_epsilon",
+                     "group_ids"], "run"),
+})
 
 __all__ = [
     "AuditResult",

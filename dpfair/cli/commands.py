@@ -47,7 +47,7 @@ from dpfair.cli.base import (
     show_version,
 )
 from dpfair.cli.data import data_app, files_status
-from dpfair.cli.error_boundary import cli_errors
+from dpfair.cli.error_boundary import cli_errors, user_errors_once
 from dpfair.errors import ConfigError, format_validation_error
 from dpfair.settings import DEFAULT_PARAMS
 
@@ -227,10 +227,15 @@ def run(
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
     from dpfair.config.params import load_params
-    from dpfair.pipeline.checks import check_run
 
     path = params or Path(DEFAULT_PARAMS)
-    check_run(p := load_params(path))  # data, groups, model: an error before any server
+    p = load_params(path)  # a typo: refused before the checks' imports
+    from dpfair.pipeline.checks import check_run
+
+    dataset = check_run(p)  # data, groups, model: before any server or tracking library
+    from dpfair.pipeline.experiment import check_release
+
+    check_release(p, dataset)  # over budget: refused in seconds (and outputs/ kept: dvc.yaml)
     from dpfair.pipeline.preflight import check_tracking
     check_tracking(p.tracking)
     from dpfair.owned_dir import check_replaceable, replace_with_copy
@@ -240,6 +245,7 @@ def run(
     check_replaceable(copy_results)  # before anything runs: never delete others' files
     # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
+    user_errors_once()  # a user error inside the flow: printed once, by @cli_errors
     out = run_experiment(str(path), ".", resume=resume, checked=True)
     if copy_results is not None:
         replace_with_copy(out["results_dir"], copy_results)

@@ -18,6 +18,8 @@ Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stay
 from __future__ import annotations
 
 import functools
+import logging
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -44,7 +46,7 @@ from dpfair.processes import remove_stale_job_dirs
 from dpfair.urls import mask_text
 
 __all__ = ["EXIT_BUDGET", "EXIT_BUG", "EXIT_UNREACHABLE", "EXIT_USAGE", "cli_errors",
-           "describe_failure", "exit_code"]
+           "describe_failure", "exit_code", "user_errors_once"]
 
 EXIT_BUG = 1
 EXIT_USAGE = 2  # bad input: configuration, data, a path, an unknown model
@@ -57,6 +59,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # The label of a DpfairError's message (the first class that matches).
 _ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
+    (BudgetExceededError, "budget refused"),
     (ConfigError, "configuration error"),
     (DataError, "data error"),
     (PrivacyError, "privacy error"),
@@ -150,3 +153,34 @@ def cli_errors(func: F) -> F:
             raise typer.Exit(exit_code(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+#: Prefect's one line of a failed task or flow run: "... encountered an exception[:] Class: ..."
+_FAILED_STATE = re.compile(r"encountered an exception:? (\w+):")
+
+
+def _user_error_names(cls: type[Exception] = DpfairError) -> set[str]:
+    return {cls.__name__}.union(*(_user_error_names(sub) for sub in cls.__subclasses__()))
+
+
+class _UserErrorsOnce(logging.Filter):
+    """Prefect's records of a user error that a task or the flow raised: its traceback is
+    dropped and its "Finished in state" line no longer repeats the message, which the error
+    boundary prints once at the end (a bug keeps Prefect's records as they are)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], DpfairError):
+            return False
+        found = _FAILED_STATE.search(str(record.msg))
+        if found and found.group(1) in _user_error_names():
+            record.msg, record.args = f"Finished in state Failed ({found.group(1)}: below)", ()
+        return True
+
+
+def user_errors_once() -> None:
+    """Install :class:`_UserErrorsOnce` on Prefect's task-run and flow-run loggers (``dpfair
+    run``: a user error inside the flow is printed once, without a traceback)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _UserErrorsOnce) for f in logger.filters):
+            logger.addFilter(_UserErrorsOnce())

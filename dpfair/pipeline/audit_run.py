@@ -32,8 +32,10 @@ from dpfair.release.plan import (
     method_release,
     release_plan,
 )
+from dpfair.tracking.run_log import NOISE_TOKEN
 from dpfair.tracking.runs import (
     TrackingConfig,
+    described,
     experiment_id,
     log_file,
     log_json,
@@ -103,12 +105,14 @@ def claim_note(result: AuditResult) -> str:
 def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
               dataset: GroupedDataset, result: AuditResult) -> str:
     """One MLflow run for the audit (module docstring); returns its id."""
+    noise = REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE
     tags = {"dpfair.stage": "audit", "dpfair.method": label, "dpfair.seed": str(config.seed),
-            "dpfair.release": AUDIT_NOTE, "dpfair.epsilon": claim_note(result),
-            "privacy_guarantee": result.privacy_guarantee,
-            "dpfair.noise": REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE}
+            "dpfair.release": "audit", "privacy_guarantee": result.privacy_guarantee,
+            "dpfair.noise": NOISE_TOKEN[noise]}
+    notes = {"dpfair.release": AUDIT_NOTE, "privacy_guarantee": claim_note(result),
+             "dpfair.noise": noise}
     with run(tracking, experiment_id(tracking, dataset.name), f"audit:{label}",
-             tags=tags) as run_id:
+             tags=described(tags, notes)) as run_id:
         log_params(tracking, run_id, {"train": config.model_dump(mode="json"),
                                       "audit": result.settings.model_dump(mode="json")})
         metrics: dict[str, float] = {"audit/confidence": result.confidence,

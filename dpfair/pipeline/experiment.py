@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
 from dp_accounting import dp_event
 
 from dpfair.config.params import Params
@@ -35,12 +36,14 @@ from dpfair.release.plan import (
     MethodRelease,
     ReleasePlan,
     SearchRelease,
+    check_budget,
     method_release,
     release_plan,
     search_release,
     write_ledger,
 )
 from dpfair.tracking.run_log import (
+    NOISE_TOKEN,
     EpochLogger,
     epsilon_by_group,
     event_with_note,
@@ -50,6 +53,7 @@ from dpfair.tracking.run_log import (
 )
 from dpfair.tracking.runs import (
     TrackingConfig,
+    described,
     log_json,
     log_metrics,
     log_params,
@@ -57,6 +61,7 @@ from dpfair.tracking.runs import (
     log_text,
     run,
     set_tags,
+    tag_number,
 )
 from dpfair.training import (
     REPLAYABLE_NOISE,
@@ -197,12 +202,7 @@ def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
             "every method shares: give experiment.train.sigma (not target_epsilon), search no "
             "sigma in tuning.spaces and leave budget.keep_noise empty, or set the noise "
             "yourself with calibrate_noise: false")
-    with tempfile.TemporaryDirectory(prefix="dpfair-calibrate-") as tmp:
-        scratch = params.model_copy(deep=True)
-        scratch.tuning.settings["storage"] = f"sqlite:///{Path(tmp) / 'scratch.db'}"
-        studies = {label: f"calibrate-{label}" for label in params.experiment.methods
-                   if label in params.tuning.spaces}
-        factor = budget_first(plan_release(scratch, dataset, studies), budget).noise_scale or 1.0
+    factor = budget_first(_scratch_plan(params, dataset), budget).noise_scale or 1.0
     data = params.model_dump(mode="json")
     data["experiment"]["train"]["sigma"] *= factor
     for method in data["experiment"]["methods"].values():
@@ -215,6 +215,27 @@ def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
         data["tuning"]["settings"]["sigma_score"] = score * factor
     data["budget"]["calibrate_noise"] = False  # the noise above is the calibrated one
     return type(params).model_validate(data)
+
+
+def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
+    """:func:`plan_release` on searches in a throwaway storage (K: drawn by the real study)."""
+    scratch, verbosity = params.model_copy(deep=True), optuna.logging.get_verbosity()
+    studies = {m: f"scratch-{m}" for m in params.experiment.methods if m in params.tuning.spaces}
+    with tempfile.TemporaryDirectory(prefix="dpfair-scratch-") as tmp:
+        scratch.tuning.settings["storage"] = f"sqlite:///{Path(tmp) / 'scratch.db'}"
+        try:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            return plan_release(scratch, dataset, studies)
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+
+
+def check_release(params: Params, dataset: GroupedDataset) -> None:
+    """``dpfair run``'s :func:`~dpfair.release.plan.check_budget` on a :func:`_scratch_plan`, in
+    seconds; the gate checks the real plan again (alone with ``all_trials``: K matters)."""
+    if not (params.tuning.spaces and params.tuning.release == "all_trials"):
+        checked = calibrated_params(params, dataset)
+        check_budget(_scratch_plan(checked, dataset), checked.budget)
 
 
 def _check_planned(result: TuningResult, cfg: TuningConfig, release: MethodRelease,
@@ -303,14 +324,16 @@ def log_search(tracking: TrackingConfig, experiment_id: str, tune_run_id: str, l
         assert release.epsilon_search is not None  # a tuned method's release has a search
         metrics = {"epsilon_search": release.epsilon_search,
                    "epsilon_training": release.epsilon_run, "delta": release.delta}
-    set_tags(tracking, tune_run_id, {
+    bounded = release.has_epsilon and release.epsilon_search is not None
+    noise = {"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}
+    accountants = {"dpfair.accountant_search": str(release.accountant_search),  # ACCOUNTANTS
+                   "dpfair.accountant_training": release.accountant_run} if bounded else {}
+    set_tags(tracking, tune_run_id, described({
         "tuning_privacy": result.tuning_privacy, "score_privacy": result.score_privacy,
-        "dpfair.epsilon_search": search.label if release.has_epsilon
-        else release.no_epsilon_label,
-        **({"dpfair.accountant_search": str(release.accountant_search),
-            "dpfair.accountant_training": release.accountant_run} if release.has_epsilon else {}),
-        **({"dpfair.noise": REPLAYABLE_NOISE} if search.reproducible else {}),
-    })
+        "dpfair.epsilon_search": tag_number(release.epsilon_search) if bounded
+        else release.guarantee, **accountants, **{k: NOISE_TOKEN[v] for k, v in noise.items()}},
+        {"dpfair.epsilon_search": search.label if release.has_epsilon
+         else release.no_epsilon_label, **noise}))
     if search.event is not None and release.has_epsilon:
         log_text(tracking, tune_run_id, accounting.event_to_json(search.event),
                  "dp_event_search.json")
@@ -385,21 +408,24 @@ def train_logged(
     (``final/test/*``), each group's final accuracy under
     ``final/test/group_accuracy/<group name>``, ``wall_time_s``, and for a method with a
     proven guarantee ``epsilon`` (this run alone) and ``epsilon_method_release`` (everything
-    released for the method: ``release``); one without logs no ε, and its ``dpfair.epsilon``
-    tag says why (:mod:`dpfair.release.plan`). No counts: the run's facts (σ, steps, q, δ) are
-    params ``privacy.*``; DPSGD-F's per-group ε is the table ``privacy/epsilon_by_group``.
-    The model is an MLflow Model of the run (:mod:`dpfair.tracking.model_export`)."""
+    released for the method: ``release``); one without logs no ε, its ``dpfair.epsilon`` tag
+    is its guarantee, and the run's description says why (:mod:`dpfair.release.plan`). No
+    counts: the run's facts (σ, steps, q, δ) are params ``privacy.*``; DPSGD-F's per-group ε is
+    the table ``privacy/epsilon_by_group``; the model: an MLflow Model
+    (:mod:`dpfair.tracking.model_export`)."""
     from dpfair.tracking.model_export import log_model
 
-    tuning_privacy = tuned.tuning_privacy if tuned else "not tuned"
+    tuning_privacy = tuned.tuning_privacy if tuned else "not_tuned"
     noise = (NO_NOISE if config.method.privacy_guarantee == "none"
              else REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE)
+    notes = {"dpfair.epsilon": release.epsilon_note, "dpfair.noise": noise}
     tags = {**data_tags, "dpfair.stage": "final", "dpfair.method": label,
             "dpfair.seed": str(config.seed), "tuning_privacy": tuning_privacy,
             "dpfair.diagnostics": "non-private" if config.nonprivate_stats else "off",
-            "dpfair.epsilon": release.epsilon_note, "dpfair.noise": noise}
+            "dpfair.epsilon": tag_number(release.epsilon_run) if release.has_epsilon
+            else release.guarantee, "dpfair.noise": NOISE_TOKEN[noise]}
     with run(tracking, experiment_id, run_name(dataset.name, label, f"seed {config.seed}"),
-             parent_run_id=parent_run_id, tags=tags) as run_id:
+             parent_run_id=parent_run_id, tags=described(tags, notes)) as run_id:
         version = data_tags.get("dpfair.data_version", "")
         log_data_input(tracking, run_id, dataset, version, dataset.name)
         log_params(tracking, run_id, config.model_dump(mode="json"))
@@ -421,9 +447,10 @@ def train_logged(
                           "test_delta": result.test_release.delta})
         log_metrics(tracking, run_id, metrics)
         log_params(tracking, run_id, {"privacy": facts})
-        set_tags(tracking, run_id, {"privacy_guarantee": result.privacy_guarantee,
-                                    "dpfair.device": result.device,
-                                    "dpfair.test_metrics": result.test_release.label})
+        notes["dpfair.test_metrics"] = result.test_release.label
+        set_tags(tracking, run_id, described({
+            "privacy_guarantee": result.privacy_guarantee, "dpfair.device": result.device,
+            "dpfair.test_metrics": "noisy" if result.test_release.noisy else "exact"}, notes))
         if release.has_epsilon:
             log_text(tracking, run_id, event_with_note(result), "dp_event.json")
             if result.group_epsilons:
@@ -435,7 +462,8 @@ def train_logged(
         if config.nonprivate_stats:
             log_json(tracking, run_id, result.nonprivate_stats, "nonprivate_stats.json")
         model_uri = log_model(tracking, experiment_id, run_id, result, dataset,
-                              {"method": label, "seed": str(config.seed), "dpfair.noise": noise},
+                              {"method": label, "seed": str(config.seed),
+                               "dpfair.noise": NOISE_TOKEN[noise]},
                               name=label, params={**config.model_dump(mode="json"),
                                                   "privacy": facts}, metrics=metrics)
         record = _run_record(result, label, config.seed, run_id, dataset, trajectory, release,

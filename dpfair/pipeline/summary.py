@@ -41,8 +41,11 @@ from dpfair.release.plan import (
 from dpfair.tracking import registry
 from dpfair.tracking.model_export import preprocessing_note
 from dpfair.tracking.registry import EPSILON_TAG
+from dpfair.tracking.run_log import NOISE_TOKEN
 from dpfair.tracking.runs import (
+    DESCRIPTION_TAG,
     TrackingConfig,
+    add_description,
     client,
     log_file,
     log_json,
@@ -50,6 +53,7 @@ from dpfair.tracking.runs import (
     log_table,
     log_text,
     set_tags,
+    tag_number,
 )
 from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE, TrainResult
 
@@ -94,14 +98,17 @@ def log_release(tracking: TrackingConfig, run_id: str, plan: ReleasePlan) -> Non
         metrics.update({"epsilon_test_total": plan.epsilon_test_total,
                         "delta_test": plan.test_delta})
     log_metrics(tracking, run_id, metrics)
+    noisy = plan.epsilon_test_total is not None
     set_tags(tracking, run_id, {
-        "dpfair.epsilon_total": plan.total_label,
-        "dpfair.test_metrics": (f"noisy (ε {epsilon_text(plan.epsilon_test_total)} at δ "
-                                f"{plan.test_delta:g} for the test split, all methods and "
-                                "seeds)") if plan.epsilon_test_total is not None
-        else EXACT_TEST_METRICS,
-        "mlflow.note.content": "\n".join(f"- {note}" for note in plan.notes()),
-        **({"dpfair.noise": REPLAYABLE_NOISE} if plan.reproducible else {}),
+        "dpfair.epsilon_total": tag_number(plan.epsilon_total),
+        "dpfair.test_metrics": "noisy" if noisy else "exact",
+        **({"dpfair.noise": NOISE_TOKEN[REPLAYABLE_NOISE]} if plan.reproducible else {}),
+        DESCRIPTION_TAG: "\n".join(f"- {note}" for note in [
+            *plan.notes(), f"dpfair.epsilon_total: {plan.total_label}",
+            "dpfair.test_metrics: " + (
+                f"noisy (ε {epsilon_text(plan.epsilon_test_total)} at δ {plan.test_delta:g} "
+                "for the test split, all methods and seeds)" if noisy else EXACT_TEST_METRICS),
+            *([f"dpfair.noise: {REPLAYABLE_NOISE}"] if plan.reproducible else [])]),
     })
     log_text(tracking, run_id, accounting.event_to_json(plan.event_total), "dp_event_total.json")
 
@@ -253,11 +260,6 @@ def select_model(runs: list[RunRecord], plan: ReleasePlan, method: str | None = 
     return chosen, rule
 
 
-def _number(value: float) -> str:
-    """A tag's number: six significant digits, ``inf`` when unbounded (machine-readable)."""
-    return f"{value:.6g}"
-
-
 def _what_is_predicted(dataset: GroupedDataset) -> dict[str, str]:
     """Target, protected attribute(s) and group names of ``dataset``: what tells apart models
     of one dataset trained for different groups. A built-in dataset without such options names
@@ -297,15 +299,15 @@ def _tags(record: RunRecord, dataset: GroupedDataset, data_version: str, guarant
     """``accountants``: those of the training run's, the method's and the total's ε."""
     return {
         "method": record.label, "seed": str(record.seed), "dataset": dataset.name,
-        "privacy_guarantee": guarantee, "epsilon_training_run": _number(eps_run),
-        EPSILON_TAG: _number(eps_method), "epsilon_pipeline_total": _number(eps_total),
+        "privacy_guarantee": guarantee, "epsilon_training_run": tag_number(eps_run),
+        EPSILON_TAG: tag_number(eps_method), "epsilon_pipeline_total": tag_number(eps_total),
         "epsilon_accountants": "; ".join(
             f"{what}: {name}" for what, name in zip(("training run", "method", "pipeline total"),
                                                     accountants, strict=True)),
         "delta": f"{delta:g}", "noise": "replayable" if reproducible else "secret",
         "data_version": data_version,
         **_what_is_predicted(dataset),
-        **{k: _number(record.headline[k]) for k in COMPARED},
+        **{k: tag_number(record.headline[k]) for k in COMPARED},
         "source_run_id": record.run_id,
     }
 
@@ -364,8 +366,8 @@ def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDat
         return None
     record, rule = select_model(runs, plan, settings.method)
     if record is None:
-        set_tags(tracking, parent_run_id, {"dpfair.registered_model": "none",
-                                           "dpfair.registered_model_reason": rule})
+        set_tags(tracking, parent_run_id, {"dpfair.registered_model": "none"})
+        add_description(tracking, parent_run_id, f"dpfair.registered_model: none: {rule}")
         return None
     name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
     version = dataset.meta.get("data_version") or data_tags.get("dpfair.data_version", "")

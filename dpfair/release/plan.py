@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event
 
-from dpfair.errors import PrivacyError
+from dpfair.errors import BudgetExceededError
 from dpfair.privacy import accounting
 from dpfair.training import REPLAYABLE_NOISE, MetricsRelease
 from dpfair.tuning.events import search_event
@@ -412,7 +412,7 @@ def release_plan(methods: Sequence[MethodRelease], delta: float) -> ReleasePlan:
 
 
 def check_budget(plan: ReleasePlan, budget: BudgetSection) -> None:
-    """Refuse (``PrivacyError``, itemising the spend) a run that releases more than
+    """Refuse (``BudgetExceededError``, itemising the spend) a run that releases more than
     ``budget`` allows: a total ε over ``budget.epsilon``, or a release without guarantee
     that the budget does not allow. Called before anything trains."""
     refused = []
@@ -439,7 +439,7 @@ def check_budget(plan: ReleasePlan, budget: BudgetSection) -> None:
                            f"budget.test_epsilon {budget.test_epsilon:g}: lower "
                            "test_metrics.epsilon, the seeds or the methods")
     if refused:
-        raise PrivacyError(
+        raise BudgetExceededError(
             "the run would release more than the budget allows; nothing was trained.\n  "
             + "\n  ".join(refused) + "\nplanned spend:\n  " + "\n  ".join(plan.itemised())
         )

@@ -15,12 +15,16 @@ from dpfair.data import GroupedDataset
 from dpfair.fairness import max_gap
 from dpfair.metric_keys import renamed
 from dpfair.privacy import accounting
+from dpfair.release.plan import NO_NOISE, SECRET_NOISE
 from dpfair.tracking.runs import TrackingConfig, log_dataset, log_metrics, set_tags
-from dpfair.training import TrainResult
+from dpfair.training import REPLAYABLE_NOISE, TrainResult
 
 #: The fairness summary of a model's test metrics: one chart each on a run, one column each
 #: per method on the pipeline run, tags of a registered model (see :func:`headline`).
 HEADLINE = ("accuracy", "macro_accuracy", "worst_group_accuracy", "largest_group_gap")
+
+#: The ``dpfair.noise`` tag of each kind of noise (its sentence goes to the run's description).
+NOISE_TOKEN = {NO_NOISE: "none", SECRET_NOISE: "secret", REPLAYABLE_NOISE: "replayable"}
 
 
 def run_name(dataset: str, *parts: str) -> str:

@@ -215,9 +215,11 @@ def fail_stale_runs(cfg: TrackingConfig, experiment: str) -> list[str]:
             continue
         if alive(int(pid), since=info.start_time / 1000):
             continue
-        mlf.set_tag(info.run_id, "dpfair.stale",
-                    f"process {pid} on {here} died while this run was RUNNING; marked FAILED "
-                    f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by process {os.getpid()}")
+        set_tags(cfg, info.run_id, {"dpfair.stale": json.dumps(
+            {"pid": int(pid), "host": here, "marked_by": os.getpid(),
+             "marked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})})
+        add_description(cfg, info.run_id, f"process {pid} on {here} died while this run was "
+                        "RUNNING: marked FAILED (tag dpfair.stale)")
         mlf.set_terminated(info.run_id, status="FAILED")
         stale.append(info.run_id)
     return stale
@@ -256,6 +258,28 @@ def set_tags(cfg: TrackingConfig, run_id: str, tags: Mapping[str, Any]) -> None:
     items = [RunTag(k, str(v)) for k, v in tags.items()]
     if items:
         client(cfg).log_batch(run_id, tags=items)
+
+
+#: MLflow's run description (a tag the UI shows as the run's "Description").
+DESCRIPTION_TAG = "mlflow.note.content"
+
+
+def tag_number(value: float) -> str:
+    """A tag's number: six significant digits, ``inf`` when unbounded (machine-readable)."""
+    return f"{value:.6g}"
+
+
+def described(tags: Mapping[str, str], notes: Mapping[str, str]) -> dict[str, str]:
+    """``tags``, whose values are machine-readable (a token, a number, JSON), plus the run's
+    description holding what they mean in words: a line ``- key: sentence`` per entry of
+    ``notes``."""
+    return {**tags, DESCRIPTION_TAG: "\n".join(f"- {k}: {v}" for k, v in notes.items())}
+
+
+def add_description(cfg: TrackingConfig, run_id: str, line: str) -> None:
+    """Append ``line`` to the run's description (prose that no tag value holds)."""
+    before = client(cfg).get_run(run_id).data.tags.get(DESCRIPTION_TAG, "")
+    set_tags(cfg, run_id, {DESCRIPTION_TAG: f"{before}\n- {line}" if before else f"- {line}"})
 
 
 def log_text(cfg: TrackingConfig, run_id: str, text: str, artifact_file: str) -> None:

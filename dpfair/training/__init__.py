@@ -5,23 +5,41 @@ its ε); ``train`` runs it. The modules, bottom to top: ``config``, ``evaluation
 ``result``, ``progress`` (rich, loaded only when a bar is shown), ``loop``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dpfair.lazy import lazy_getattr
 from dpfair.training.config import MetricsReleaseConfig, TrainConfig
-from dpfair.training.evaluation import (
-    Predictions,
-    evaluate,
-    flat_metrics,
-    metrics_from_predictions,
-    predict,
-)
-from dpfair.training.loop import poisson_batch, resolve_device, train
-from dpfair.training.plan import (
-    EXACT_TEST_METRICS,
-    MetricsRelease,
-    RunPlan,
-    make_plan,
-    metrics_release,
-)
-from dpfair.training.result import REPLAYABLE_NOISE, Callback, TrainResult
+
+if TYPE_CHECKING:
+    from dpfair.training.evaluation import (
+        Predictions,
+        evaluate,
+        flat_metrics,
+        metrics_from_predictions,
+        predict,
+    )
+    from dpfair.training.loop import poisson_batch, resolve_device, train
+    from dpfair.training.plan import (
+        EXACT_TEST_METRICS,
+        MetricsRelease,
+        RunPlan,
+        make_plan,
+        metrics_release,
+    )
+    from dpfair.training.result import REPLAYABLE_NOISE, Callback, TrainResult
+
+# The loop, plan and evaluation (dp_accounting, scipy) load on first use: the configuration
+# check reads only TrainConfig and must stay light.
+__getattr__ = lazy_getattr(__name__, {
+    **dict.fromkeys(["Predictions", "evaluate", "flat_metrics", "metrics_from_predictions",
+                     "predict"], "evaluation"),
+    **dict.fromkeys(["poisson_batch", "resolve_device", "train"], "loop"),
+    **dict.fromkeys(["EXACT_TEST_METRICS", "MetricsRelease", "RunPlan", "make_plan",
+                     "metrics_release"], "plan"),
+    **dict.fromkeys(["REPLAYABLE_NOISE", "Callback", "TrainResult"], "result"),
+})
 
 __all__ = [
     "EXACT_TEST_METRICS",

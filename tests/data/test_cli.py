@@ -85,7 +85,7 @@ def test_tune_over_budget_is_a_clean_error_before_any_run(tmp_path, monkeypatch)
     )
     result = runner.invoke(app, ["tune", "--method", "dpsgd"])
     assert result.exit_code == 3, result.output
-    assert "tuning error:" in result.output and "over the budget 0.01" in result.output
+    assert "budget refused:" in result.output and "over the budget 0.01" in result.output
     assert "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 

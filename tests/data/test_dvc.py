@@ -83,8 +83,9 @@ def test_dvc_pipeline_definition(repo_root):
     assert "metrics" not in stages["prepare"]["do"]
     for stage in (stages["prepare"]["do"], stages["run"], stages["evaluate"]):
         assert stage["cmd"].startswith("sh bin/dvc-python -m dpfair.cli ")
+    # persisted: a refused or failed run leaves the previous results (the command replaces them)
     assert "outputs/pipeline" in stages["evaluate"]["deps"] and stages["run"]["outs"] == [
-        "outputs/pipeline"]
+        {"outputs/pipeline": {"persist": True}}]
     # run depends on its dataset's prepared arrays: `dvc dag` draws prepare -> run
     assert "data/prepared/${experiment.dataset}/arrays.npz" in stages["run"]["deps"]
 
@@ -219,6 +220,22 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
         pipelines = db.execute("select count(*) from tags where key = 'dpfair.stage' and "
                                "value = 'pipeline'").fetchone()[0]
     assert pipelines == 2
+    _git(repo, "checkout", "--", "params.yaml")
+
+    # over budget: refused before the orchestration starts, the error printed once, nothing
+    # recorded, and the previous results still in outputs/pipeline (persist: true)
+    results = (repo / "outputs" / "pipeline" / "results.csv").read_bytes()
+    refused = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "run", "evaluate", "-S",
+         "experiment.seeds=[0,1,2,3,4]", "-S", f"+budget.epsilon={1.3 * metrics['epsilon_total']}"],
+        cwd=repo, env={**_env(), "PREFECT_HOME": str(tmp_path / "prefect")},
+        capture_output=True, text=True, timeout=300)
+    printed = refused.stdout + refused.stderr
+    assert refused.returncode != 0, printed  # DVC's own code; dpfair's is 3 (budget refused)
+    assert printed.count("the run would release more than the budget allows") == 1, printed
+    assert "Traceback" not in printed and "Task run" not in printed, printed
+    assert (repo / "outputs" / "pipeline" / "results.csv").read_bytes() == results
+    assert len(ledger.releases()) == 2
     _git(repo, "checkout", "--", "params.yaml")
 
     params = yaml.safe_load((repo / "params.yaml").read_text())

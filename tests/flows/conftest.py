@@ -74,16 +74,18 @@ def final_runs(db: Path) -> set[tuple[str, str]]:
         return set()
 
 
-def fail_training_of(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
-    """Every training of ``method`` raises mid-pipeline; the other methods train as usual
-    (``monkeypatch.undo()`` or setting ``experiment.train`` back ends it)."""
+def fail_training_of(monkeypatch: pytest.MonkeyPatch, method: str,
+                     error: Exception | None = None) -> None:
+    """Every training of ``method`` raises ``error`` (default: a RuntimeError, a bug)
+    mid-pipeline; the other methods train as usual (``monkeypatch.undo()`` or setting
+    ``experiment.train`` back ends it)."""
     from dpfair.pipeline import experiment
 
     real_train = experiment.train
 
     def train_or_fail(config, dataset, callbacks=()):
         if config.method.name == method:
-            raise RuntimeError("boom in the middle of training")
+            raise error or RuntimeError("boom in the middle of training")
         return real_train(config, dataset, callbacks)
 
     monkeypatch.setattr(experiment, "train", train_or_fail)

@@ -27,7 +27,7 @@ from dpfair.release.plan import (
     TEST_METRICS_NOTE,
 )
 from dpfair.tracking.runs import TrackingConfig, experiment_id, read_results
-from dpfair.training import make_plan
+from dpfair.training import EXACT_TEST_METRICS, make_plan
 from tests.conftest import epsilon_oracle
 from tests.flows.conftest import SMALL_EXPERIMENT, fail_training_of, make_workspace
 
@@ -45,6 +45,18 @@ def _oracle(event: dp_event.DpEvent, delta: float) -> float:
 def _artifact_event(client: MlflowClient, run_id: str, name: str, tmp: Path) -> dp_event.DpEvent:
     return accounting.event_from_json(Path(client.download_artifacts(run_id, name, str(tmp)))
                                       .read_text())
+
+
+def _machine_readable(value: str) -> bool:
+    """A tag value a program can read: one token or number (no spaces), one name of a fixed
+    set (an accountant), or JSON."""
+    if " " not in value or value in accounting.ACCOUNTANTS:
+        return True
+    try:
+        json.loads(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _released_names(runs: list) -> set[str]:
@@ -124,13 +136,20 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     # metrics consistent with the returned results; tags of privacy
     for summary in out["runs"]:
         run = by_id[summary["run_id"]]
+        note = run.data.tags["mlflow.note.content"]  # the tags' meaning in words
         if summary["label"] == "nonprivate":  # no epsilon: its tag says why
             assert "epsilon" not in run.data.metrics
-            assert run.data.tags["dpfair.epsilon"].startswith(NONPRIVATE_REFERENCE)
-            assert run.data.tags["dpfair.noise"] == NO_NOISE  # it has none to keep secret
+            assert run.data.tags["dpfair.epsilon"] == "none"
+            assert f"- dpfair.epsilon: {NONPRIVATE_REFERENCE}" in note
+            assert run.data.tags["dpfair.noise"] == "none"  # it has none to keep secret
+            assert f"- dpfair.noise: {NO_NOISE}" in note
         else:
             assert run.data.metrics["epsilon"] == pytest.approx(summary["epsilon"])
-            assert run.data.tags["dpfair.noise"] == SECRET_NOISE
+            assert float(run.data.tags["dpfair.epsilon"]) > 0  # the planned ε of one run
+            assert run.data.tags["dpfair.noise"] == "secret"
+            assert f"- dpfair.noise: {SECRET_NOISE}" in note
+        assert run.data.tags["dpfair.test_metrics"] == "exact"
+        assert f"- dpfair.test_metrics: {EXACT_TEST_METRICS}" in note
         assert 0.0 <= run.data.metrics["final/test/accuracy"] <= 1.0
         groups = load_dataset("synthetic", params.dataset("synthetic")).group_names
         assert all(f"final/test/group_accuracy/{g}" in run.data.metrics for g in groups)
@@ -151,14 +170,20 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     total = _oracle(dp_event.ComposedDpEvent(released), delta)
     assert parent.data.metrics["epsilon_total"] == pytest.approx(total, rel=1e-4)
     assert out["release"]["epsilon_total"] == pytest.approx(total, rel=1e-4)
+    assert float(parent.data.tags["dpfair.epsilon_total"]) == pytest.approx(total, rel=1e-4)
+    assert "not covered: non-private reference" in parent.data.tags["mlflow.note.content"]
     # every ε of the results names its accountant, the search's run too
     assert out["release"]["accountant_total"] in accounting.ACCOUNTANTS
     tuned = out["release"]["methods"]["dpsgd"]
     assert {tuned["accountant_run"], tuned["accountant_search"], tuned["accountant"]} <= set(
         accounting.ACCOUNTANTS)
     assert tune_run.data.tags["dpfair.accountant_search"] == tuned["accountant_search"]
-    assert "not covered: non-private reference" in parent.data.tags["dpfair.epsilon_total"]
     assert TEST_METRICS_NOTE in parent.data.tags["mlflow.note.content"]
+    # tags are machine-readable values (a token, a number, JSON); prose is in descriptions
+    for r in runs:
+        for key, value in r.data.tags.items():
+            if not key.startswith("mlflow."):
+                assert _machine_readable(value), (r.data.tags.get("mlflow.runName"), key, value)
     for r in dpsgd:
         assert r.data.metrics["epsilon_method_release"] == pytest.approx(
             parent.data.metrics["epsilon_released/dpsgd"])
@@ -218,12 +243,15 @@ def test_all_trials_release_and_heuristic_methods(prefect_harness, tmp_path, rep
     delta = base.delta
     assert tune_run.data.metrics["epsilon_search"] == pytest.approx(_oracle(k_runs, delta),
                                                                     rel=1e-4)
-    assert f"all {k} trials released" in tune_run.data.tags["dpfair.epsilon_search"]
+    assert float(tune_run.data.tags["dpfair.epsilon_search"]) == pytest.approx(
+        tune_run.data.metrics["epsilon_search"], rel=1e-5)
+    assert f"all {k} trials released" in tune_run.data.tags["mlflow.note.content"]
     # FairLens: no ε metric, a tag saying why, the label in the table
     lens = [r for r in runs if r.data.tags.get("dpfair.method") == "fairlens"]
     assert lens and all(not [m for m in r.data.metrics if m.startswith("epsilon")]
                         for r in lens)
-    assert all(r.data.tags["dpfair.epsilon"].startswith(HEURISTIC) for r in lens)
+    assert all(r.data.tags["dpfair.epsilon"] == "heuristic" and f"dpfair.epsilon: {HEURISTIC}"
+               in r.data.tags["mlflow.note.content"] for r in lens)
     row = next(line for line in out["table"].splitlines() if line.startswith("| fairlens "))
     assert row.count(HEURISTIC) == 2
     assert "epsilon_released/fairlens" not in client.get_run(out["parent_run_id"]).data.metrics
@@ -273,13 +301,45 @@ def test_results_without_runs_is_a_clear_error(tmp_path):
 
 
 def test_failing_method_keeps_the_others(prefect_harness, tmp_path, repo_root, monkeypatch):
-    from flows.experiment import MethodsFailed, run_experiment
+    """A user error inside the flow (a DpfairError from one method's training) ends the run as
+    that error, not as MethodsFailed (a bug: below), so `dpfair run` prints it once with its
+    fix and exit code; Prefect's records of it hold neither a traceback nor the message again
+    (:func:`dpfair.cli.error_boundary.user_errors_once`, which `dpfair run` installs). The other
+    methods' runs are logged."""
+    import logging
+
+    from dpfair.cli.error_boundary import user_errors_once
+    from dpfair.errors import DataError
+    from dpfair.pipeline import experiment
+    from flows.experiment import run_experiment
 
     monkeypatch.chdir(tmp_path)
-    fail_training_of(monkeypatch, "dpsgd_global")
+    refusal = "column 'x' holds 'q' (row 3), not a number. Fix: correct that value"
+    fail_training_of(monkeypatch, "dpsgd_global", DataError(refusal))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = [logging.getLogger(n) for n in ("prefect.task_runs", "prefect.flow_runs")]
+    failing_train = experiment.train
+
+    def train_watched(config, dataset, callbacks=()):  # Prefect's logging is configured now
+        for logger in loggers:
+            if handler not in logger.handlers:
+                logger.addHandler(handler)
+        return failing_train(config, dataset, callbacks)
+
+    monkeypatch.setattr(experiment, "train", train_watched)
+    user_errors_once()
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT)
-    with pytest.raises(MethodsFailed, match="dpsgd_global: RuntimeError: boom"):
-        run_experiment(str(params_path), str(tmp_path))
+    try:
+        with pytest.raises(DataError, match=r"column 'x' holds 'q' \(row 3\)"):
+            run_experiment(str(params_path), str(tmp_path))
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    failed = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+    assert failed == ["Finished in state Failed (DataError: below)"] * 2, failed  # 2 seeds
+    assert not any(r.exc_info or refusal in r.getMessage() for r in records)
     params = load_params(params_path)
     client = MlflowClient(params.tracking.uri)
     exp = client.get_experiment_by_name("dpfair-synthetic")

@@ -17,13 +17,15 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
-from dp_accounting import dp_event
 from torch import Tensor, nn
 
 from dpfair.privacy.gradients import EngineKind, PerSampleGradients, make_engine
+
+if TYPE_CHECKING:  # dp_accounting loads scipy; a configuration check needs neither
+    from dp_accounting import dp_event
 
 PrivacyGuarantee = Literal["proven", "heuristic", "none"]
 State = dict[str, float | list[float]]
@@ -80,6 +82,8 @@ class Method(ABC):
         ``GaussianDpEvent(count_sigma)`` (L2 sensitivity 1), composed with it. A zero noise
         (``sigma = 0``) releases in the clear: ``NonPrivateDpEvent``.
         """
+        from dp_accounting import dp_event
+
         if not sigma >= 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
         noises = [float(sigma)] + ([] if self.count_sigma is None else [float(self.count_sigma)])

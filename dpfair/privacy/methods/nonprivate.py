@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from dp_accounting import dp_event
 from torch import Tensor
 
 from dpfair.privacy.methods.base import Method
 from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+
+if TYPE_CHECKING:  # dp_accounting loads scipy; a configuration check needs neither
+    from dp_accounting import dp_event
 
 
 class NonPrivate(Method):
@@ -26,6 +28,8 @@ class NonPrivate(Method):
 
     def step_event(self, sigma: float) -> dp_event.DpEvent:
         """The gradients are released in the clear, whatever ``sigma``."""
+        from dp_accounting import dp_event
+
         return dp_event.NonPrivateDpEvent()
 
     def _weights(self, norms: Tensor, groups: Tensor) -> tuple[Tensor, float]:
