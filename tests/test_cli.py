@@ -368,7 +368,7 @@ def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
     import flows.experiment
 
     monkeypatch.chdir(tmp_path)
-    _params(tmp_path)
+    _params(tmp_path, budget={"allow_heuristic": True, "allow_nonprivate_reference": True})
     seen = []
 
     def fake_run(path, root, resume, checked):
