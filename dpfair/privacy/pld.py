@@ -35,6 +35,13 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from dpfair.errors import PrivacyError
+from dpfair.privacy.events import (
+    BinomialSelectDpEvent,
+    MaxOfDpEvent,
+    event_from_json,
+    event_to_json,
+    reduced,
+)
 from dpfair.privacy.profiles import Rounds, selection_profile
 
 __all__ = ["DISCRETIZATION", "UnsupportedEvent", "pld", "pld_epsilon", "profile_pld"]
@@ -51,20 +58,13 @@ class UnsupportedEvent(PrivacyError):
     """The event has no PLD here; account it with RDP."""
 
 
-def _key(event: dp_event.DpEvent) -> str:
-    from dpfair.privacy.accounting import event_to_json
-
-    return event_to_json(event)
-
-
 def pld(event: dp_event.DpEvent) -> pld_lib.PrivacyLossDistribution | None:
     """Pessimistic PLD of ``event`` (None: not private, ε = ∞), cached by its JSON."""
-    return _pld_cached(_key(event))
+    return _pld_cached(event_to_json(event))
 
 
 @functools.lru_cache(maxsize=64)  # a PLD holds up to ~1e5 floats
 def _pld_cached(key: str) -> pld_lib.PrivacyLossDistribution | None:
-    from dpfair.privacy.accounting import event_from_json, reduced
 
     return _walk(reduced(event_from_json(key)), cached=True)
 
@@ -95,11 +95,10 @@ def _walk(event: dp_event.DpEvent, cached: bool = False
           ) -> pld_lib.PrivacyLossDistribution | None:
     """PLD of ``event``; a search or a ``MaxOf`` inside a composition goes through the cache
     (the same search is in a method's total, the run's total and the ledger's)."""
-    from dpfair.privacy.accounting import BinomialSelectDpEvent, MaxOfDpEvent
 
     selections = (MaxOfDpEvent, dp_event.RepeatAndSelectDpEvent, BinomialSelectDpEvent)
     if not cached and isinstance(event, selections):
-        return _pld_cached(_key(event))
+        return _pld_cached(event_to_json(event))
 
     if isinstance(event, dp_event.NoOpDpEvent):
         return _identity()
@@ -152,7 +151,7 @@ def _parts(event: dp_event.DpEvent, times: int = 1,
         for e in event.events:
             _parts(e, times, out)
         return out
-    key = _key(event)
+    key = event_to_json(event)
     out[key] = (event, out[key][1] + times if key in out else times)
     return out
 
