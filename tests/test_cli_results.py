@@ -9,7 +9,8 @@ import pandas as pd
 from rich.console import Console
 
 from dpfair.cli.results import WIDTH, compact_table
-from dpfair.release.plan import EPSILON_METHOD, EPSILON_RUN
+from dpfair.privacy.accounting import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
+from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
 
 
 def _frame(groups: list[str]) -> pd.DataFrame:
@@ -17,7 +18,8 @@ def _frame(groups: list[str]) -> pd.DataFrame:
     columns = {**{f"acc_{g}": cell for g in groups}, "acc_worst_group": cell,
                **{f"pi_{g}": cell for g in groups}, "pi_gap_max": cell,
                **{f"loss_{g}": "0.37 ± 0.01" for g in groups},
-               EPSILON_RUN: "non-private reference: no DP guarantee", EPSILON_METHOD: "5.14"}
+               EPSILON_RUN: "non-private reference: no DP guarantee", EPSILON_METHOD: "5.14",
+               EPSILON_ACCOUNTANT: f"run: {ACCOUNTANT_PLD}; method: {ACCOUNTANT_PROFILE}"}
     rows = ["nonprivate", "dpsgd_global_adapt (replayable noise: a test setting)",
             "run total: private releases composed (released without guarantee, not covered: "
             "non-private reference)"]
@@ -35,3 +37,5 @@ def test_the_table_fits_120_columns_with_a_legend():
         assert "acc worst" in text and "ε run" in text and "loss" not in text
         assert "run total" in text and any("ε method" in line for line in legend)
         assert max(len(line) for line in legend) <= WIDTH
+        named = " ".join(legend)  # each accountant once, whole
+        assert named.count(ACCOUNTANT_PLD) == 1 and named.count("Koskela, Redberg") == 1

@@ -61,7 +61,9 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     from dpfair.config.params import parse_params
     from dpfair.pipeline.experiment import final_config, plan_release, train_and_log
     from dpfair.pipeline.summary import log_release, summarise
+    from dpfair.privacy.accounting import ACCOUNTANT_NONE
     from dpfair.release.plan import (
+        EPSILON_ACCOUNTANT,
         EPSILON_METHOD,
         EPSILON_RUN,
         HEURISTIC,
@@ -108,6 +110,10 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     lens = table.loc[f"fairlens ({REPLAYABLE_NOISE})", [EPSILON_RUN, EPSILON_METHOD]]
     assert list(lens) == [HEURISTIC] * 2
     assert table.loc[plan.total_label, EPSILON_METHOD] == f"{plan.epsilon_total:.2f}"
+    assert table.loc[plan.total_label, EPSILON_ACCOUNTANT] == plan.accountant_total
+    assert plan.methods["dpsgd"].accountant in table.loc[f"dpsgd ({REPLAYABLE_NOISE})",
+                                                         EPSILON_ACCOUNTANT]
+    assert table.loc[f"fairlens ({REPLAYABLE_NOISE})", EPSILON_ACCOUNTANT] == ACCOUNTANT_NONE
     assert "without guarantee, not covered: non-private reference, fairlens" in plan.total_label
     markdown = (tmp_path / "out" / "results.md").read_text()
     assert markdown.count(TEST_METRICS_NOTE) == 1 and REPLAYABLE_NOISE in markdown

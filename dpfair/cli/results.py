@@ -8,10 +8,12 @@ cell ``mean ± SE`` over seeds, as in the full table.
 
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 from rich.table import Table
 
-from dpfair.release.plan import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 __all__ = ["WIDTH", "compact_table"]
 
@@ -74,4 +76,14 @@ def compact_table(frame: pd.DataFrame, title: str) -> tuple[Table, list[str]]:
               "+ all seeds); none: no DP guarantee",
               "run total: every release of the run composed"
               + ("; ε test: the noisy test metrics'" if EPSILON_TEST in frame.columns else "")]
-    return table, legend
+    return table, legend + _accountants(frame)
+
+
+def _accountants(frame: pd.DataFrame) -> list[str]:
+    """Legend lines naming the accountants of the ε figures (each row's is in results.md)."""
+    if EPSILON_ACCOUNTANT not in frame.columns:
+        return []
+    names = dict.fromkeys(name.split(": ", 1)[-1] for cell in frame[EPSILON_ACCOUNTANT]
+                          for name in str(cell).split("; ") if name)
+    return textwrap.wrap("ε accountants (each row's in results.md): " + "; ".join(names),
+                         WIDTH)

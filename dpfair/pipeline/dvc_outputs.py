@@ -17,7 +17,8 @@ run's ``results.csv`` (:func:`dpfair.pipeline.summary.summarise`: one row per me
   ``privacy.<method>`` instead, and a replayable run its ``note.<method>``, as in MLflow. With
   noisy test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test
   split's ε, a different set of rows); with exact ones, ``test_metrics`` says that no ε
-  covers them.
+  covers them. ``epsilon_accountant.<method>`` and ``epsilon_total_accountant`` name the
+  accountant of each ε (the results table's accountant column).
 - ``group_accuracy.csv``: test accuracy (a fraction) per method and group (every group and
   the worst group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
@@ -33,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from dpfair.errors import DataError
-from dpfair.release.plan import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 #: exact test metrics, as the results table and MLflow say: no ε covers them
 TEST_METRICS_LABEL = "exact: not covered by ε (held-out test rows)"
@@ -114,6 +115,8 @@ def method_metrics(row: pd.Series) -> dict[str, Any]:
         "epsilon_run": number(row[EPSILON_RUN]),
         "epsilon_test": number(row[EPSILON_TEST]) if EPSILON_TEST in row else None,
     }
+    if metrics["epsilon"] is not None and row.get(EPSILON_ACCOUNTANT):
+        metrics["epsilon_accountant"] = str(row[EPSILON_ACCOUNTANT])
     if row["note"]:
         metrics["note"] = row["note"]
     if number(row[EPSILON_RUN]) is None and str(row[EPSILON_RUN]).strip() not in ("", "-"):
@@ -130,6 +133,10 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
               if str(i).startswith(TOTAL_ROW)]
     if totals and totals[0] is not None:
         metrics["epsilon_total"] = totals[0]
+        accountants = [table.at[i, EPSILON_ACCOUNTANT] for i in table.index
+                       if str(i).startswith(TOTAL_ROW) and EPSILON_ACCOUNTANT in table.columns]
+        if accountants and accountants[0]:
+            metrics["epsilon_total_accountant"] = accountants[0]
     if EPSILON_TEST in table.columns:
         test_totals = [number(table.at[i, EPSILON_TEST]) for i in table.index
                        if str(i).startswith(TOTAL_ROW)]
@@ -138,7 +145,7 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
     else:
         metrics["test_metrics"] = TEST_METRICS_LABEL
     for key in ("worst", "accuracy_gap", "cost_gap", "epsilon", "epsilon_run", "epsilon_test",
-                "group_accuracy", "privacy", "note"):
+                "epsilon_accountant", "group_accuracy", "privacy", "note"):
         if per_method := {m: v[key] for m, v in methods.items() if key in v}:
             metrics[key] = per_method
     groups = pd.DataFrame(

@@ -29,10 +29,12 @@ from dpfair.pipeline import report
 from dpfair.pipeline.experiment import REFERENCE, RunRecord
 from dpfair.privacy import accounting
 from dpfair.release.plan import (
+    EPSILON_ACCOUNTANT,
     EPSILON_METHOD,
     EPSILON_RUN,
     EPSILON_TEST,
     SECRET_NOISE,
+    MethodRelease,
     ReleasePlan,
     epsilon_cells,
     epsilon_test_cell,
@@ -184,18 +186,29 @@ def _compared(runs: list[RunRecord], groups: list[str]) -> dict[str, float]:
     return out
 
 
+def _accountant_cell(m: MethodRelease) -> str:
+    """Method ``m``'s :data:`EPSILON_ACCOUNTANT` cell: the accountant of its composed ε, and
+    that of one run where it differs (names of ``accounting.ACCOUNTANTS``)."""
+    if not m.has_epsilon or m.accountant_run == m.accountant:
+        return m.accountant
+    return f"run: {m.accountant_run}; method: {m.accountant}"
+
+
 def _with_release(table: pd.DataFrame, plan: ReleasePlan) -> pd.DataFrame:
     """``table`` with each method's two ε columns, a last row holding the run's total ε, and
     the row of a reproducible method labelled so (:mod:`dpfair.release.plan`). With noisy test
     metrics, a third column holds the test split's ε (per method; the total in the last
-    row), never mixed with the training ε."""
+    row), never mixed with the training ε. The last column names the accountant of each row's
+    figures."""
     cells = pd.DataFrame([epsilon_cells(plan.methods[m]) for m in table.index],
                          index=table.index, columns=[EPSILON_RUN, EPSILON_METHOD])
     table = table.join(cells)
     if plan.epsilon_test_total is not None:
         table[EPSILON_TEST] = [epsilon_test_cell(plan.methods[m]) for m in table.index]
+    table[EPSILON_ACCOUNTANT] = [_accountant_cell(plan.methods[m]) for m in table.index]
     table.loc[plan.total_label] = ""
     table.loc[plan.total_label, EPSILON_METHOD] = epsilon_text(plan.epsilon_total)
+    table.loc[plan.total_label, EPSILON_ACCOUNTANT] = plan.accountant_total
     if plan.epsilon_test_total is not None:
         table.loc[plan.total_label, EPSILON_TEST] = epsilon_text(plan.epsilon_test_total)
     return table.rename(index={m.label: f"{m.label} ({REPLAYABLE_NOISE})"

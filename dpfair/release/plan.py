@@ -5,17 +5,17 @@ Per method a run releases its search (a tuned method: the selected configuration
 with its test metrics. All of them are computed from the same training data, so they compose:
 a method's release is ``ComposedDpEvent([search, run_1, ..., run_S])`` and the run's total is
 the composition of every method's release, evaluated by the tightest valid accountant
-(:func:`dpfair.privacy.accounting.spend`: PLD, with the privacy-profile bound of a search, or
-RDP, whichever is smaller; each figure names its accountant), never a sum of epsilons, known
-before anything trains and checked against ``budget`` by the privacy gate (:func:`check_budget`).
+(:func:`dpfair.privacy.accounting.spend`: PLD, with a search's privacy profile, or RDP, the
+smaller; every figure names its accountant, :data:`EPSILON_ACCOUNTANT`), never a sum of epsilons,
+known before anything trains and checked against ``budget`` by the gate (:func:`check_budget`).
 
 A tuned method's final runs train the selected configuration, which the search releases, so
 their event must hold whichever configuration is selected: it is the search's per-run bound
 over its space (:func:`dpfair.tuning.events.combine_run_events`; the selected configuration's
 own event whenever the space leaves σ, q and the steps alone).
 
-Releases without a guarantee (the non-private reference; heuristic methods, e.g. FairLens) carry
-no ε: left out of the total, shown with a label, refused unless the budget allows them.
+Releases without a guarantee (the non-private reference; heuristic methods, e.g. FairLens):
+no ε, left out of the total, shown with a label, refused unless the budget allows them.
 
 The test split is other rows: its metrics are either exact (the default; ε does not cover
 them, :data:`TEST_METRICS_NOTE`) or noisy (``test_metrics.release: noisy``,
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EPSILON_METHOD",
     "EPSILON_RUN",
+    "EPSILON_ACCOUNTANT",
     "EPSILON_TEST",
     "HEURISTIC",
     "NONPRIVATE_REFERENCE",
@@ -76,6 +77,7 @@ NONPRIVATE_REFERENCE = "non-private reference: no DP guarantee"
 EPSILON_RUN = "ε one training run"
 EPSILON_METHOD = "ε released for this method (search + all seeds)"
 EPSILON_TEST = "ε test split (noisy test metrics)"
+EPSILON_ACCOUNTANT = "accountant of the ε figures"
 TEST_METRICS_NOTE = (
     "Test metrics come from held-out test data that ε does not cover: they are released "
     "without noise, and a practitioner's test split is private data too."
@@ -456,8 +458,7 @@ def epsilon_cells(m: MethodRelease) -> tuple[str, str]:
 
 
 def epsilon_test_cell(m: MethodRelease) -> str:
-    """Method ``m``'s cell of the :data:`EPSILON_TEST` column: its noisy test releases' ε,
-    or why there is none."""
+    """Method ``m``'s :data:`EPSILON_TEST` cell: its noisy test releases' ε, or why none."""
     return epsilon_text(m.epsilon_test) if m.epsilon_test is not None else "exact: not covered"
 
 

@@ -20,6 +20,7 @@ from dpfair.data import data_version
 from dpfair.data.prepared import PUBLIC_SUMMARY
 from dpfair.data.sources import md5sum
 from dpfair.errors import DataError
+from dpfair.privacy.accounting import ACCOUNTANTS
 
 FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
          "bin/dvc-python", "data/raw/.gitkeep")
@@ -185,8 +186,11 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     shown = json.loads(_dvc(repo, "metrics", "show", "--json", quiet=True))
     [(_, files)] = shown.items()
     metrics = files["data"]["evaluation/metrics.json"]["data"]
-    assert set(metrics) == {"epsilon_total", "test_metrics", "worst", "accuracy_gap",
-                            "cost_gap", "epsilon", "epsilon_run", "group_accuracy", "privacy"}
+    assert set(metrics) == {"epsilon_total", "epsilon_total_accountant", "test_metrics", "worst",
+                            "accuracy_gap", "cost_gap", "epsilon", "epsilon_run",
+                            "epsilon_accountant", "group_accuracy", "privacy"}
+    assert metrics["epsilon_total_accountant"] in ACCOUNTANTS  # every ε names its accountant
+    assert set(metrics["epsilon_accountant"]) == {"dpsgd"}
     assert set(metrics["worst"]) == {"dpsgd", "nonprivate"}  # fractions, not percent
     assert set(metrics["group_accuracy"]["dpsgd"]) == {"majority", "minority"}  # every group
     assert 0.0 <= metrics["worst"]["dpsgd"] <= 1.0 and 0.0 <= metrics["cost_gap"]["dpsgd"] <= 1
@@ -250,7 +254,9 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     """The evaluate stage's numbers are the table's: every group's accuracy by name, the worst
     group, the largest accuracy and cost gaps, ε only for methods with a guarantee."""
     from dpfair.pipeline.dvc_outputs import TEST_METRICS_LABEL, write_outputs
+    from dpfair.privacy.accounting import ACCOUNTANT_NONE, ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
     from dpfair.release.plan import (
+        EPSILON_ACCOUNTANT,
         EPSILON_METHOD,
         EPSILON_RUN,
         EPSILON_TEST,
@@ -267,7 +273,9 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
          "pi_gap": ["-", "22.0 ± 2.0", "14.0 ± 1.0", ""],
          "pi_gap_max": ["-", "25.0 ± 2.0", "15.0 ± 1.0", ""],
          EPSILON_RUN: [NONPRIVATE_REFERENCE, "2.81", HEURISTIC, ""],
-         EPSILON_METHOD: [NONPRIVATE_REFERENCE, "5.62", HEURISTIC, "5.62"]},
+         EPSILON_METHOD: [NONPRIVATE_REFERENCE, "5.62", HEURISTIC, "5.62"],
+         EPSILON_ACCOUNTANT: [ACCOUNTANT_NONE, f"run: {ACCOUNTANT_PLD}; method: "
+                              f"{ACCOUNTANT_PROFILE}", ACCOUNTANT_NONE, ACCOUNTANT_PROFILE]},
         index=pd.Index(["nonprivate", "dpsgd (replayable noise)", "fairlens",
                         "run total: private releases composed (...)"], name="method"))
     table.to_csv(tmp_path / "results.csv")
@@ -280,6 +288,8 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
         "accuracy_gap": {"nonprivate": 0.085, "dpsgd": 0.295, "fairlens": 0.21},
         "cost_gap": {"dpsgd": 0.25, "fairlens": 0.15},
         "epsilon": {"dpsgd": 5.62}, "epsilon_run": {"dpsgd": 2.81},
+        "epsilon_accountant": {"dpsgd": f"run: {ACCOUNTANT_PLD}; method: {ACCOUNTANT_PROFILE}"},
+        "epsilon_total_accountant": ACCOUNTANT_PROFILE,
         "group_accuracy": {"nonprivate": {"2": 0.98, "8": 0.9, "9": 0.895},
                            "dpsgd": {"2": 0.9, "8": 0.605, "9": 0.61},
                            "fairlens": {"2": 0.91, "8": 0.7, "9": 0.695}},
