@@ -35,10 +35,8 @@ from typing import TYPE_CHECKING
 
 from dpfair.errors import BudgetExceededError, ConfigError, PrivacyError, did_you_mean
 from dpfair.models import build_model, check_output_shape
-from dpfair.privacy import accounting
 from dpfair.privacy.model_check import check_model
-from dpfair.training import TrainConfig, make_plan
-from dpfair.training.plan import check_batch_size, check_delta
+from dpfair.training import TrainConfig
 from dpfair.tuning.job import grid_points, make_config
 
 if TYPE_CHECKING:
@@ -63,12 +61,15 @@ def check_against_data(params: Params, dataset: GroupedDataset) -> None:
     check_preprocessing(params, dataset)
     labels = [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]
     check_model_space(params, dataset, len(labels) * len(exp.seeds))
+    for label in labels:  # the models before the accounting, which loads dp_accounting
+        check_trainable(exp.train_config(label, exp.seeds[0]), dataset)
+    from dpfair.training.plan import check_batch_size, check_delta
+
     if params.budget.delta is not None:
         check_delta(params.budget.delta, n_train, allowed=params.budget.allow_large_delta,
                     key="budget.delta", opt_out="budget.allow_large_delta")
     for label in labels:
         base = exp.train_config(label, exp.seeds[0])
-        check_trainable(base, dataset)
         space = params.tuning.spaces.get(label, {})
         check_batch_size(base.batch_size, n_train, key="experiment.train.batch_size")
         if base.test_metrics.release == "noisy":
@@ -159,6 +160,9 @@ def _check_pair(pair: list[str] | None, dataset: GroupedDataset) -> None:
 def _check_one_run(params: Params, label: str, configs: list[TrainConfig], n_train: int,
                    n_groups: int) -> None:
     """Each budget must allow the cheapest run of ``label`` (one of ``configs``)."""
+    from dpfair.privacy import accounting
+    from dpfair.training import make_plan
+
     exp, budget = params.experiment, params.budget
     events = [make_plan(c, n_train, n_groups).event for c in configs]
     tuned = label in params.tuning.spaces
