@@ -54,7 +54,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
-import dpfair
 from dpfair.data import GroupedDataset
 from dpfair.data.preprocess import TablePreprocessor
 from dpfair.errors import DataError
@@ -241,7 +240,10 @@ def _code(model: Any, into: Path) -> tuple[list[str], list[str]]:
     """``(code_paths, extra requirements)`` of a model: a copy of dpfair's package, and for an
     import-path model its module's top-level file or package, or the installed distribution
     that provides it."""
-    dpfair_dir = Path(dpfair.__file__).resolve().parent
+    # dpfair's folder from this file (dpfair/tracking/model_export.py): ``dpfair.__file__`` is
+    # None where the working directory holds a folder named dpfair (a DVC workspace's copy of
+    # dpfair/data), which Python then imports as a namespace package
+    dpfair_dir = Path(__file__).resolve().parents[1]
     paths = [shutil.copytree(dpfair_dir, into / "dpfair",
                              ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))]
     extra: list[str] = []
