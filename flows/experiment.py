@@ -57,6 +57,7 @@ from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.release.plan import ReleasePlan, epsilon_text  # noqa: E402
 from dpfair.tracking.run_log import pipeline_run_name  # noqa: E402
 from dpfair.tracking.runs import (  # noqa: E402
+    add_description,
     existing_experiment,
     experiment_id,
     fail_stale_runs,
@@ -378,10 +379,11 @@ def _pipeline_run(run: FlowRun, ledger_release: str) -> Iterator[str]:
     params, earlier = run.params, run.earlier
     if earlier is not None:
         with reopen(params.tracking, earlier.parent_run_id, tags={
-                "dpfair.resumed": earlier.describe(),
+                "dpfair.resumed": earlier.summary(),
                 "dpfair.ledger_release_resumed": ledger_release,
                 **artifacts.prefect_tags()}) as parent:
             yield parent
+            add_description(params.tracking, parent, earlier.describe())  # after the summary's
         return
     tags = {**run.data_tags, "dpfair.stage": "pipeline", **artifacts.prefect_tags(),
             "dpfair.ledger_release": ledger_release, FINGERPRINT_TAG: fingerprint(params),

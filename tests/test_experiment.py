@@ -282,12 +282,12 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
         plan.methods["dpsgd"].epsilon_run, rel=1e-5)
     assert float(tags["epsilon_released_for_method"]) == pytest.approx(
         plan.methods["dpsgd"].epsilon, rel=1e-5)
-    assert tags["epsilon_accountants"] == (
-        f"training run: {plan.methods['dpsgd'].accountant_run}; method: "
-        f"{plan.methods['dpsgd'].accountant}; pipeline total: {plan.accountant_total}")
+    assert json.loads(tags["epsilon_accountants"]) == {
+        "training_run": plan.methods["dpsgd"].accountant_run,
+        "method": plan.methods["dpsgd"].accountant, "pipeline_total": plan.accountant_total}
     assert float(tags["delta"]) == plan.delta
     assert tags["data_version"] == dataset.meta["data_version"]
-    assert tags["group_names"] == ", ".join(dataset.group_names)
+    assert json.loads(tags["group_names"]) == list(dataset.group_names)
     assert tags["target"] and tags["protected_attributes"]
     assert float(tags["worst_group_accuracy"]) == pytest.approx(
         record.headline["worst_group_accuracy"], abs=1e-4)

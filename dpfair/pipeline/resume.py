@@ -74,8 +74,15 @@ class Resumable:
     trained: dict[tuple[str, int], RunRecord] = field(default_factory=dict)
     attempts: dict[tuple[str, int], int] = field(default_factory=dict)
 
+    def summary(self) -> str:
+        """The parent run's ``dpfair.resumed`` tag, JSON: the searches and trainings read back
+        and the ``[label, seed]`` pairs trained again."""
+        return json.dumps({"searches_read_back": len(self.tuned),
+                           "trainings_read_back": len(self.trained),
+                           "retrains": [list(key) for key in sorted(self.attempts)]})
+
     def describe(self) -> str:
-        """One line for the log and the parent run's ``dpfair.resumed`` tag."""
+        """One line for the log and the parent run's description."""
         retried = ", ".join(f"{label} seed {seed}" for label, seed in sorted(self.attempts))
         return (f"resumes pipeline run {self.parent_run_id}: {len(self.tuned)} search(es) and "
                 f"{len(self.trained)} training(s) read back, not redone"

@@ -15,6 +15,7 @@ guarantee), ``epsilon_total`` (and with noisy test metrics ``epsilon_test/<metho
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,14 +279,13 @@ def _what_is_predicted(dataset: GroupedDataset) -> dict[str, str]:
     of one dataset trained for different groups. A built-in dataset without such options names
     its label and groups as its loader defines them."""
     options = dataset.meta.get("options", {})
-    protected = options.get("protected")
-    if isinstance(protected, list):
-        protected = ", ".join(map(str, protected))
+    protected = options.get("protected") or []
     return {
-        "target": str(options.get("target") or f"the class label of {dataset.name}"),
-        "protected_attributes": str(protected or f"the groups of {dataset.name}"),
-        "group_names": ", ".join(map(str, dataset.group_names)),
-        "class_names": ", ".join(map(str, dataset.class_names)),
+        "target": str(options.get("target") or "class_label"),
+        "protected_attributes": json.dumps(
+            [str(p) for p in (protected if isinstance(protected, list) else [protected])]),
+        "group_names": json.dumps([str(g) for g in dataset.group_names]),
+        "class_names": json.dumps([str(c) for c in dataset.class_names]),
     }
 
 
@@ -314,9 +314,8 @@ def _tags(record: RunRecord, dataset: GroupedDataset, data_version: str, guarant
         "method": record.label, "seed": str(record.seed), "dataset": dataset.name,
         "privacy_guarantee": guarantee, "epsilon_training_run": tag_number(eps_run),
         EPSILON_TAG: tag_number(eps_method), "epsilon_pipeline_total": tag_number(eps_total),
-        "epsilon_accountants": "; ".join(
-            f"{what}: {name}" for what, name in zip(("training run", "method", "pipeline total"),
-                                                    accountants, strict=True)),
+        "epsilon_accountants": json.dumps(dict(zip(
+            ("training_run", "method", "pipeline_total"), accountants, strict=True))),
         "delta": f"{delta:g}", "noise": "replayable" if reproducible else "secret",
         "data_version": data_version,
         **_what_is_predicted(dataset),

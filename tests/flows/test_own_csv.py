@@ -152,7 +152,7 @@ def test_census_with_three_nationalities_and_integer_codes_end_to_end(
     registered = out["registered_model"]
     tags = client.get_model_version(registered["name"], registered["version"]).tags
     assert (tags["protected_attributes"], tags["group_names"], tags["target"]) == (
-        "Nationality", "A, B, C", "Income")
+        '["Nationality"]', '["A", "B", "C"]', "Income")  # JSON lists
     assert tags["data_version"] == out["data_version"]  # the published data-version id
 
     # the registered model, from a fresh process in another directory, on raw rows

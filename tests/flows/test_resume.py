@@ -5,6 +5,7 @@ item 3)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -80,8 +81,10 @@ def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_
     assert out["parent_run_id"] == crashed.info.run_id
     parent = client.get_run(crashed.info.run_id)
     assert parent.info.status == "FINISHED"
+    assert json.loads(parent.data.tags["dpfair.resumed"])["retrains"] == [
+        ["dpsgd_global", 0], ["dpsgd_global", 1]]  # a tag holds JSON, the words its description
     assert "retrains dpsgd_global seed 0, dpsgd_global seed 1" in parent.data.tags[
-        "dpfair.resumed"]
+        "mlflow.note.content"]
     assert searched == []  # dpsgd's search finished: its selection was read back
     assert sorted((c.method.name, c.seed) for c in trained) == [("dpsgd_global", 0),
                                                                 ("dpsgd_global", 1)]
