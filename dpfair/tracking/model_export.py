@@ -209,6 +209,14 @@ def preprocessing_note(dataset: GroupedDataset) -> str:
     return "fitted on the " + str(getattr(pre, "fitted_on", "training split (not covered by ε)"))
 
 
+def _preprocessing(dataset: GroupedDataset) -> str:
+    """The logged model's ``preprocessing`` tag: ``none``, ``declared`` (every column from
+    public, declared ranges and categories) or ``fitted`` (exact training statistics, not
+    covered by ε); :func:`preprocessing_note` says it in words in the descriptions."""
+    pre = dataset.preprocessor
+    return "none" if pre is None else "declared" if pre.data_independent else "fitted"
+
+
 class _KnownNotices(logging.Filter):
     """Drop MLflow's notice about what :func:`log_model` does on purpose: the python model is
     pickled by reference (its class is in dpfair)."""
@@ -286,7 +294,7 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
     mlf = client(tracking)
     name = re.sub(r"[/:.%\"']", "-", name)  # MLflow refuses these in a model's name
     logged = mlf.create_logged_model(experiment_id, name=name, source_run_id=run_id,
-                                     tags={**tags, "preprocessing": preprocessing_note(dataset)},
+                                     tags={**tags, "preprocessing": _preprocessing(dataset)},
                                      params=flatten(params or {}), model_type="classifier")
     try:
         mlf.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
