@@ -230,6 +230,9 @@ def run(
 
     path = params or Path(DEFAULT_PARAMS)
     p = load_params(path)  # a typo: refused before the checks' imports
+    from dpfair.owned_dir import check_replaceable, replace_with_copy
+
+    check_replaceable(copy_results)  # before anything runs: never delete others' files
     from dpfair.pipeline.checks import check_run
 
     dataset = check_run(p)  # data, groups, model: before any server or tracking library
@@ -238,11 +241,9 @@ def run(
     check_release(p, dataset)  # over budget: refused in seconds (and outputs/ kept: dvc.yaml)
     from dpfair.pipeline.preflight import check_tracking
     check_tracking(p.tracking)
-    from dpfair.owned_dir import check_replaceable, replace_with_copy
     from dpfair.tracking.runs import ui_hint
     from flows.experiment import run_experiment
 
-    check_replaceable(copy_results)  # before anything runs: never delete others' files
     # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
     user_errors_once()  # a user error inside the flow: printed once, by @cli_errors
