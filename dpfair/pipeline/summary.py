@@ -276,8 +276,9 @@ def select_model(runs: list[RunRecord], plan: ReleasePlan, method: str | None = 
 
 def _what_is_predicted(dataset: GroupedDataset) -> dict[str, str]:
     """Target, protected attribute(s) and group names of ``dataset``: what tells apart models
-    of one dataset trained for different groups. A built-in dataset without such options names
-    its label and groups as its loader defines them."""
+    of one dataset trained for different groups, as a token and JSON lists. A built-in dataset
+    without such options has target ``class_label`` and no protected attribute (``[]``): its
+    loader defines the groups."""
     options = dataset.meta.get("options", {})
     protected = options.get("protected") or []
     return {
