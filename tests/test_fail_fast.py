@@ -1,6 +1,7 @@
 """`dpfair run` validates everything before any work (issue 27): a wrong pair, a category
 missing from a declaration, a BatchNorm model are each one clear user error (exit code 2, its
-label, printed once, no traceback) before Prefect, MLflow or the tracking server is touched."""
+label, printed once, no traceback) before Prefect, MLflow or the tracking server is touched,
+and before the data is split."""
 
 from __future__ import annotations
 
@@ -64,14 +65,17 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
         for name in {list(CASES)!r}:
             result = CliRunner().invoke(app, ["run", "--params", name + ".yaml"])
             out[name] = [result.exit_code, result.output]
-        out["loaded"] = [m for m in ("prefect", "mlflow", "optuna") if m in sys.modules]
+        out["loaded"] = [m for m in ("prefect", "mlflow", "optuna", "sklearn", "dp_accounting")
+                         if m in sys.modules]
         print(json.dumps(out))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found.pop("loaded") == []  # neither Prefect nor the tracking libraries
+    # neither Prefect nor the tracking libraries; nor the split (scikit-learn) or the
+    # accounting: the pair and the model are checked on the table's preview before its split
+    assert found.pop("loaded") == []
     for name, (_, label, message) in CASES.items():
         code, output = found[name]
         assert code == 2, (name, output)

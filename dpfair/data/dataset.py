@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,3 +72,35 @@ class GroupedDataset:
 
     def splits(self) -> dict[str, Split]:
         return {"train": self.train, "val": self.val, "test": self.test}
+
+
+@dataclass(frozen=True)
+class DatasetPreview:
+    """What a dataset shows before its rows are split: its group and class names and the input
+    shape a model takes. A loader that can (own tables, image folders) hands it to an
+    :data:`Inspect` callback before the split, so a check that needs only these (a pair of
+    groups, a model built on the shape) refuses before the split's work and imports.
+
+    For a table whose transform is fitted, ``input_shape`` is the width fitted on every row: at
+    least the training split's (a category seen only outside it adds a column), so the checks
+    repeated on the loaded dataset use the exact shape.
+    """
+
+    name: str
+    group_names: list[str]
+    class_names: list[str]
+    input_shape: tuple[int, ...]
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+    @classmethod
+    def of(cls, dataset: GroupedDataset) -> DatasetPreview:
+        """The preview of a loaded dataset (its exact shape and names)."""
+        return cls(dataset.name, list(dataset.group_names), list(dataset.class_names),
+                   dataset.input_shape)
+
+
+#: A check a loader runs on the preview before the split; it raises to refuse the dataset.
+Inspect = Callable[[DatasetPreview], None]

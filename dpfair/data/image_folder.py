@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from dpfair.data.dataset import GroupedDataset
+from dpfair.data.dataset import DatasetPreview, GroupedDataset, Inspect
 from dpfair.data.errors import DataError, SourceMissingError
 from dpfair.data.options import HoldoutOptions
 from dpfair.data.registry import register_kind
@@ -156,7 +156,8 @@ def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
 
 @register_kind("image_folder", ImageFolderOptions, "your folder of class sub-folders of images",
                version=folder_version)
-def load_image_folder(name: str, opts: ImageFolderOptions) -> GroupedDataset:
+def load_image_folder(name: str, opts: ImageFolderOptions, inspect: Inspect | None = None
+                      ) -> GroupedDataset:
     root, files = image_files(opts)
     y, class_names = _codes([_level(root, f, opts.class_level, "class") for f in files])
     if len(class_names) < 2:
@@ -169,6 +170,10 @@ def load_image_folder(name: str, opts: ImageFolderOptions) -> GroupedDataset:
         g, group_names = _codes([_level(root, f, int(opts.group_level), "group") for f in files])
         groups_from = f"groups from folder level {opts.group_level}"
     where = Where(str(root), f"datasets.{name}.")
+    if inspect is not None:
+        side = opts.image_size
+        inspect(DatasetPreview(name, group_names, class_names,
+                               (1 if opts.grayscale else 3, side, side)))
     index = dict(zip(("train", "val", "test"), split_index(y, g, opts), strict=True))
     check_splits(y, g, index, class_names, group_names, min_rows=opts.min_group_train_rows,
                  groups_from=groups_from, target="the class folders", where=where)

@@ -5,11 +5,13 @@ params.yaml by its options alone: a ``kind:`` key (``table``, ``image_folder``) 
 registered with ``@register_kind``, and the dataset takes the name it was declared under, so no
 Python registration is needed.
 
-``load_dataset(name, options)`` validates ``options`` (a mapping, an options model or None for
-the defaults) against the dataset's pydantic model, calls its loader, checks the values it
-produced (``checks.check_values``: finite features, integer ids in range), so every loader is
-covered, and records the source's version (``source_version``: the version the dataset's module
-declares, ``version.py``) as ``meta["data_version"]``.
+``load_dataset(name, options, inspect=...)`` validates ``options`` (a mapping, an options model
+or None for the defaults) against the dataset's pydantic model and calls its loader (a kind's
+loader hands ``inspect`` the dataset's preview before its split; a built-in dataset's preview is
+inspected once it has loaded). It then checks the values the loader produced
+(``checks.check_values``: finite features, integer ids in range), so every loader is covered,
+and records the source's version (``source_version``: the version the dataset's module declares,
+``version.py``) as ``meta["data_version"]``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from dpfair.data.checks import check_values
-from dpfair.data.dataset import GroupedDataset
+from dpfair.data.dataset import DatasetPreview, GroupedDataset, Inspect
 from dpfair.data.options import DatasetOptions
 from dpfair.data.version import builtin_version
 from dpfair.errors import ConfigError, did_you_mean, format_validation_error
 
 Loader = Callable[[Any], GroupedDataset]
+#: ``loader(name, options, inspect)`` of a kind: calls ``inspect`` (when given) before the split.
+KindLoader = Callable[[str, Any, Inspect | None], GroupedDataset]
 
 # Modules that define the built-in datasets and the kinds; imported on first use of the registry.
 _BUILTIN_MODULES = ("adult", "dutch", "mnist", "celeba", "digits", "synthetic")
@@ -46,11 +50,12 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class KindSpec:
-    """A kind of user dataset: ``loader(name, options)`` and ``version(options)`` (an md5)."""
+    """A kind of user dataset: ``loader(name, options, inspect)`` and ``version(options)`` (an
+    md5)."""
 
     kind: str
     options: type[DatasetOptions]
-    loader: Callable[[str, Any], GroupedDataset]
+    loader: KindLoader
     version: Callable[[Any], str]
     summary: str
 
@@ -75,10 +80,11 @@ def register(
 
 def register_kind(
     kind: str, options: type[DatasetOptions], summary: str, *, version: Callable[[Any], str]
-) -> Callable[[Callable[[str, Any], GroupedDataset]], Callable[[str, Any], GroupedDataset]]:
-    """Decorator registering ``loader(name, options)`` for datasets declared ``kind: <kind>``."""
+) -> Callable[[KindLoader], KindLoader]:
+    """Decorator registering ``loader(name, options, inspect)`` for datasets declared
+    ``kind: <kind>``; the loader calls ``inspect(preview)`` (when not None) before its split."""
 
-    def deco(loader: Callable[[str, Any], GroupedDataset]) -> Callable[[str, Any], GroupedDataset]:
+    def deco(loader: KindLoader) -> KindLoader:
         _KINDS[kind] = KindSpec(kind, options, loader, version, summary)
         return loader
 
@@ -194,16 +200,24 @@ def source_version(name: str, options: Mapping[str, Any] | BaseModel | None = No
 
 
 def load_dataset(
-    name: str, options: Mapping[str, Any] | BaseModel | None = None
+    name: str, options: Mapping[str, Any] | BaseModel | None = None, *,
+    inspect: Inspect | None = None,
 ) -> GroupedDataset:
     """Load dataset ``name`` with ``options`` (defaults when None) as a GroupedDataset.
 
     ``options`` with a ``kind`` (``table``, ``image_folder``) load the user's own dataset under
-    ``name``. A DataError if the loader's output holds a NaN or inf feature or an id out of range.
+    ``name``. ``inspect(preview)`` runs before the rows are split where the loader can (a kind),
+    else on the loaded dataset; what it raises propagates. A DataError if the loader's output
+    holds a NaN or inf feature or an id out of range.
     """
     opts = parse_options(name, options)
     kind = kind_spec(opts)
-    ds = kind.loader(name, opts) if kind is not None else get_spec(name).loader(opts)
+    if kind is not None:
+        ds = kind.loader(name, opts, inspect)
+    else:
+        ds = get_spec(name).loader(opts)
+        if inspect is not None:
+            inspect(DatasetPreview.of(ds))
     ds.meta["data_version"] = source_version(name, opts)
     sources = ds.meta.get("sources") or {}
     read_from = f" (read from {', '.join(sorted(sources))})" if sources else ""

@@ -30,7 +30,7 @@ from dpfair.errors import did_you_mean
 if TYPE_CHECKING:
     import pandas as pd
 
-    from dpfair.data.dataset import GroupedDataset
+    from dpfair.data.dataset import GroupedDataset, Inspect
 
 _FORMATS = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
@@ -122,7 +122,8 @@ def table_version(opts: TableFileOptions) -> str:
 
 
 @register_kind("table", TableFileOptions, "your CSV or Parquet file", version=table_version)
-def load_table(name: str, opts: TableFileOptions) -> GroupedDataset:
+def load_table(name: str, opts: TableFileOptions, inspect: Inspect | None = None
+               ) -> GroupedDataset:
     frame, where = read_table(opts)
     where = Where(where.source, f"datasets.{name}.", where.first_line)
     if opts.id_column is not None:
@@ -132,6 +133,6 @@ def load_table(name: str, opts: TableFileOptions) -> GroupedDataset:
                             f"Fix: set datasets.{name}.id_column to a column of the file")
         if opts.id_column not in opts.id_columns:  # never a feature; carried by predictions
             opts = opts.model_copy(update={"id_columns": [*opts.id_columns, opts.id_column]})
-    ds = build_dataset(frame, opts, name=name, where=where)
+    ds = build_dataset(frame, opts, name=name, where=where, inspect=inspect)
     ds.meta["sources"] = {Path(opts.path).name: table_version(opts)}
     return ds

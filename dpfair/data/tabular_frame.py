@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import Field, ValidationError, field_validator
 
 from dpfair.data.checks import check_values
-from dpfair.data.dataset import GroupedDataset
+from dpfair.data.dataset import DatasetPreview, GroupedDataset, Inspect
 from dpfair.data.options import HoldoutOptions
 from dpfair.data.preprocess import (
     TablePreprocessor,
@@ -371,9 +371,10 @@ def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
             )
 
 
-def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
-                  where: Where) -> GroupedDataset:
-    """The GroupedDataset of ``frame`` (steps in the module docstring)."""
+def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str, where: Where,
+                  inspect: Inspect | None = None) -> GroupedDataset:
+    """The GroupedDataset of ``frame`` (steps in the module docstring); ``inspect`` sees its
+    preview once the groups are known, before the split."""
     frame = frame.rename(columns=str)
     if frame.columns.duplicated().any():  # a repeated target would become a feature
         twice = sorted(set(frame.columns[frame.columns.duplicated()]))
@@ -396,14 +397,19 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str,
             f"the protected column(s) {', '.join(opts.protected)} of {where.source} hold a "
             f"single value ({group_names[0]!r}) in the rows used: there are no groups to "
             f"compare. Fix: set {where.key('protected')} to column(s) with two or more values")
+    def transform() -> TablePreprocessor:
+        return TablePreprocessor(numeric, categorical, impute=opts.missing == "impute",
+                                 ranges=opts.numeric_ranges, categories=opts.categories,
+                                 unknown=opts.unknown)
+
+    if inspect is not None:  # the width fitted on every row: never released, only a shape
+        width = len(transform().fit(frame).feature_names)
+        inspect(DatasetPreview(name, group_names, class_names, (width,)))
     index = dict(zip(("train", "val", "test"), split_index(y, g, opts), strict=True))
     check_splits(y, g, index, class_names, group_names, min_rows=opts.min_group_train_rows,
                  groups_from=f"columns {', '.join(opts.protected)}",
                  target=f"the target column {opts.target!r}", where=where)
-    pre = TablePreprocessor(numeric, categorical, impute=opts.missing == "impute",
-                            ranges=opts.numeric_ranges, categories=opts.categories,
-                            unknown=opts.unknown)
-    pre.fit(frame.iloc[index["train"]])
+    pre = transform().fit(frame.iloc[index["train"]])
     splits = {key: make_split(pre.transform(frame.iloc[idx]), y[idx], g[idx])
               for key, idx in index.items()}
     return GroupedDataset(

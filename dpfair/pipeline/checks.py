@@ -10,6 +10,10 @@ are still wrong:
 * ``experiment.pair`` names groups of the dataset (did-you-mean);
 * every method's model builds on the data's input shape and passes the model check (no layer
   that mixes samples, e.g. BatchNorm): :func:`check_trainable`;
+
+  these two need only the dataset's preview (:class:`~dpfair.data.dataset.DatasetPreview`:
+  names and input shape), so :func:`check_run` has an own table or image folder checked by
+  :func:`check_preview` before its rows are split (the split imports scikit-learn);
 * a feature transform fitted on the training rows (exact statistics in every released model)
   only with ``budget.allow_fitted_preprocessing`` (:func:`check_preprocessing`);
 * every batch size, given or searched, is at most n
@@ -42,9 +46,10 @@ from dpfair.tuning.job import grid_points, make_config
 if TYPE_CHECKING:
     from dpfair.config.params import Params
     from dpfair.data import GroupedDataset
+    from dpfair.data.dataset import DatasetPreview
 
-__all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_run",
-           "check_trainable"]
+__all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_preview",
+           "check_run", "check_trainable"]
 
 #: What an MLflow model adds to its weights (MLmodel, environment files, input example).
 MODEL_OVERHEAD_BYTES = 1 << 20
@@ -55,14 +60,14 @@ REFERENCE = "nonprivate"
 def check_against_data(params: Params, dataset: GroupedDataset) -> None:
     """Refuse (``ConfigError``, ``PrivacyError``, ``BudgetExceededError``, each naming the key,
     the value and the fix) what the module docstring lists. Nothing has run when it raises."""
+    from dpfair.data.dataset import DatasetPreview
+
     exp = params.experiment
     n_train = len(dataset.train)
-    _check_pair(exp.named_pair, dataset)
+    check_preview(params, DatasetPreview.of(dataset))  # before the accounting (dp_accounting)
     check_preprocessing(params, dataset)
-    labels = [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]
+    labels = _labels(params)
     check_model_space(params, dataset, len(labels) * len(exp.seeds))
-    for label in labels:  # the models before the accounting, which loads dp_accounting
-        check_trainable(exp.train_config(label, exp.seeds[0]), dataset)
     from dpfair.training.plan import check_batch_size, check_delta
 
     if params.budget.delta is not None:
@@ -105,17 +110,28 @@ def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) ->
 
 
 def check_run(params: Params) -> GroupedDataset:
-    """Load ``experiment.dataset`` as declared and run :func:`check_against_data`; returns the
-    dataset. Every error is a ``DpfairError`` naming the setting and the fix."""
+    """Load ``experiment.dataset`` as declared, with :func:`check_preview` before its split
+    where the loader can, and run :func:`check_against_data`; returns the dataset. Every error
+    is a ``DpfairError`` naming the setting and the fix."""
     from dpfair.data import load_dataset
 
     name = params.experiment.dataset
-    dataset = load_dataset(name, params.dataset(name))
+    dataset = load_dataset(name, params.dataset(name),
+                           inspect=lambda preview: check_preview(params, preview))
     check_against_data(params, dataset)
     return dataset
 
 
-def check_trainable(config: TrainConfig, dataset: GroupedDataset) -> None:
+def check_preview(params: Params, preview: DatasetPreview) -> None:
+    """What needs only the dataset's names and input shape: ``experiment.pair`` names two of
+    its groups, and every method's model passes :func:`check_trainable`."""
+    _check_pair(params.experiment.named_pair, preview)
+    for label in _labels(params):
+        check_trainable(params.experiment.train_config(label, params.experiment.seeds[0]),
+                        preview)
+
+
+def check_trainable(config: TrainConfig, dataset: GroupedDataset | DatasetPreview) -> None:
     """The model of ``config`` builds on the dataset's input shape, gives one logit per class
     and keeps no state across samples (BatchNorm: :func:`~dpfair.privacy.model_check.
     check_model`): checked before the privacy gate reserves anything, so a refused model costs
@@ -145,7 +161,13 @@ def check_preprocessing(params: Params, dataset: GroupedDataset) -> None:
     )
 
 
-def _check_pair(pair: list[str] | None, dataset: GroupedDataset) -> None:
+def _labels(params: Params) -> list[str]:
+    """The runs' labels: the non-private reference (when asked for), then every method."""
+    exp = params.experiment
+    return [*([REFERENCE] if exp.nonprivate_reference else []), *exp.methods]
+
+
+def _check_pair(pair: list[str] | None, dataset: DatasetPreview) -> None:
     names = [str(g) for g in dataset.group_names]
     for group in pair or []:
         if group not in names:
