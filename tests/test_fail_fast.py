@@ -106,3 +106,34 @@ def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_p
     code, output, loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert code == 2 and loaded == [], (output, loaded)
     assert output.count("did you mean 'dataset'") == 1 and "Traceback" not in output
+
+
+def test_train_tune_and_audit_refuse_a_batchnorm_model_before_the_split(tmp_path: Path) -> None:
+    """The single-method commands check their model on the dataset's preview too: a refused
+    model never reaches the split (scikit-learn)."""
+    census_frame(600).to_csv(tmp_path / "census.csv", index=False)
+    (tmp_path / "bn_models.py").write_text(BN_MODULE)
+    params = copy.deepcopy(BASE)
+    CASES["batchnorm"][0](params)
+    params["tuning"] = {"spaces": {"dpsgd": {"lr": [0.1, 0.5]}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    script = textwrap.dedent("""
+        import json, sys
+        from typer.testing import CliRunner
+        from dpfair.cli import app
+        out = {}
+        for command in (["train", "--method", "dpsgd"], ["tune", "--method", "dpsgd"],
+                        ["audit", "--method", "dpsgd"]):
+            result = CliRunner().invoke(app, [*command, "--params", "params.yaml"])
+            out[command[0]] = [result.exit_code, result.output]
+        out["loaded"] = [m for m in ("sklearn",) if m in sys.modules]
+        print(json.dumps(out))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found.pop("loaded") == []
+    for command, (code, output) in found.items():
+        assert code == 2 and output.count("BatchNorm1d") == 1, (command, output)
+        assert "Traceback" not in output, (command, output)

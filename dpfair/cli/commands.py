@@ -53,6 +53,7 @@ from dpfair.settings import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
     from dpfair.config.params import Params
+    from dpfair.data.dataset import Inspect
 
 __all__ = ["app", "files_status", "percent", "score"]
 
@@ -93,6 +94,14 @@ def _method_label(params: Params, label: str) -> str:
     return label
 
 
+def _model_check(params: Params, label: str, seed: int) -> Inspect:
+    """The model of ``label`` checked on the dataset's preview, before the rows are split."""
+    from dpfair.pipeline.checks import check_trainable
+
+    config = params.experiment.train_config(label, seed)
+    return lambda preview: check_trainable(config, preview)
+
+
 def _group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table:
     table = Table(title=title)
     for col in ("group", "accuracy", "loss", "count"):
@@ -127,7 +136,8 @@ def train_cmd(
 
     p = resolve_params(params)
     label = _method_label(p, method)
-    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
+    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
+                           inspect=_model_check(p, label, seed))
     result, record = train_standalone(p, label, seed, dataset)  # progress: params (auto)
     m = result.test_metrics
     console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
@@ -191,7 +201,8 @@ def tune_cmd(
         raise ConfigError(f"{given}: "
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
     check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads
-    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset))
+    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
+                           inspect=_model_check(p, label, p.experiment.seeds[0]))
     result, search, release, ledger = tune_standalone(p, label, cfg, dataset)
     mode = p.tuning.release
     console.print(f"selected ({cfg.score}, {cfg.mode} search): "

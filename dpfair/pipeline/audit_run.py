@@ -74,8 +74,8 @@ def audit_from_params(params: Params, section: AuditSection, root: str | Path = 
     originals), which has the largest sampling rate: an upper bound on the run's."""
     config = audit_config(params, section)
     name = params.experiment.dataset
-    dataset = load_dataset(name, params.dataset(name))
-    check_trainable(config, dataset)
+    dataset = load_dataset(name, params.dataset(name),  # the model before the split
+                           inspect=lambda preview: check_trainable(config, preview))
     groups = group_ids(dataset, section.groups)
     replaced = canary_count(config, dataset, section, groups) * len(groups)
     n_min = len(dataset.train) - (replaced if section.kind == "mislabel" else 0)
