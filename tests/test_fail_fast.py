@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.test_strict_predictions import census_frame
@@ -137,3 +138,18 @@ def test_train_tune_and_audit_refuse_a_batchnorm_model_before_the_split(tmp_path
     for command, (code, output) in found.items():
         assert code == 2 and output.count("BatchNorm1d") == 1, (command, output)
         assert "Traceback" not in output, (command, output)
+
+
+def test_the_benchmark_times_each_case_to_its_error(tmp_path: Path) -> None:
+    """benchmarks/fail_fast.py runs the cases above (each must end in its error, exit code 2)
+    and the floor; here one case and the floor, once."""
+    from tests.conftest import load_benchmark
+
+    bench = load_benchmark("fail_fast")
+    commands = bench._workspace(tmp_path)
+    assert set(commands) == {"floor (python + torch + pandas)", "typo", *CASES}
+    for name in ("floor (python + torch + pandas)", "typo"):
+        wall, cpu = bench._timed(commands[name], tmp_path)
+        assert wall > 0 and cpu > 0
+    with pytest.raises(SystemExit, match="exit code 0"):  # a case that does not fail
+        bench._timed([sys.executable, "-c", "pass"], tmp_path)

@@ -1,0 +1,109 @@
+"""Time from `dpfair run` to its one error, for the wrong settings of issue 27, against the
+floor every such command pays: starting Python and importing torch and pandas.
+
+The cases are `tests/test_fail_fast.py`'s (an own census CSV; a misspelt key, a wrong
+`experiment.pair`, a category missing from its declaration, a BatchNorm model). Each round runs
+every arm once as a fresh process, in a new random order, so load changes hit all arms alike;
+the table gives wall seconds (median, min–max), the child's CPU seconds, and each case's median
+over the floor's median (the part dpfair can still act on).
+
+    .venv/bin/python benchmarks/fail_fast.py            # 7 rounds, about a minute
+
+Writes benchmarks/results/fail_fast_runs.md (``--out`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from machine import cpu_model, load_average
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.test_fail_fast import BASE, BN_MODULE, CASES  # noqa: E402
+from tests.test_strict_predictions import census_frame  # noqa: E402
+
+FLOOR = [sys.executable, "-c", "import torch, pandas"]
+
+
+def _workspace(folder: Path) -> dict[str, list[str]]:
+    """The census table, the BatchNorm module and one params file per case; the commands."""
+    census_frame(600).to_csv(folder / "census.csv", index=False)
+    (folder / "bn_models.py").write_text(BN_MODULE)
+    edits = {name: edit for name, (edit, _, _) in CASES.items()}
+    edits["typo"] = lambda p: p["experiment"].update(datset=p["experiment"].pop("dataset"))
+    commands = {"floor (python + torch + pandas)": FLOOR}
+    for name, edit in edits.items():
+        params = copy.deepcopy(BASE)
+        edit(params)
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(params))
+        commands[name] = [sys.executable, "-m", "dpfair.cli", "run", "--params", f"{name}.yaml"]
+    return commands
+
+
+def _timed(command: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run; a case must end in its error (exit code 2)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    expected = 0 if command is FLOOR else 2
+    if done.returncode != expected:
+        raise SystemExit(f"{' '.join(command)}: exit code {done.returncode}\n{done.stdout}"
+                         f"{done.stderr}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/fail_fast_runs.md")
+    args = parser.parse_args()
+    started, load_start = dt.datetime.now(dt.UTC), load_average()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        commands = _workspace(folder)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+        order = list(commands)
+        for _ in range(args.rounds):
+            random.shuffle(order)
+            for name in order:
+                times[name].append(_timed(commands[name], folder))
+    floor = statistics.median(w for w, _ in times[next(iter(commands))])
+    rows = []
+    for name, runs in times.items():
+        walls = sorted(w for w, _ in runs)
+        median = statistics.median(walls)
+        over = "" if commands[name] is FLOOR else f"+{median - floor:.2f}"
+        rows.append(f"| {name} | {median:.2f} | {walls[0]:.2f}–{walls[-1]:.2f} | "
+                    f"{statistics.median(c for _, c in runs):.2f} | {over} |")
+    text = "\n".join([
+        "# `dpfair run` on a wrong params.yaml: seconds to the one error (benchmarks/fail_fast.py)",
+        "",
+        f"{started:%Y-%m-%d %H:%M} UTC, {cpu_model()}, Python {sys.version.split()[0]}; "
+        f"load average {load_start} at the start, {load_average()} at the end; "
+        f"{args.rounds} rounds, arms in a new random order each round.",
+        "",
+        "| case | wall, median | wall, min–max | CPU, median | median over the floor |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ])
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
