@@ -153,3 +153,34 @@ def test_the_benchmark_times_each_case_to_its_error(tmp_path: Path) -> None:
         assert wall > 0 and cpu > 0
     with pytest.raises(SystemExit, match="exit code 0"):  # a case that does not fail
         bench._timed([sys.executable, "-c", "pass"], tmp_path)
+
+
+def test_a_dataset_whose_preview_was_checked_is_not_checked_again(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """check_run builds each method's model once on the preview; the loaded dataset shows the
+    same names and shape (a built-in dataset; a table whose categories are all in training), so
+    the model is not built and checked a second time (only once more, for its size)."""
+    from dpfair.config.params import parse_params
+    from dpfair.pipeline.checks import check_run
+
+    (tmp_path / "counted.py").write_text(textwrap.dedent("""
+        from pathlib import Path
+        import torch.nn as nn
+
+        def make_net(input_shape, n_classes):
+            with open(Path(__file__).with_name("builds.txt"), "a") as out:
+                out.write("x")
+            return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], n_classes))
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    census_frame(600).to_csv(tmp_path / "census.csv", index=False)
+    for dataset in ("synthetic", "census"):
+        params = copy.deepcopy(BASE)
+        params["experiment"].update(
+            dataset=dataset, model={"name": "import", "target": "counted:make_net"},
+            methods={"dpsgd": {"C": 1.0}, "dpsgd_f": {}})
+        params["tracking"] = {"uri": "sqlite:///m.db"}
+        (tmp_path / "builds.txt").write_text("")
+        check_run(parse_params(params))
+        assert (tmp_path / "builds.txt").read_text() == "xxx", dataset  # 2 methods + size

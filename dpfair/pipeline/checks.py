@@ -57,14 +57,18 @@ MODEL_OVERHEAD_BYTES = 1 << 20
 REFERENCE = "nonprivate"
 
 
-def check_against_data(params: Params, dataset: GroupedDataset) -> None:
+def check_against_data(params: Params, dataset: GroupedDataset,
+                       checked: DatasetPreview | None = None) -> None:
     """Refuse (``ConfigError``, ``PrivacyError``, ``BudgetExceededError``, each naming the key,
-    the value and the fix) what the module docstring lists. Nothing has run when it raises."""
+    the value and the fix) what the module docstring lists. Nothing has run when it raises.
+    ``checked``: a preview :func:`check_preview` passed already (not checked twice when the
+    loaded dataset shows the same)."""
     from dpfair.data.dataset import DatasetPreview
 
     exp = params.experiment
     n_train = len(dataset.train)
-    check_preview(params, DatasetPreview.of(dataset))  # before the accounting (dp_accounting)
+    if DatasetPreview.of(dataset) != checked:  # before the accounting (dp_accounting)
+        check_preview(params, DatasetPreview.of(dataset))
     check_preprocessing(params, dataset)
     labels = _labels(params)
     check_model_space(params, dataset, len(labels) * len(exp.seeds))
@@ -116,9 +120,14 @@ def check_run(params: Params) -> GroupedDataset:
     from dpfair.data import load_dataset
 
     name = params.experiment.dataset
-    dataset = load_dataset(name, params.dataset(name),
-                           inspect=lambda preview: check_preview(params, preview))
-    check_against_data(params, dataset)
+    checked: list[DatasetPreview] = []
+
+    def inspect(preview: DatasetPreview) -> None:
+        check_preview(params, preview)
+        checked.append(preview)
+
+    dataset = load_dataset(name, params.dataset(name), inspect=inspect)
+    check_against_data(params, dataset, checked[-1] if checked else None)
     return dataset
 
 
