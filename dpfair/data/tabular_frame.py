@@ -397,6 +397,7 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str, where: 
             f"the protected column(s) {', '.join(opts.protected)} of {where.source} hold a "
             f"single value ({group_names[0]!r}) in the rows used: there are no groups to "
             f"compare. Fix: set {where.key('protected')} to column(s) with two or more values")
+
     def transform() -> TablePreprocessor:
         return TablePreprocessor(numeric, categorical, impute=opts.missing == "impute",
                                  ranges=opts.numeric_ranges, categories=opts.categories,

@@ -67,8 +67,8 @@ def check_against_data(params: Params, dataset: GroupedDataset,
 
     exp = params.experiment
     n_train = len(dataset.train)
-    if DatasetPreview.of(dataset) != checked:  # before the accounting (dp_accounting)
-        check_preview(params, DatasetPreview.of(dataset))
+    if (preview := DatasetPreview.of(dataset)) != checked:  # before the accounting
+        check_preview(params, preview)
     check_preprocessing(params, dataset)
     labels = _labels(params)
     check_model_space(params, dataset, len(labels) * len(exp.seeds))
