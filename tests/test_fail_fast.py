@@ -51,6 +51,27 @@ CASES = {
 }
 
 
+def _cli_in_a_fresh_python(folder: Path, commands: dict[str, list[str]],
+                           watched: tuple[str, ...]) -> tuple[dict[str, list], list[str]]:
+    """Each of ``commands`` (dpfair's arguments) run in turn in one fresh Python process in
+    ``folder``: ``({name: [exit code, output]}, the modules of watched it imported)``."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        from typer.testing import CliRunner
+        from dpfair.cli import app
+        out = {{}}
+        for name, args in {commands!r}.items():
+            result = CliRunner().invoke(app, args)
+            out[name] = [result.exit_code, result.output]
+        print(json.dumps([out, [m for m in {list(watched)!r} if m in sys.modules]]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return out, loaded
+
+
 def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Path) -> None:
     census_frame(600).to_csv(tmp_path / "census.csv", index=False)
     (tmp_path / "bn_models.py").write_text(BN_MODULE)
@@ -58,25 +79,12 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
         params = copy.deepcopy(BASE)
         edit(params)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(params))
-    script = textwrap.dedent(f"""
-        import json, sys
-        from typer.testing import CliRunner
-        from dpfair.cli.commands import app
-        out = {{}}
-        for name in {list(CASES)!r}:
-            result = CliRunner().invoke(app, ["run", "--params", name + ".yaml"])
-            out[name] = [result.exit_code, result.output]
-        out["loaded"] = [m for m in ("prefect", "mlflow", "optuna", "sklearn", "dp_accounting")
-                         if m in sys.modules]
-        print(json.dumps(out))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found, loaded = _cli_in_a_fresh_python(
+        tmp_path, {name: ["run", "--params", f"{name}.yaml"] for name in CASES},
+        ("prefect", "mlflow", "optuna", "sklearn", "dp_accounting"))
     # neither Prefect nor the tracking libraries; nor the split (scikit-learn) or the
     # accounting: the pair and the model are checked on the table's preview before its split
-    assert found.pop("loaded") == []
+    assert loaded == []
     for name, (_, label, message) in CASES.items():
         code, output = found[name]
         assert code == 2, (name, output)
@@ -92,19 +100,10 @@ def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_p
     params = copy.deepcopy(BASE)
     params["experiment"]["datset"] = params["experiment"].pop("dataset")
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
-    script = textwrap.dedent("""
-        import json, sys
-        from typer.testing import CliRunner
-        from dpfair.cli import app
-        result = CliRunner().invoke(app, ["run", "--params", "typo.yaml"])
-        heavy = ("pandas", "sklearn", "dp_accounting", "scipy", "prefect", "mlflow", "optuna",
-                 "dvc")
-        print(json.dumps([result.exit_code, result.output, [m for m in heavy if m in sys.modules]]))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    code, output, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    found, loaded = _cli_in_a_fresh_python(
+        tmp_path, {"typo": ["run", "--params", "typo.yaml"]},
+        ("pandas", "sklearn", "dp_accounting", "scipy", "prefect", "mlflow", "optuna", "dvc"))
+    [code, output] = found["typo"]
     assert code == 2 and loaded == [], (output, loaded)
     assert output.count("did you mean 'dataset'") == 1 and "Traceback" not in output
 
@@ -118,23 +117,10 @@ def test_train_tune_and_audit_refuse_a_batchnorm_model_before_the_split(tmp_path
     CASES["batchnorm"][0](params)
     params["tuning"] = {"spaces": {"dpsgd": {"lr": [0.1, 0.5]}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    script = textwrap.dedent("""
-        import json, sys
-        from typer.testing import CliRunner
-        from dpfair.cli import app
-        out = {}
-        for command in (["train", "--method", "dpsgd"], ["tune", "--method", "dpsgd"],
-                        ["audit", "--method", "dpsgd"]):
-            result = CliRunner().invoke(app, [*command, "--params", "params.yaml"])
-            out[command[0]] = [result.exit_code, result.output]
-        out["loaded"] = [m for m in ("sklearn",) if m in sys.modules]
-        print(json.dumps(out))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found.pop("loaded") == []
+    found, loaded = _cli_in_a_fresh_python(
+        tmp_path, {command: [command, "--method", "dpsgd", "--params", "params.yaml"]
+                   for command in ("train", "tune", "audit")}, ("sklearn",))
+    assert loaded == []
     for command, (code, output) in found.items():
         assert code == 2 and output.count("BatchNorm1d") == 1, (command, output)
         assert "Traceback" not in output, (command, output)
