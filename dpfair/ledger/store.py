@@ -39,6 +39,8 @@ from dpfair.workspace import durable_path
 __all__ = ["DEFAULT_LEDGER", "Store", "ledger_url"]
 
 DEFAULT_LEDGER = ".dpfair/ledger.sqlite"
+#: PostgreSQL advisory lock key taken while the tables are created (any fixed 64-bit number).
+_SCHEMA_LOCK = 0x6470_6661_6972
 _LEGACY_JSON = ".dpfair/privacy_ledger.json"
 
 _meta = sa.MetaData()
@@ -98,17 +100,26 @@ class Store:
         else:
             self.engine = sa.create_engine(url, pool_pre_ping=True)
         try:
-            _meta.create_all(self.engine)
-            with self.locked() as conn:
-                if conn.execute(sa.select(META.c.value).where(META.c.key == "lock")).first() \
-                        is None:
-                    conn.execute(sa.insert(META).values(key="lock", value="1"))
+            self._create_schema()
         except sa.exc.SQLAlchemyError as exc:
             raise PrivacyError(
                 f"the privacy ledger {self.display} cannot be opened ({type(exc).__name__}: "
                 f"{mask_text(str(exc.orig) if hasattr(exc, 'orig') else str(exc))[:300]}): "
                 "it records what was already spent, so nothing may train until it is "
                 "reachable; check budget.ledger") from None
+
+    def _create_schema(self) -> None:
+        """The tables and the lock row, created once even when several machines open a new
+        ledger at the same moment: in one transaction that SQLite's ``BEGIN IMMEDIATE``
+        serialises, and on PostgreSQL (whose DDL is transactional) under a transaction-scoped
+        advisory lock. Without it two processes both find no table, and the second
+        ``CREATE TABLE`` fails ("already exists")."""
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            _meta.create_all(conn)
+            if conn.execute(sa.select(META.c.value).where(META.c.key == "lock")).first() is None:
+                conn.execute(sa.insert(META).values(key="lock", value="1"))
 
     @contextmanager
     def locked(self) -> Iterator[sa.Connection]:

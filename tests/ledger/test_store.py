@@ -61,10 +61,11 @@ def test_passwords_are_masked():
 
 
 _WRITER = """
-import sys
+import sys, time
 from dp_accounting import dp_event
 from dpfair.ledger import SourceLedger
 from dpfair.privacy import accounting
+time.sleep(max(0.0, float(sys.argv[3]) - time.time()))  # every machine opens it at once
 ledger = SourceLedger(sys.argv[1])
 event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
 for i in range(3):
@@ -74,9 +75,20 @@ print(ledger.secret().hex())
 
 
 def test_a_team_shares_one_ledger_on_a_database_server(postgres_url):
-    """Three processes ("machines") write to one PostgreSQL ledger at once: no release is
-    lost, and all of them key people with the same project secret."""
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, postgres_url, str(w)],
+    """Three processes ("machines") open a new PostgreSQL ledger at the same moment (its
+    tables are created once) and write to it at once: no release is lost, and all of them key
+    people with the same project secret."""
+    import time
+
+    import sqlalchemy as sa
+
+    server = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with server.connect() as conn:  # a database of its own: the ledger is new
+        conn.execute(sa.text("CREATE DATABASE team_ledger"))
+    server.dispose()
+    postgres_url = postgres_url.rsplit("/", 1)[0] + "/team_ledger"
+    start = str(time.time() + 8)  # after every process has imported what it needs
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, postgres_url, str(w), start],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for w in range(3)]
     outs = [p.communicate(timeout=180) for p in procs]
