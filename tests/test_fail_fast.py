@@ -79,12 +79,19 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
         params = copy.deepcopy(BASE)
         edit(params)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(params))
+    heavy = ("prefect", "mlflow", "optuna", "sklearn", "dp_accounting")
+    # the settings and the data need no torch: a wrong pair or category is found without it
     found, loaded = _cli_in_a_fresh_python(
-        tmp_path, {name: ["run", "--params", f"{name}.yaml"] for name in CASES},
-        ("prefect", "mlflow", "optuna", "sklearn", "dp_accounting"))
-    # neither Prefect nor the tracking libraries; nor the split (scikit-learn) or the
-    # accounting: the pair and the model are checked on the table's preview before its split
+        tmp_path, {name: ["run", "--params", f"{name}.yaml"] for name in ("pair", "categories")},
+        (*heavy, "torch"))
     assert loaded == []
+    # the model check needs torch, and nothing else heavy: neither Prefect nor the tracking
+    # libraries, nor the split (scikit-learn) or the accounting; the model is checked on the
+    # table's preview, before its split
+    found_bn, loaded = _cli_in_a_fresh_python(
+        tmp_path, {"batchnorm": ["run", "--params", "batchnorm.yaml"]}, heavy)
+    assert loaded == []
+    found.update(found_bn)
     for name, (_, label, message) in CASES.items():
         code, output = found[name]
         assert code == 2, (name, output)
@@ -93,16 +100,16 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
 
 
 def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_path: Path) -> None:
-    """A misspelt key is refused when params.yaml loads, before `dpfair run` imports what the
-    checks of the data need (pandas, sklearn), the accounting (dp_accounting, scipy) or anything
-    of Prefect, MLflow or Optuna. (The params schema itself still imports torch: the model and
-    method settings live beside their torch code.)"""
+    """A misspelt key is refused when params.yaml loads, before `dpfair run` imports torch (the
+    method and model settings load without it), what the checks of the data need (pandas,
+    sklearn), the accounting (dp_accounting, scipy) or anything of Prefect, MLflow or Optuna."""
     params = copy.deepcopy(BASE)
     params["experiment"]["datset"] = params["experiment"].pop("dataset")
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
     found, loaded = _cli_in_a_fresh_python(
         tmp_path, {"typo": ["run", "--params", "typo.yaml"]},
-        ("pandas", "sklearn", "dp_accounting", "scipy", "prefect", "mlflow", "optuna", "dvc"))
+        ("torch", "pandas", "sklearn", "dp_accounting", "scipy", "prefect", "mlflow", "optuna",
+         "dvc"))
     [code, output] = found["typo"]
     assert code == 2 and loaded == [], (output, loaded)
     assert output.count("did you mean 'dataset'") == 1 and "Traceback" not in output

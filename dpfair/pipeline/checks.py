@@ -38,8 +38,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpfair.errors import BudgetExceededError, ConfigError, PrivacyError, did_you_mean
-from dpfair.models import build_model, check_output_shape
-from dpfair.privacy.model_check import check_model
 from dpfair.training import TrainConfig
 from dpfair.tuning.job import grid_points, make_config
 
@@ -100,6 +98,7 @@ def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) ->
     """A local artifact root has room for ``n_models`` models of ``experiment.model`` on
     ``dataset`` (weights plus :data:`MODEL_OVERHEAD_BYTES` each), or an ``UnreachableError``
     before anything trains. A remote artifact store is not checked."""
+    from dpfair.models import build_model
     from dpfair.pipeline.preflight import check_free_space, local_path
 
     folder = local_path(params.tracking.artifact_root)
@@ -144,9 +143,13 @@ def check_trainable(config: TrainConfig, dataset: GroupedDataset | DatasetPrevie
     """The model of ``config`` builds on the dataset's input shape, gives one logit per class
     and keeps no state across samples (BatchNorm: :func:`~dpfair.privacy.model_check.
     check_model`): checked before the privacy gate reserves anything, so a refused model costs
-    no privacy and no search."""
+    no privacy and no search. (Building loads torch, so the checks that need no model come
+    first and a wrong setting among them is reported without it.)"""
     if config.model is None:  # a module given to train(), checked where it is given
         return
+    from dpfair.models import build_model, check_output_shape
+    from dpfair.privacy.model_check import check_model
+
     model = build_model(config.model, dataset.input_shape, dataset.n_classes)
     check_output_shape(model, dataset.input_shape, dataset.n_classes)
     check_model(model, dataset.input_shape, private=config.method.is_private)

@@ -9,14 +9,18 @@ from __future__ import annotations
 import math
 import sys
 from abc import abstractmethod
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat
-from torch import Tensor
 
+from dpfair.lazy import lazy_module
 from dpfair.privacy.methods.base import Method, State
 from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+torch = lazy_module("torch")  # loads when the rule first runs, not when its config is checked
 
 #: The smallest clip bound, ``2^-63 = sqrt(finfo(float32).tiny)`` (about ``1.1e-19``). Below
 #: about ``3e-39`` the weight ``1 / C_t`` overflows float32; below ``C_MIN`` the engine's float32

@@ -9,21 +9,18 @@ Defaults: Knolle Table 2 (CIFAR-10: ``lam = 0.02``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import NonNegativeFloat
-from torch import nn
 
-from dpfair.privacy.ascent import AscentGhost, AscentMaterialized, ghost_ascent_obstacle
-from dpfair.privacy.gradients import (
-    EngineKind,
-    PerSampleGradients,
-    log_once,
-    modifies_in_place,
-)
 from dpfair.privacy.methods.dpsgd import Dpsgd
 from dpfair.privacy.methods.keyword_spec import FormerSpec
 from dpfair.privacy.methods.registry import register_method
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from dpfair.privacy.gradients import EngineKind, PerSampleGradients
 
 
 class Bam(Dpsgd):
@@ -37,6 +34,9 @@ class Bam(Dpsgd):
         """The fast ascent (:class:`dpfair.privacy.ascent.AscentGhost`) where every trainable
         layer has a shift rule (``ascent.ASCENT_LAYERS``), else the materialised one (``"fast"``
         raises instead)."""
+        from dpfair.privacy.ascent import AscentGhost, AscentMaterialized, ghost_ascent_obstacle
+        from dpfair.privacy.gradients import log_once, modifies_in_place
+
         if kind == "materialized":
             return AscentMaterialized(self.lam)
         reason = ghost_ascent_obstacle(model)

@@ -19,13 +19,16 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-import torch
-from torch import Tensor, nn
+from dpfair.lazy import lazy_module
 
-from dpfair.privacy.gradients import EngineKind, PerSampleGradients, make_engine
-
-if TYPE_CHECKING:  # dp_accounting loads scipy; a configuration check needs neither
+if TYPE_CHECKING:  # a configuration check needs none of them (dp_accounting loads scipy)
     from dp_accounting import dp_event
+    from torch import Tensor, nn
+
+    from dpfair.privacy.gradients import EngineKind, PerSampleGradients
+
+#: torch loads when a rule first runs: a method's config is checked without it.
+torch = lazy_module("torch")
 
 PrivacyGuarantee = Literal["proven", "heuristic", "none"]
 State = dict[str, float | list[float]]
@@ -159,4 +162,6 @@ class Method(ABC):
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
         """How ``g_i`` is formed: ``grad l_i(theta)``."""
+        from dpfair.privacy.gradients import make_engine
+
         return make_engine(model, kind)

@@ -8,16 +8,18 @@ Defaults: Knolle Table 2 (CIFAR-10: ``rho = 0.086``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import NonNegativeFloat
-from torch import nn
 
-from dpfair.privacy.ascent import SharedAscent
-from dpfair.privacy.gradients import EngineKind, PerSampleGradients, make_engine
 from dpfair.privacy.methods.dpsgd import Dpsgd
 from dpfair.privacy.methods.keyword_spec import FormerSpec
 from dpfair.privacy.methods.registry import register_method
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from dpfair.privacy.gradients import EngineKind, PerSampleGradients
 
 
 class DpSat(Dpsgd):
@@ -28,6 +30,9 @@ class DpSat(Dpsgd):
         self.rho = rho
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
+        from dpfair.privacy.ascent import SharedAscent
+        from dpfair.privacy.gradients import make_engine
+
         return SharedAscent(make_engine(model, kind), self.rho)
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
-import torch
 from pydantic import PositiveFloat
-from torch import Tensor
 
+from dpfair.lazy import lazy_module
 from dpfair.privacy.methods.base import Method, State, group_counts
 from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+torch = lazy_module("torch")  # loads when the rule first runs, not when its config is checked
 
 
 class DpsgdF(Method):

@@ -6,14 +6,16 @@ Defaults: Esipova App. B (Adult: ``Z = 50``). DPSGD-Global-Adapt is an adaptive 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, PositiveFloat, model_validator
-from torch import Tensor
 
 from dpfair.privacy.methods.base import Method, State
 from dpfair.privacy.methods.keyword_spec import KeywordSpec
 from dpfair.privacy.methods.registry import register_method
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _check(C0: float, Z: float) -> None:

@@ -10,17 +10,19 @@ Defaults: Tran via Esipova (``gamma1 = gamma2 = 1``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import NonNegativeFloat
-from torch import nn
 
-from dpfair.privacy.gradients import EngineKind, PerSampleGradients, make_engine
 from dpfair.privacy.methods.base import Method
 from dpfair.privacy.methods.dpsgd import Dpsgd
 from dpfair.privacy.methods.keyword_spec import FormerSpec
 from dpfair.privacy.methods.registry import BuildContext, register_method
-from dpfair.privacy.regularised import RegularisedGradients
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from dpfair.privacy.gradients import EngineKind, PerSampleGradients
 
 
 class FairLens(Dpsgd):
@@ -33,6 +35,9 @@ class FairLens(Dpsgd):
         self.gamma1, self.gamma2 = gamma1, gamma2
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients:
+        from dpfair.privacy.gradients import make_engine
+        from dpfair.privacy.regularised import RegularisedGradients
+
         return RegularisedGradients(make_engine(model, kind), self.C, self.gamma1, self.gamma2)
 
 

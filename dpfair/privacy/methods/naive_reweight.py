@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from dpfair.lazy import lazy_module
 from dpfair.privacy.methods.base import Method, State, group_counts
 from dpfair.privacy.methods.dpsgd_f import XuGroupConfig
 from dpfair.privacy.methods.registry import register_method
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+torch = lazy_module("torch")  # loads when the rule first runs, not when its config is checked
 
 
 class NaiveReweight(Method):

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from dpfair.lazy import lazy_module
 from dpfair.privacy.methods.base import Method
 from dpfair.privacy.methods.registry import BuildContext, MethodSpec, register_method
 
-if TYPE_CHECKING:  # dp_accounting loads scipy; a configuration check needs neither
+if TYPE_CHECKING:  # a configuration check needs neither (dp_accounting loads scipy)
     from dp_accounting import dp_event
+    from torch import Tensor
+
+torch = lazy_module("torch")  # loads when the rule first runs, not when its config is checked
 
 
 class NonPrivate(Method):
