@@ -135,17 +135,18 @@ def test_train_tune_and_audit_refuse_a_batchnorm_model_before_the_split(tmp_path
 
 def test_the_benchmark_times_each_case_to_its_error(tmp_path: Path) -> None:
     """benchmarks/fail_fast.py runs the cases above (each must end in its error, exit code 2)
-    and the floor; here one case and the floor, once."""
+    and the floors they need; here one case and its floor, once."""
     from tests.conftest import load_benchmark
 
     bench = load_benchmark("fail_fast")
     commands = bench._workspace(tmp_path)
-    assert set(commands) == {"floor (python + torch + pandas)", "typo", *CASES}
-    for name in ("floor (python + torch + pandas)", "typo"):
+    assert set(commands) == {*bench.FLOORS, "typo", *CASES}
+    assert set(bench.NEEDS) == {"typo", *CASES} and set(bench.NEEDS.values()) <= set(bench.FLOORS)
+    for name in ("floor: python + pandas", "typo"):
         wall, cpu = bench._timed(commands[name], tmp_path)
         assert wall > 0 and cpu > 0
     with pytest.raises(SystemExit, match="exit code 0"):  # a case that does not fail
-        bench._timed([sys.executable, "-c", "pass"], tmp_path)
+        bench._timed([sys.executable, "-c", "import sys"], tmp_path)
 
 
 def test_a_dataset_whose_preview_was_checked_is_not_checked_again(tmp_path: Path,
