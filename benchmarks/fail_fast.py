@@ -2,7 +2,8 @@
 3 s on the 2-core machine), against the imports each case cannot avoid.
 
 The cases are `tests/test_fail_fast.py`'s (an own census CSV; a misspelt key, a wrong
-`experiment.pair`, a category missing from its declaration, a BatchNorm model). A misspelt key
+`experiment.pair`, a category missing from its declaration, a BatchNorm model, and the
+BatchNorm model refused by `dpfair train`, `tune` and `audit`). A misspelt key
 needs Python only; a pair or a category needs the table read (pandas); a model check needs torch
 as well (it builds the model). Each round runs every arm once as a fresh process, in a new
 random order, so load changes hit all arms alike; the table gives wall seconds (median,
@@ -36,12 +37,15 @@ sys.path.insert(0, str(ROOT))
 from tests.test_fail_fast import BASE, BN_MODULE, CASES  # noqa: E402
 from tests.test_strict_predictions import census_frame  # noqa: E402
 
+SINGLE = ("train", "tune", "audit")  # the single-method commands, on the BatchNorm model
 FLOORS = {"floor: python": [sys.executable, "-c", "pass"],
           "floor: python + pandas": [sys.executable, "-c", "import pandas"],
           "floor: python + torch + pandas": [sys.executable, "-c", "import torch, pandas"]}
 #: the floor each case needs: what it must import to find its error
 NEEDS = {"typo": "floor: python", "pair": "floor: python + pandas",
-         "categories": "floor: python + pandas", "batchnorm": "floor: python + torch + pandas"}
+         "categories": "floor: python + pandas", "batchnorm": "floor: python + torch + pandas",
+         **{f"batchnorm, dpfair {command}": "floor: python + torch + pandas"
+            for command in SINGLE}}
 
 
 def _workspace(folder: Path) -> dict[str, list[str]]:
@@ -56,6 +60,14 @@ def _workspace(folder: Path) -> dict[str, list[str]]:
         edit(params)
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(params))
         commands[name] = [sys.executable, "-m", "dpfair.cli", "run", "--params", f"{name}.yaml"]
+    params = copy.deepcopy(BASE)
+    edits["batchnorm"](params)
+    params["tuning"] = {"spaces": {"dpsgd": {"lr": [0.1, 0.5]}}}
+    (folder / "single.yaml").write_text(yaml.safe_dump(params))
+    for command in SINGLE:
+        commands[f"batchnorm, dpfair {command}"] = [
+            sys.executable, "-m", "dpfair.cli", command, "--method", "dpsgd", "--params",
+            "single.yaml"]
     return commands
 
 

@@ -128,16 +128,18 @@ def train_cmd(
     """Train one method of params.yaml's experiment on its dataset and print the results.
     Its run is named "standalone"; only pipeline runs register models, unless --register."""
     from dpfair.data import load_dataset
+
+    p = resolve_params(params)
+    label = _method_label(p, method)
+    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
+                           inspect=_model_check(p, label, seed))
+    # what the run needs (the gate, the accounting, MLflow) loads once the checks passed
     from dpfair.pipeline.standalone import train_standalone
     from dpfair.privacy import accounting
     from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
     from dpfair.tracking.runs import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
 
-    p = resolve_params(params)
-    label = _method_label(p, method)
-    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
-                           inspect=_model_check(p, label, seed))
     result, record = train_standalone(p, label, seed, dataset)  # progress: params (auto)
     m = result.test_metrics
     console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
@@ -183,9 +185,6 @@ def tune_cmd(
     ledger file beside the Optuna storage; with tuning.release: all_trials they are printed
     too, and the search's epsilon is the composition of all K runs."""
     from dpfair.data import load_dataset
-    from dpfair.pipeline.standalone import tune_standalone
-    from dpfair.release.plan import HEURISTIC
-    from dpfair.training import REPLAYABLE_NOISE
     from dpfair.tuning.config import PARAMS_STORAGE, check_storage
 
     p = resolve_params(params)
@@ -203,6 +202,11 @@ def tune_cmd(
     check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                            inspect=_model_check(p, label, p.experiment.seeds[0]))
+    # what the search needs (the gate, the accounting, Optuna, MLflow) loads once checked
+    from dpfair.pipeline.standalone import tune_standalone
+    from dpfair.release.plan import HEURISTIC
+    from dpfair.training import REPLAYABLE_NOISE
+
     result, search, release, ledger = tune_standalone(p, label, cfg, dataset)
     mode = p.tuning.release
     console.print(f"selected ({cfg.score}, {cfg.mode} search): "
@@ -399,7 +403,6 @@ def audit_cmd(
     (Steinke, Nasr & Jagielski 2023). A lower bound, not a proof of privacy."""
     from dpfair.audit import AuditSection
     from dpfair.pipeline.audit_run import audit_from_params, claim_note, log_audit
-    from dpfair.tracking.runs import ui_hint
 
     p = resolve_params(params)
     given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta,
@@ -431,6 +434,8 @@ def audit_cmd(
     console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
                   "bound: above the claim shows a bug, below it proves nothing")
     if section.track:
+        from dpfair.tracking.runs import ui_hint
+
         run_id = log_audit(p.tracking, section.method, config, dataset, result)
         console.print(f"MLflow audit run {run_id}; {ui_hint(p.tracking)}")
 

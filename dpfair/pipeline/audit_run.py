@@ -16,35 +16,21 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpfair.audit import AuditResult, AuditSection, audit, canary_count, group_ids
-from dpfair.audit.plot import score_figure
-from dpfair.config.params import Params
-from dpfair.data import GroupedDataset, load_dataset
+from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, did_you_mean
 from dpfair.pipeline.checks import check_trainable
-from dpfair.pipeline.standalone import open_gate
-from dpfair.release.plan import (
-    HEURISTIC,
-    NONPRIVATE_REFERENCE,
-    SECRET_NOISE,
-    method_release,
-    release_plan,
-)
-from dpfair.tracking.run_log import NOISE_TOKEN
-from dpfair.tracking.runs import (
-    TrackingConfig,
-    described,
-    experiment_id,
-    log_file,
-    log_json,
-    log_metrics,
-    log_params,
-    run,
-    set_tags,
-)
-from dpfair.training import REPLAYABLE_NOISE, TrainConfig, make_plan
+
+if TYPE_CHECKING:
+    from dpfair.audit import AuditResult, AuditSection
+    from dpfair.config.params import Params
+    from dpfair.data import GroupedDataset
+    from dpfair.settings import TrackingConfig
+    from dpfair.training import TrainConfig
+
+# The audit, the accounting, the privacy gate and MLflow are imported inside the functions
+# that use them, so `dpfair audit` refuses a wrong method or model before loading them.
 
 AUDIT_NOTE = ("audit diagnostic of a training run on the private data: its bounds and "
               "score histograms are charged that run's event in the privacy ledger; no model "
@@ -76,6 +62,11 @@ def audit_from_params(params: Params, section: AuditSection, root: str | Path = 
     name = params.experiment.dataset
     dataset = load_dataset(name, params.dataset(name),  # the model before the split
                            inspect=lambda preview: check_trainable(config, preview))
+    from dpfair.audit import audit, canary_count, group_ids
+    from dpfair.pipeline.standalone import open_gate
+    from dpfair.release.plan import method_release, release_plan
+    from dpfair.training import make_plan
+
     groups = group_ids(dataset, section.groups)
     replaced = canary_count(config, dataset, section, groups) * len(groups)
     n_min = len(dataset.train) - (replaced if section.kind == "mislabel" else 0)
@@ -98,6 +89,8 @@ def rows(result: AuditResult) -> list[dict[str, Any]]:
 
 def claim_note(result: AuditResult) -> str:
     """What the method claims, in words, where no ε is shown."""
+    from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
+
     return {"heuristic": HEURISTIC, "none": NONPRIVATE_REFERENCE}.get(
         result.privacy_guarantee, "proven: ε of the accountant")
 
@@ -105,6 +98,21 @@ def claim_note(result: AuditResult) -> str:
 def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
               dataset: GroupedDataset, result: AuditResult) -> str:
     """One MLflow run for the audit (module docstring); returns its id."""
+    from dpfair.audit.plot import score_figure
+    from dpfair.release.plan import SECRET_NOISE
+    from dpfair.tracking.run_log import NOISE_TOKEN
+    from dpfair.tracking.runs import (
+        described,
+        experiment_id,
+        log_file,
+        log_json,
+        log_metrics,
+        log_params,
+        run,
+        set_tags,
+    )
+    from dpfair.training import REPLAYABLE_NOISE
+
     noise = REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE
     tags = {"dpfair.stage": "audit", "dpfair.method": label, "dpfair.seed": str(config.seed),
             "dpfair.release": "audit", "privacy_guarantee": result.privacy_guarantee,
