@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from types import ModuleType
 
@@ -169,3 +171,24 @@ def train_and_log(tmp_path: Path, dataset, model: dict, name: str) -> tuple:
     with run(tracking, exp, "train") as run_id:
         uri = log_model(tracking, exp, run_id, train(config, dataset), dataset, {})
     return tracking, run_id, uri
+
+
+def cli_in_a_fresh_python(folder: Path, commands: dict[str, list[str]],
+                           watched: tuple[str, ...]) -> tuple[dict[str, list], list[str]]:
+    """Each of ``commands`` (dpfair's arguments) run in turn in one fresh Python process in
+    ``folder``: ``({name: [exit code, output]}, the modules of watched it imported)``."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        from typer.testing import CliRunner
+        from dpfair.cli import app
+        out = {{}}
+        for name, args in {commands!r}.items():
+            result = CliRunner().invoke(app, args)
+            out[name] = [result.exit_code, result.output]
+        print(json.dumps([out, [m for m in {list(watched)!r} if m in sys.modules]]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return out, loaded

@@ -6,8 +6,6 @@ and before the data is split."""
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import cli_in_a_fresh_python
 from tests.test_strict_predictions import census_frame
 
 BN_MODULE = """
@@ -51,27 +50,6 @@ CASES = {
 }
 
 
-def _cli_in_a_fresh_python(folder: Path, commands: dict[str, list[str]],
-                           watched: tuple[str, ...]) -> tuple[dict[str, list], list[str]]:
-    """Each of ``commands`` (dpfair's arguments) run in turn in one fresh Python process in
-    ``folder``: ``({name: [exit code, output]}, the modules of watched it imported)``."""
-    script = textwrap.dedent(f"""
-        import json, sys
-        from typer.testing import CliRunner
-        from dpfair.cli import app
-        out = {{}}
-        for name, args in {commands!r}.items():
-            result = CliRunner().invoke(app, args)
-            out[name] = [result.exit_code, result.output]
-        print(json.dumps([out, [m for m in {list(watched)!r} if m in sys.modules]]))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=folder, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out, loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    return out, loaded
-
-
 def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Path) -> None:
     census_frame(600).to_csv(tmp_path / "census.csv", index=False)
     (tmp_path / "bn_models.py").write_text(BN_MODULE)
@@ -81,14 +59,14 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(params))
     heavy = ("prefect", "mlflow", "optuna", "sklearn", "dp_accounting")
     # the settings and the data need no torch: a wrong pair or category is found without it
-    found, loaded = _cli_in_a_fresh_python(
+    found, loaded = cli_in_a_fresh_python(
         tmp_path, {name: ["run", "--params", f"{name}.yaml"] for name in ("pair", "categories")},
         (*heavy, "torch"))
     assert loaded == []
     # the model check needs torch, and nothing else heavy: neither Prefect nor the tracking
     # libraries, nor the split (scikit-learn) or the accounting; the model is checked on the
     # table's preview, before its split
-    found_bn, loaded = _cli_in_a_fresh_python(
+    found_bn, loaded = cli_in_a_fresh_python(
         tmp_path, {"batchnorm": ["run", "--params", "batchnorm.yaml"]}, heavy)
     assert loaded == []
     found.update(found_bn)
@@ -106,7 +84,7 @@ def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_p
     params = copy.deepcopy(BASE)
     params["experiment"]["datset"] = params["experiment"].pop("dataset")
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
-    found, loaded = _cli_in_a_fresh_python(
+    found, loaded = cli_in_a_fresh_python(
         tmp_path, {"typo": ["run", "--params", "typo.yaml"]},
         ("torch", "pandas", "sklearn", "dp_accounting", "scipy", "prefect", "mlflow", "optuna",
          "dvc"))
@@ -125,7 +103,7 @@ def test_train_tune_and_audit_refuse_a_batchnorm_model_before_the_split(tmp_path
     CASES["batchnorm"][0](params)
     params["tuning"] = {"spaces": {"dpsgd": {"lr": [0.1, 0.5]}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    found, loaded = _cli_in_a_fresh_python(
+    found, loaded = cli_in_a_fresh_python(
         tmp_path, {command: [command, "--method", "dpsgd", "--params", "params.yaml"]
                    for command in ("train", "tune", "audit")},
         ("sklearn", "dp_accounting", "scipy", "optuna", "mlflow", "prefect"))

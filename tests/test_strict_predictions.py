@@ -17,7 +17,7 @@ from dpfair.cli.commands import app
 from dpfair.data.tabular_frame import dataset_from_frame
 from dpfair.errors import DataError
 from dpfair.tracking.model_export import PREDICTION, load, predict_csv
-from tests.conftest import train_and_log
+from tests.conftest import cli_in_a_fresh_python, train_and_log
 
 
 def census_frame(n: int = 500, seed: int = 0) -> pd.DataFrame:
@@ -110,3 +110,26 @@ def test_predict_reads_parquet_and_calls_a_bad_file_a_user_error(strict, tmp_pat
                                       str(tmp_path / "q.csv"), "--params", str(params)])
     assert result.exit_code == 2, result.output
     assert "cannot read" in result.output and "bug" not in result.output
+
+
+def test_predict_refuses_wrong_rows_before_the_network_loads(strict, tmp_path):
+    """`dpfair predict` refuses a file that is no table before it imports MLflow, and an
+    unseen category by the model's saved rules (its MLmodel and JSON transform) before torch
+    and the network load."""
+    frame, _, tracking, uri = strict
+    rows = frame.head(20).copy()
+    rows.loc[5, "Activity"] = 999
+    rows.to_csv(tmp_path / "unseen.csv", index=False)
+    frame.head(5).to_parquet(tmp_path / "junk.csv")  # Parquet bytes under a CSV name
+    (tmp_path / "params.yaml").write_text(f"tracking: {{uri: '{tracking.uri}', artifact_root: "
+                                          f"'{tracking.artifact_root}'}}\n")
+    command = ["predict", "--model", uri, "--output", "out.csv", "--params", "params.yaml"]
+    found, loaded = cli_in_a_fresh_python(
+        tmp_path, {"junk": [*command, "--input", "junk.csv"]}, ("mlflow", "torch"))
+    assert loaded == [] and found["junk"][0] == 2 and "cannot read" in found["junk"][1]
+    found, loaded = cli_in_a_fresh_python(
+        tmp_path, {"unseen": [*command, "--input", "unseen.csv"]}, ("mlflow", "torch"))
+    code, output = found["unseen"]
+    assert loaded == ["mlflow"], loaded  # the model's files come from its tracking store
+    assert code == 2 and "column 'Activity' holds '999' in row 5" in output, output
+    assert not (tmp_path / "out.csv").exists()

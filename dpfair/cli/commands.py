@@ -348,10 +348,13 @@ def predict_cmd(
     params: ParamsOption = None,
 ) -> None:
     """Predict with a logged or registered dpfair model (its preprocessing included)."""
-    from dpfair.tracking.model_export import predict_csv
+    from dpfair.data.table_file import read_rows
 
     p = resolve_params(params)
-    n = predict_csv(p.tracking, model, rows, out)
+    frame, _ = read_rows(rows)  # a file that is no table is refused before MLflow loads
+    from dpfair.tracking.model_export import predict_rows
+
+    n = predict_rows(p.tracking, model, frame, rows, out)
     console.print(f"{n} predictions written to {out}", soft_wrap=True)
 
 

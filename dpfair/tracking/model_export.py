@@ -43,24 +43,31 @@ import sys
 import tempfile
 from importlib.metadata import packages_distributions, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import numpy as np
 import pandas as pd
-import torch
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
+from mlflow.models.model import MLMODEL_FILE_NAME
 from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
-from dpfair.data import GroupedDataset
 from dpfair.data.preprocess import TablePreprocessor
 from dpfair.errors import DataError
-from dpfair.models import ImportModelConfig, build_model, parse_model_config
+from dpfair.lazy import lazy_module
+from dpfair.models import ImportModelConfig, parse_model_config
 from dpfair.tracking.runs import TrackingConfig, client, flatten, log_metrics
-from dpfair.training import TrainResult
 from dpfair.urls import mask_url
+
+if TYPE_CHECKING:
+    from dpfair.data import GroupedDataset
+    from dpfair.training import TrainResult
+
+#: torch loads with the network: `dpfair predict` checks the rows against the model's rules
+#: before (a wrong row is refused in the time MLflow takes to import).
+torch = lazy_module("torch")
 
 # No third-party progress bars in dpfair's output (saving a model downloads its artifacts).
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -91,6 +98,8 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
         self._preprocessor: Any = None
 
     def load_context(self, context: Any) -> None:
+        from dpfair.models import build_model
+
         state = torch.load(context.artifacts[_STATE], map_location="cpu", weights_only=True)
         net = build_model(parse_model_config(self.model_config), self.input_shape,
                           len(self.class_names))
@@ -124,15 +133,15 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
                             "model predicts nothing sensible from them)")
         return torch.from_numpy(np.ascontiguousarray(x)).reshape(len(frame), *self.input_shape)
 
-    @torch.no_grad()
     def predict(self, context: Any, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
         if self._net is None:
             raise RuntimeError("load_context was not called")
         frame = pd.DataFrame(model_input)
         x = self.features(frame)
-        probs = torch.cat([torch.softmax(self._net(x[i : i + _BATCH]), dim=1)
-                           for i in range(0, len(x), _BATCH)] or [torch.empty(0, 1)])
+        with torch.no_grad():
+            probs = torch.cat([torch.softmax(self._net(x[i : i + _BATCH]), dim=1)
+                               for i in range(0, len(x), _BATCH)] or [torch.empty(0, 1)])
         # models logged before class values and id columns existed have neither attribute
         labels = pd.Series(getattr(self, "class_values", None) or self.class_names)
         out = pd.DataFrame({c: frame[c].to_numpy() for c in getattr(self, "id_columns", [])
@@ -372,8 +381,17 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
     from dpfair.data.table_file import read_rows
 
     frame, _ = read_rows(rows)  # before loading the model: a bad file is a quick DataError
-    loaded = load(cfg, model)
-    schema = loaded.metadata.get_input_schema()
+    return predict_rows(cfg, model, frame, rows, out)
+
+
+def predict_rows(cfg: TrackingConfig, model: str, frame: pd.DataFrame, rows: Path,
+                 out: Path) -> int:
+    """:func:`predict_csv` of the rows ``frame`` read from the file ``rows``. They are held to
+    the model's input schema and its preprocessing rules (read from its MLmodel and JSON
+    transform) before its network, torch and its code load, so a wrong row costs little."""
+    location = model_location(cfg, model)
+    metadata = Model.load(_download(location, MLMODEL_FILE_NAME))  # no weights, no code
+    schema = metadata.get_input_schema()
     if schema is not None:
         missing = [c for c in schema.required_input_names() if c not in frame.columns]
         if missing:
@@ -383,12 +401,31 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
             if spec.type in (DataType.double, DataType.float):  # whole numbers read as int64
                 frame[spec.name] = _numbers(frame[spec.name], rows).astype(spec.type.to_numpy())
         frame = frame[[c for c in schema.input_names() if c in frame.columns]]
-    predictions = pd.DataFrame(loaded.predict(frame))
+    preprocessor = _preprocessor(location, metadata)
+    if preprocessor is not None:  # training's rules, before torch and the network load
+        preprocessor.check_rows(frame)
+    predictions = pd.DataFrame(mlflow.pyfunc.load_model(location).predict(frame))
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")
     predictions.to_csv(partial, index=False)
     partial.replace(out)
     return len(predictions)
+
+
+def _preprocessor(location: str, metadata: Model) -> TablePreprocessor | None:
+    """The saved transform of the model at ``location`` (a JSON artifact: reading it runs no
+    code), or None for a model without one."""
+    artifacts = metadata.flavors.get("python_function", {}).get("artifacts", {})
+    path = artifacts.get(_PREPROCESSOR, {}).get("path", "")
+    if not path.endswith(".json"):  # none, or an older pickle the model itself refuses
+        return None
+    return TablePreprocessor.from_json(Path(_download(location, path)).read_bytes(), path)
+
+
+def _download(location: str, path: str) -> str:
+    """A local copy of the file ``path`` of the model at ``location`` (a folder or a URI of
+    any artifact store), and of nothing else of the model."""
+    return mlflow.artifacts.download_artifacts(artifact_uri=f"{location.rstrip('/')}/{path}")
 
 
 def _numbers(values: pd.Series, rows: Path) -> pd.Series:
