@@ -1,16 +1,18 @@
-"""Time from `dpfair run` to its one error, for the wrong settings of issue 27 (target: under
-3 s on the 2-core machine), against the imports each case cannot avoid.
+"""Time from a dpfair command to its one error, for the wrong inputs of issue 27 (target:
+under 3 s on the 2-core machine), against the imports each case cannot avoid.
 
-The cases are `tests/test_fail_fast.py`'s (an own census CSV; a misspelt key, a wrong
-`experiment.pair`, a category missing from its declaration, a BatchNorm model, and the
-BatchNorm model refused by `dpfair train`, `tune` and `audit`). A misspelt key
-needs Python only; a pair or a category needs the table read (pandas); a model check needs torch
-as well (it builds the model). Each round runs every arm once as a fresh process, in a new
-random order, so load changes hit all arms alike; the table gives wall seconds (median,
-min–max), the child's CPU seconds, and each case's median over the median of the floor it
-needs (the part dpfair can still act on).
+The cases: `dpfair run` on `tests/test_fail_fast.py`'s wrong settings (an own census CSV; a
+misspelt key, a wrong `experiment.pair`, a category missing from its declaration, a BatchNorm
+model); `dpfair train`, `tune` and `audit` on the BatchNorm model; `dpfair predict` given a
+file that is no table, and a row whose category the model never saw. A misspelt key needs
+Python only; a pair or a category needs the table read (pandas); a model check needs torch as
+well (it builds the model); a row to predict needs MLflow (the model's rules are in its
+tracking store). Each round runs every arm once as a fresh process, in a new random order, so
+load changes hit all arms alike; the table gives wall seconds (median, min–max), the child's
+CPU seconds, and each case's median over the median of the floor it needs (the part dpfair
+can still act on).
 
-    .venv/bin/python benchmarks/fail_fast.py            # 7 rounds, about a minute
+    .venv/bin/python benchmarks/fail_fast.py            # 7 rounds, about three minutes
 
 Writes benchmarks/results/fail_fast_runs.md (``--out`` to change).
 """
@@ -40,12 +42,15 @@ from tests.test_strict_predictions import census_frame  # noqa: E402
 SINGLE = ("train", "tune", "audit")  # the single-method commands, on the BatchNorm model
 FLOORS = {"floor: python": [sys.executable, "-c", "pass"],
           "floor: python + pandas": [sys.executable, "-c", "import pandas"],
-          "floor: python + torch + pandas": [sys.executable, "-c", "import torch, pandas"]}
+          "floor: python + torch + pandas": [sys.executable, "-c", "import torch, pandas"],
+          "floor: python + mlflow + pandas": [sys.executable, "-c", "import mlflow, pandas"]}
 #: the floor each case needs: what it must import to find its error
 NEEDS = {"typo": "floor: python", "pair": "floor: python + pandas",
          "categories": "floor: python + pandas", "batchnorm": "floor: python + torch + pandas",
          **{f"batchnorm, dpfair {command}": "floor: python + torch + pandas"
-            for command in SINGLE}}
+            for command in SINGLE},
+         "predict: no table": "floor: python + pandas",
+         "predict: unseen category": "floor: python + mlflow + pandas"}
 
 
 def _workspace(folder: Path) -> dict[str, list[str]]:
@@ -68,7 +73,31 @@ def _workspace(folder: Path) -> dict[str, list[str]]:
         commands[f"batchnorm, dpfair {command}"] = [
             sys.executable, "-m", "dpfair.cli", command, "--method", "dpsgd", "--params",
             "single.yaml"]
+    commands.update(_predict_cases(folder))
     return commands
+
+
+def _predict_cases(folder: Path) -> dict[str, list[str]]:
+    """A census model logged in a SQLite store of ``folder`` (tests/conftest.py's quick
+    training) and `dpfair predict` on a Parquet file named .csv and on a row with an unseen
+    category."""
+    from dpfair.data.tabular_frame import dataset_from_frame
+    from tests.conftest import train_and_log
+    from tests.test_strict_predictions import OPTIONS
+
+    frame = census_frame()
+    tracking, _, uri = train_and_log(folder, dataset_from_frame(frame, name="census", **OPTIONS),
+                                     {"name": "mlp", "hidden": [8]}, "census")
+    frame.head(5).to_parquet(folder / "junk.csv")
+    rows = frame.head(20).copy()
+    rows.loc[5, "Activity"] = 999
+    rows.to_csv(folder / "unseen.csv", index=False)
+    (folder / "store.yaml").write_text(yaml.safe_dump(
+        {"tracking": {"uri": tracking.uri, "artifact_root": tracking.artifact_root}}))
+    command = [sys.executable, "-m", "dpfair.cli", "predict", "--model", uri, "--output",
+               "out.csv", "--params", "store.yaml", "--input"]
+    return {"predict: no table": [*command, "junk.csv"],
+            "predict: unseen category": [*command, "unseen.csv"]}
 
 
 def _timed(command: list[str], cwd: Path) -> tuple[float, float]:
@@ -110,7 +139,7 @@ def main() -> None:
                     f"{statistics.median(c for _, c in runs):.2f} | "
                     f"{NEEDS.get(name, '').removeprefix('floor: ')} | {over} | {under} |")
     text = "\n".join([
-        "# `dpfair run` on a wrong params.yaml: seconds to the one error (benchmarks/fail_fast.py)",
+        "# dpfair on wrong settings or rows: seconds to the one error (benchmarks/fail_fast.py)",
         "",
         f"{started:%Y-%m-%d %H:%M} UTC, {cpu_model()}, Python {sys.version.split()[0]}; "
         f"load average {load_start} at the start, {load_average()} at the end; "
