@@ -39,6 +39,7 @@ from rich.table import Table
 
 from dpfair.cli.base import (
     ParamsOption,
+    checking,
     console,
     percent,
     resolve_params,
@@ -127,12 +128,13 @@ def train_cmd(
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results.
     Its run is named "standalone"; only pipeline runs register models, unless --register."""
-    from dpfair.data import load_dataset
+    with checking():
+        from dpfair.data import load_dataset
 
-    p = resolve_params(params)
-    label = _method_label(p, method)
-    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
-                           inspect=_model_check(p, label, seed))
+        p = resolve_params(params)
+        label = _method_label(p, method)
+        dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
+                               inspect=_model_check(p, label, seed))
     # what the run needs (the gate, the accounting, MLflow) loads once the checks passed
     from dpfair.pipeline.standalone import train_standalone
     from dpfair.privacy import accounting
@@ -184,24 +186,8 @@ def tune_cmd(
     the selected configuration and the epsilons. K and the trials' scores go to a private
     ledger file beside the Optuna storage; with tuning.release: all_trials they are printed
     too, and the search's epsilon is the composition of all K runs."""
-    from dpfair.data import load_dataset
-    from dpfair.tuning.config import PARAMS_STORAGE, check_storage
-
-    p = resolve_params(params)
-    label = _method_label(p, method)
-    if label not in p.tuning.spaces:
-        raise ConfigError(f"tuning.spaces has no search space for {label!r}")
-    overrides = {k: v for k, v in (("workers", workers), ("storage", storage)) if v is not None}
-    cfg = p.tuning.config(label, study or f"{p.experiment.dataset}-{label}")
-    try:
-        cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
-    except ValidationError as exc:
-        given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
-        raise ConfigError(f"{given}: "
-                          + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
-    check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads
-    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
-                           inspect=_model_check(p, label, p.experiment.seeds[0]))
+    with checking():
+        p, label, cfg, dataset = _search_checked(params, method, workers, storage, study)
     # what the search needs (the gate, the accounting, Optuna, MLflow) loads once checked
     from dpfair.pipeline.standalone import tune_standalone
     from dpfair.release.plan import HEURISTIC
@@ -228,6 +214,30 @@ def tune_cmd(
     console.print(f"study {result.study_name!r} in {result.storage}")
 
 
+def _search_checked(params: Path | None, method: str, workers: int | None,
+                    storage: str | None, study: str | None) -> tuple:
+    """``dpfair tune``'s checks, then its data: ``(params, label, tuning config, dataset)``."""
+    from dpfair.data import load_dataset
+    from dpfair.tuning.config import PARAMS_STORAGE, check_storage
+
+    p = resolve_params(params)
+    label = _method_label(p, method)
+    if label not in p.tuning.spaces:
+        raise ConfigError(f"tuning.spaces has no search space for {label!r}")
+    overrides = {k: v for k, v in (("workers", workers), ("storage", storage)) if v is not None}
+    cfg = p.tuning.config(label, study or f"{p.experiment.dataset}-{label}")
+    try:
+        cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
+    except ValidationError as exc:
+        given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
+        raise ConfigError(f"{given}: "
+                          + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
+    check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads
+    dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
+                           inspect=_model_check(p, label, p.experiment.seeds[0]))
+    return p, label, cfg, dataset
+
+
 @app.command("run")
 @cli_errors
 def run(
@@ -241,21 +251,22 @@ def run(
         "starts a new run")] = True,
 ) -> None:
     """Run the experiment flow: prepare, tune, train every method x seed, report to MLflow."""
-    from dpfair.config.params import load_params
-
     path = params or Path(DEFAULT_PARAMS)
-    p = load_params(path)  # a typo: refused before the checks' imports
-    from dpfair.owned_dir import check_replaceable, replace_with_copy
+    with checking():
+        from dpfair.config.params import load_params
 
-    check_replaceable(copy_results)  # before anything runs: never delete others' files
-    from dpfair.pipeline.checks import check_run
+        p = load_params(path)  # a typo: refused before the checks' imports
+        from dpfair.owned_dir import check_replaceable, replace_with_copy
 
-    dataset = check_run(p)  # data, groups, model: before any server or tracking library
-    from dpfair.pipeline.experiment import check_release
+        check_replaceable(copy_results)  # before anything runs: never delete others' files
+        from dpfair.pipeline.checks import check_run
 
-    check_release(p, dataset)  # over budget: refused in seconds (and outputs/ kept: dvc.yaml)
-    from dpfair.pipeline.preflight import check_tracking
-    check_tracking(p.tracking)
+        dataset = check_run(p)  # data, groups, model: before any server or tracking library
+        from dpfair.pipeline.experiment import check_release
+
+        check_release(p, dataset)  # over budget: refused in seconds (outputs/ kept: dvc.yaml)
+        from dpfair.pipeline.preflight import check_tracking
+        check_tracking(p.tracking)
     from dpfair.tracking.runs import ui_hint
     from flows.experiment import run_experiment
 
@@ -350,10 +361,10 @@ def predict_cmd(
     """Predict with a logged or registered dpfair model (its preprocessing included)."""
     from dpfair.data.table_file import read_rows
 
-    p = resolve_params(params)
-    frame, _ = read_rows(rows)  # a file that is no table is refused before MLflow loads
-    from dpfair.tracking.model_export import predict_rows
-
+    with checking():  # the file here; its rows in predict_rows, before the network loads
+        p = resolve_params(params)
+        frame, _ = read_rows(rows)  # a file that is no table is refused before MLflow loads
+        from dpfair.tracking.model_export import predict_rows
     n = predict_rows(p.tracking, model, frame, rows, out)
     console.print(f"{n} predictions written to {out}", soft_wrap=True)
 
@@ -405,9 +416,8 @@ def audit_cmd(
     probability 1/2) and print an epsilon lower bound per group next to the claimed epsilon
     (Steinke, Nasr & Jagielski 2023). A lower bound, not a proof of privacy."""
     from dpfair.audit import AuditSection
-    from dpfair.pipeline.audit_run import audit_from_params, claim_note, log_audit
+    from dpfair.pipeline.audit_run import audit_from_params, audited, claim_note, log_audit
 
-    p = resolve_params(params)
     given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta,
              "groups": group or None, "sigma": sigma, "target_epsilon": target_epsilon,
              "epochs": epochs, "track": track}
@@ -416,12 +426,15 @@ def audit_cmd(
         overrides.setdefault("sigma", None)
     elif "sigma" in overrides:
         overrides["target_epsilon"] = None
-    try:
-        section = AuditSection.model_validate({**p.audit.model_dump(), **overrides})
-    except ValidationError as exc:
-        raise ConfigError("command-line options: " + format_validation_error(
-            exc, AuditSection, prefix=("audit",))) from None
-    config, dataset, result = audit_from_params(p, section)
+    with checking():
+        p = resolve_params(params)
+        try:
+            section = AuditSection.model_validate({**p.audit.model_dump(), **overrides})
+        except ValidationError as exc:
+            raise ConfigError("command-line options: " + format_validation_error(
+                exc, AuditSection, prefix=("audit",))) from None
+        config, dataset = audited(p, section)
+    result = audit_from_params(p, section, config, dataset)
     table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
                         f"canaries, confidence {result.confidence:.0%}")
     for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=",

@@ -49,19 +49,24 @@ def audit_config(params: Params, section: AuditSection) -> TrainConfig:
                                           **section.train_overrides())
 
 
-def audit_from_params(params: Params, section: AuditSection, root: str | Path = "."
-                      ) -> tuple[TrainConfig, GroupedDataset, AuditResult]:
-    """Load ``experiment.dataset`` and audit :func:`audit_config`'s configuration, through the
-    privacy gate like every release: the audit publishes bounds and a score histogram
+def audited(params: Params, section: AuditSection) -> tuple[TrainConfig, GroupedDataset]:
+    """What ``section`` audits: :func:`audit_config`'s configuration, and ``experiment.dataset``
+    loaded with the configuration's model checked on its preview (before the split)."""
+    config = audit_config(params, section)
+    name = params.experiment.dataset
+    return config, load_dataset(name, params.dataset(name),
+                                inspect=lambda preview: check_trainable(config, preview))
+
+
+def audit_from_params(params: Params, section: AuditSection, config: TrainConfig,
+                      dataset: GroupedDataset, root: str | Path = ".") -> AuditResult:
+    """Audit ``config`` on ``dataset`` (:func:`audited`) through the privacy gate like every
+    release: the audit publishes bounds and a score histogram
     computed from a training run on the data (its model is never released), so it is charged
     that run's event, checked against ``budget.*`` (a σ whose ε exceeds ``budget.epsilon`` is
     refused before anything trains) and the lifetime budget. The event is planned at the
     smallest training set the canaries can leave (``mislabel`` canaries replace their
     originals), which has the largest sampling rate: an upper bound on the run's."""
-    config = audit_config(params, section)
-    name = params.experiment.dataset
-    dataset = load_dataset(name, params.dataset(name),  # the model before the split
-                           inspect=lambda preview: check_trainable(config, preview))
     from dpfair.audit import audit, canary_count, group_ids
     from dpfair.pipeline.standalone import open_gate
     from dpfair.release.plan import method_release, release_plan
@@ -79,7 +84,7 @@ def audit_from_params(params: Params, section: AuditSection, root: str | Path = 
     with gate.admit(release_plan([release], delta), data, command="dpfair audit",
                     method=section.method) as spend:
         spend.may_release()
-        return config, dataset, audit(config, dataset, section)
+        return audit(config, dataset, section)
 
 
 def rows(result: AuditResult) -> list[dict[str, Any]]:
