@@ -6,6 +6,7 @@ and before the data is split."""
 from __future__ import annotations
 
 import copy
+import gc
 import sys
 import textwrap
 from pathlib import Path
@@ -159,3 +160,43 @@ def test_a_dataset_whose_preview_was_checked_is_not_checked_again(tmp_path: Path
         (tmp_path / "builds.txt").write_text("")
         check_run(parse_params(params))
         assert (tmp_path / "builds.txt").read_text() == "xxx", dataset  # 2 methods + size
+
+
+def test_the_collector_is_paused_only_while_a_command_checks() -> None:
+    from dpfair.cli.base import checking
+
+    assert gc.isenabled()
+    with checking():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), checking():
+        raise ValueError("a refused setting")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with checking():
+            pass
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
+
+
+def test_a_command_works_with_the_collector_running(tmp_path: Path, monkeypatch) -> None:
+    """`dpfair train` checks with the collector paused, then trains with it running."""
+    from typer.testing import CliRunner
+
+    import dpfair.pipeline.standalone as standalone
+    from dpfair.cli import app
+
+    census_frame(600).to_csv(tmp_path / "census.csv", index=False)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(BASE))
+    monkeypatch.chdir(tmp_path)
+    seen: list[bool] = []
+
+    def train_standalone(*args, **kwargs):
+        seen.append(gc.isenabled())
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(standalone, "train_standalone", train_standalone)
+    CliRunner().invoke(app, ["train", "--method", "dpsgd", "--params", "params.yaml"])
+    assert seen == [True] and gc.isenabled()
