@@ -143,7 +143,7 @@ def test_sigterm_ends_train_with_its_run_failed_and_its_release_settled(tmp_path
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, output
     [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    assert run.info.status == "FAILED"
+    assert run.info.status == "FAILED", output
     [release] = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
     assert release.status == "failed"
 
