@@ -39,6 +39,9 @@ sys.path.insert(0, str(ROOT))
 from tests.test_fail_fast import BASE, BN_MODULE, CASES  # noqa: E402
 from tests.test_strict_predictions import census_frame  # noqa: E402
 
+#: the BatchNorm case with the collector running during the checks (as before dpfair.cli.base.
+#: checking paused it): the pause's effect, measured in the same rounds
+UNPAUSED = "batchnorm, collector not paused"
 SINGLE = ("train", "tune", "audit")  # the single-method commands, on the BatchNorm model
 FLOORS = {"floor: python": [sys.executable, "-c", "pass"],
           "floor: python + pandas": [sys.executable, "-c", "import pandas"],
@@ -51,6 +54,7 @@ NEEDS = {"typo": "floor: python", "pair": "floor: python + pandas",
          "categories": "floor: python + pandas", "batchnorm": "floor: python + torch + pandas",
          **{f"batchnorm, dpfair {command}": "floor: python + torch + pandas"
             for command in SINGLE},
+         UNPAUSED: "floor: python + torch + pandas",
          "predict: no table": "floor: python + pandas",
          "predict: unseen category": LOOKUP}
 
@@ -67,6 +71,10 @@ def _workspace(folder: Path) -> dict[str, list[str]]:
         edit(params)
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(params))
         commands[name] = [sys.executable, "-m", "dpfair.cli", "run", "--params", f"{name}.yaml"]
+    commands[UNPAUSED] = [sys.executable, "-c", (
+        "import gc, sys; gc.disable = lambda: None; "
+        "sys.argv = ['dpfair', 'run', '--params', 'batchnorm.yaml']; "
+        "from dpfair.cli import app; app()")]
     params = copy.deepcopy(BASE)
     edits["batchnorm"](params)
     params["tuning"] = {"spaces": {"dpsgd": {"lr": [0.1, 0.5]}}}
