@@ -9,12 +9,12 @@ export MLFLOW_ENABLE_TELEMETRY := false
 
 .PHONY: install run test lint data reproduce clean
 
+# The install byte-compiles dpfair as a regular (non-editable) install would, so a command
+# does not compile its modules at every start (0.1-0.3 s where PYTHONDONTWRITEBYTECODE is set).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
-	# byte-compile dpfair as a regular install would: each command then starts without
-	# compiling its modules (about 0.1-0.3 s, where PYTHONDONTWRITEBYTECODE is set)
 	$(BIN)/python -m compileall -q dpfair tasks flows
 	touch $(STAMP)
 
