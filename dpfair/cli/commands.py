@@ -54,7 +54,9 @@ from dpfair.settings import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
     from dpfair.config.params import Params
+    from dpfair.data import GroupedDataset
     from dpfair.data.dataset import Inspect
+    from dpfair.tuning.config import TuningConfig
 
 __all__ = ["app", "files_status", "percent", "score"]
 
@@ -215,7 +217,8 @@ def tune_cmd(
 
 
 def _search_checked(params: Path | None, method: str, workers: int | None,
-                    storage: str | None, study: str | None) -> tuple:
+                    storage: str | None, study: str | None
+                    ) -> tuple[Params, str, TuningConfig, GroupedDataset]:
     """``dpfair tune``'s checks, then its data: ``(params, label, tuning config, dataset)``."""
     from dpfair.data import load_dataset
     from dpfair.tuning.config import PARAMS_STORAGE, check_storage
