@@ -3,9 +3,6 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-export DVC_NO_ANALYTICS := 1
-export PREFECT_SERVER_ANALYTICS_ENABLED := false
-export MLFLOW_ENABLE_TELEMETRY := false
 
 .PHONY: install run test lint data reproduce clean
 

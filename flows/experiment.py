@@ -30,7 +30,6 @@ from typing import Any
 
 # Prefect's temporary server takes ~20 s to start on 2 busy cores.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow  # noqa: E402
 from prefect.futures import PrefectFuture  # noqa: E402

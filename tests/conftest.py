@@ -16,10 +16,7 @@ from types import ModuleType
 
 import pytest
 
-# Tools must never phone home from tests.
-os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+import dpfair  # noqa: F401  tools never phone home from tests (dpfair.NO_TELEMETRY)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -73,7 +73,6 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
         else:
             from dvc.repo import Repo
 
-            os.environ.setdefault("DVC_NO_ANALYTICS", "1")
             # the stage's command is `python -m dpfair.cli ...`: run it with this interpreter
             os.environ["PATH"] = (f"{Path(sys.executable).parent}{os.pathsep}"
                                   f"{os.environ['PATH']}")

@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="dpfair-prefect-home-")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
