@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -179,6 +180,49 @@ def test_the_collector_is_paused_only_while_a_command_checks() -> None:
         assert not gc.isenabled()  # left as it was
     finally:
         gc.enable()
+
+
+def test_a_refused_check_freezes_its_objects_only_in_the_commands_own_process(
+        monkeypatch) -> None:
+    """In `dpfair`'s own process a refusal freezes what the checks loaded (its exit then skips
+    scanning them); where app() is called from Python, or the checks pass, nothing is frozen."""
+    from dpfair.cli import base
+
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(ValueError), base.checking():
+        raise ValueError("a refused setting")
+    assert gc.get_freeze_count() == 0  # this process goes on
+    monkeypatch.setattr(base, "_ends_with_command", True)
+    with base.checking():
+        pass
+    assert gc.get_freeze_count() == 0  # the checks passed: the work goes on
+    try:
+        with pytest.raises(ValueError), base.checking():
+            raise ValueError("a refused setting")
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
+def test_the_dpfair_command_ends_its_process_with_a_refusal_frozen(tmp_path: Path) -> None:
+    """`python -m dpfair.cli` and the `dpfair` script run dpfair.cli.main, which marks the
+    process as the command's own: a refusal there ends with the objects frozen and every exit
+    handler run; app() called from Python freezes nothing."""
+    from importlib.metadata import entry_points
+
+    assert entry_points(group="console_scripts")["dpfair"].value == "dpfair.cli:main"
+    params = copy.deepcopy(BASE)
+    params["experiment"]["datset"] = params["experiment"].pop("dataset")
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
+    probe = ("import atexit, gc, sys; "
+             "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0)); "
+             "sys.argv = ['dpfair', 'run', '--params', 'typo.yaml']; "
+             "from dpfair.cli import {}; {}()")
+    for entry, frozen in (("main", True), ("app", False)):
+        done = subprocess.run([sys.executable, "-c", probe.format(entry, entry)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "did you mean 'dataset'" in done.stdout + done.stderr
+        assert f"frozen at exit: {frozen}" in done.stdout, (entry, done.stdout, done.stderr)
 
 
 def test_a_command_works_with_the_collector_running(tmp_path: Path, monkeypatch) -> None:

@@ -1,5 +1,5 @@
 """``python -m dpfair.cli``: the ``dpfair`` command."""
 
-from dpfair.cli.commands import app
+from dpfair.cli import main
 
-app()
+main()

@@ -20,11 +20,22 @@ from dpfair.settings import DEFAULT_PARAMS
 if TYPE_CHECKING:
     from dpfair.config.params import Params
 
-__all__ = ["ParamsOption", "checking", "console", "percent", "resolve_params", "score",
-           "set_verbosity", "show_version"]
+__all__ = ["ParamsOption", "checking", "console", "ends_with_command", "percent",
+           "resolve_params", "score", "set_verbosity", "show_version"]
 
 console = Console(soft_wrap=True)
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+#: Whether this process ends when its command does: set by :func:`dpfair.cli.main` (the
+#: ``dpfair`` script, ``python -m dpfair.cli``), not where ``app()`` is called from Python.
+_ends_with_command = False
+
+
+def ends_with_command() -> None:
+    """Mark this process as the ``dpfair`` command's own (see :func:`checking`)."""
+    global _ends_with_command
+    _ends_with_command = True
 
 
 @contextmanager
@@ -33,11 +44,20 @@ def checking() -> Iterator[None]:
     cyclic garbage collector is paused, and restored as it was when they end or fail. The
     imports they need (torch, pandas, pydantic models) create millions of objects that all stay
     alive, which the collector would scan again and again (about 0.4 s of a 3 s refusal, and
-    nothing to free); the work after the checks runs with the collector as usual."""
+    nothing to free); the work after the checks runs with the collector as usual.
+
+    When a check refuses in the command's own process, which then ends with nothing begun,
+    those objects are frozen (``gc.freeze``): the interpreter's exit skips scanning them again
+    (0.3 s once torch is loaded) and still runs every exit handler. Where ``app()`` is called
+    from Python the objects are left alone, since that process goes on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
+    except BaseException:
+        if _ends_with_command:
+            gc.freeze()
+        raise
     finally:
         if enabled:
             gc.enable()

@@ -364,11 +364,13 @@ def predict_cmd(
     """Predict with a logged or registered dpfair model (its preprocessing included)."""
     from dpfair.data.table_file import read_rows
 
-    with checking():  # the file here; its rows in predict_rows, before the network loads
+    with checking():  # the file, then its rows against the model's rules, before its network
         p = resolve_params(params)
         frame, _ = read_rows(rows)  # a file that is no table is refused before MLflow loads
-        from dpfair.tracking.model_export import predict_rows
-    n = predict_rows(p.tracking, model, frame, rows, out)
+        from dpfair.tracking.model_export import checked_rows, write_predictions
+
+        location, frame = checked_rows(p.tracking, model, frame, rows)
+    n = write_predictions(location, frame, out)
     console.print(f"{n} predictions written to {out}", soft_wrap=True)
 
 

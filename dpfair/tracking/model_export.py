@@ -381,14 +381,17 @@ def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
     from dpfair.data.table_file import read_rows
 
     frame, _ = read_rows(rows)  # before loading the model: a bad file is a quick DataError
-    return predict_rows(cfg, model, frame, rows, out)
+    location, frame = checked_rows(cfg, model, frame, rows)
+    return write_predictions(location, frame, out)
 
 
-def predict_rows(cfg: TrackingConfig, model: str, frame: pd.DataFrame, rows: Path,
-                 out: Path) -> int:
-    """:func:`predict_csv` of the rows ``frame`` read from the file ``rows``. They are held to
-    the model's input schema and its preprocessing rules (read from its MLmodel and JSON
-    transform) before its network, torch and its code load, so a wrong row costs little."""
+def checked_rows(cfg: TrackingConfig, model: str, frame: pd.DataFrame,
+                 rows: Path) -> tuple[str, pd.DataFrame]:
+    """Where ``model``'s files are (:func:`model_location`), and the rows ``frame`` read from
+    the file ``rows`` as the model takes them. They are held to the model's input schema and its
+    preprocessing rules (read from its MLmodel and JSON transform) before its network, torch
+    and its code load, so a wrong row costs little: a ``DataError`` names the column, the value
+    and the row."""
     location = model_location(cfg, model)
     metadata = Model.load(_download(location, MLMODEL_FILE_NAME))  # no weights, no code
     schema = metadata.get_input_schema()
@@ -404,6 +407,12 @@ def predict_rows(cfg: TrackingConfig, model: str, frame: pd.DataFrame, rows: Pat
     preprocessor = _preprocessor(location, metadata)
     if preprocessor is not None:  # training's rules, before torch and the network load
         preprocessor.check_rows(frame)
+    return location, frame
+
+
+def write_predictions(location: str, frame: pd.DataFrame, out: Path) -> int:
+    """Predict the rows of :func:`checked_rows` with the model at ``location``, write them to
+    CSV ``out`` (whole or not at all) and return how many were predicted."""
     predictions = pd.DataFrame(mlflow.pyfunc.load_model(location).predict(frame))
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")
