@@ -7,12 +7,14 @@ model); `dpfair train`, `tune` and `audit` on the BatchNorm model; `dpfair predi
 file that is no table, and a row whose category the model never saw. A misspelt key needs
 Python only; a pair or a category needs the table read (pandas); a model check needs torch as
 well (it builds the model); a row to predict needs MLflow (the model's rules are in its
-tracking store). Each round runs every arm once as a fresh process, in a new random order, so
-load changes hit all arms alike; the table gives wall seconds (median, min–max), the child's
-CPU seconds, and each case's median over the median of the floor it needs (the part dpfair
-can still act on).
+tracking store). Every floor imports with the garbage collector paused and ends with its
+objects frozen, as a refusal in `dpfair`'s own process does (dpfair.cli.base.checking).
+Each round runs every arm once as a fresh process, with dpfair's telemetry switches
+(dpfair.NO_TELEMETRY) set for all, in a new random order, so load changes hit all arms
+alike; the table gives wall seconds (median, min–max), the child's CPU seconds, and each
+case's median over the median of the floor it needs (the part dpfair can still act on).
 
-    .venv/bin/python benchmarks/fail_fast.py            # 7 rounds, about three minutes
+    .venv/bin/python benchmarks/fail_fast.py            # 7 rounds, about four minutes
 
 Writes benchmarks/results/fail_fast_runs.md (``--out`` to change).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import os
 import random
 import resource
 import statistics
@@ -36,17 +39,22 @@ from machine import cpu_model, load_average
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from dpfair import NO_TELEMETRY  # noqa: E402
 from tests.test_fail_fast import BASE, BN_MODULE, CASES  # noqa: E402
 from tests.test_strict_predictions import census_frame  # noqa: E402
 
 #: the BatchNorm case with the collector running during the checks (as before dpfair.cli.base.
-#: checking paused it): the pause's effect, measured in the same rounds
+#: checking paused it), and ended as app() called from Python ends (nothing frozen, as before
+#: dpfair.cli.main): each one's effect, measured in the same rounds
 UNPAUSED = "batchnorm, collector not paused"
+UNFROZEN = "batchnorm, objects not frozen at the exit"
 SINGLE = ("train", "tune", "audit")  # the single-method commands, on the BatchNorm model
-FLOORS = {"floor: python": [sys.executable, "-c", "pass"],
-          "floor: python + pandas": [sys.executable, "-c", "import pandas"],
-          "floor: python + torch + pandas": [sys.executable, "-c", "import torch, pandas"],
-          "floor: python + mlflow + pandas": [sys.executable, "-c", "import mlflow, pandas"]}
+#: how dpfair's checks run (the collector paused) and how a refusal ends its process
+PAUSED, FROZEN = "import gc; gc.disable()", "gc.freeze()"
+FLOORS = {name: [sys.executable, "-c", f"{PAUSED}; {imports}{FROZEN}"] for name, imports in {
+    "floor: python": "", "floor: python + pandas": "import pandas; ",
+    "floor: python + torch + pandas": "import torch, pandas; ",
+    "floor: python + mlflow + pandas": "import mlflow, pandas; "}.items()}
 #: set by _predict_cases: MLflow's own lookup of the logged model in its store
 LOOKUP = "floor: python + mlflow + pandas + finding the model in the store"
 #: the floor each case needs: what it must import to find its error
@@ -54,7 +62,7 @@ NEEDS = {"typo": "floor: python", "pair": "floor: python + pandas",
          "categories": "floor: python + pandas", "batchnorm": "floor: python + torch + pandas",
          **{f"batchnorm, dpfair {command}": "floor: python + torch + pandas"
             for command in SINGLE},
-         UNPAUSED: "floor: python + torch + pandas",
+         UNPAUSED: "floor: python + torch + pandas", UNFROZEN: "floor: python + torch + pandas",
          "predict: no table": "floor: python + pandas",
          "predict: unseen category": LOOKUP}
 
@@ -71,10 +79,10 @@ def _workspace(folder: Path) -> dict[str, list[str]]:
         edit(params)
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(params))
         commands[name] = [sys.executable, "-m", "dpfair.cli", "run", "--params", f"{name}.yaml"]
-    commands[UNPAUSED] = [sys.executable, "-c", (
-        "import gc, sys; gc.disable = lambda: None; "
-        "sys.argv = ['dpfair', 'run', '--params', 'batchnorm.yaml']; "
-        "from dpfair.cli import app; app()")]
+    run_bn = "sys.argv = ['dpfair', 'run', '--params', 'batchnorm.yaml']; from dpfair.cli import"
+    commands[UNPAUSED] = [sys.executable, "-c",
+                          f"import gc, sys; gc.disable = lambda: None; {run_bn} main; main()"]
+    commands[UNFROZEN] = [sys.executable, "-c", f"import sys; {run_bn} app; app()"]
     params = copy.deepcopy(BASE)
     edits["batchnorm"](params)
     params["tuning"] = {"spaces": {"dpsgd": {"lr": [0.1, 0.5]}}}
@@ -106,8 +114,9 @@ def _predict_cases(folder: Path) -> dict[str, list[str]]:
         {"tracking": {"uri": tracking.uri, "artifact_root": tracking.artifact_root}}))
     command = [sys.executable, "-m", "dpfair.cli", "predict", "--model", uri, "--output",
                "out.csv", "--params", "store.yaml", "--input"]
-    lookup = ("import mlflow, pandas; from mlflow.tracking import MlflowClient; "
-              f"MlflowClient({tracking.uri!r}).get_logged_model({uri.removeprefix('models:/')!r})")
+    lookup = (f"{PAUSED}; import mlflow, pandas; from mlflow.tracking import MlflowClient; "
+              f"MlflowClient({tracking.uri!r}).get_logged_model({uri.removeprefix('models:/')!r})"
+              f"; {FROZEN}")
     return {LOOKUP: [sys.executable, "-c", lookup],
             "predict: no table": [*command, "junk.csv"],
             "predict: unseen category": [*command, "unseen.csv"]}
@@ -118,7 +127,8 @@ def _timed(command: list[str], cwd: Path, expected: int) -> tuple[float, float]:
     its error's 2)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **NO_TELEMETRY})
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != expected:
