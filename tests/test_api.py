@@ -133,7 +133,7 @@ def test_import_dpfair_stays_light_and_fit_is_the_api() -> None:
     code = "import sys, dpfair; print('torch' in sys.modules, dpfair.__all__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False ['fit']"
+    assert done.stdout.strip() == "False ['NO_TELEMETRY', 'fit']"
     assert dpfair.fit is fit
 
 
