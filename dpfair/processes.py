@@ -6,7 +6,8 @@ A pid is reused once its process is gone, so a process that started after the re
 made is not its owner; a zombie (killed, not yet reaped) is dead. SIGTERM kills Python
 without running ``finally`` blocks or ``atexit``: :func:`sigterm_raises` turns it into
 ``SystemExit`` so that they run, and sets the process's stop flag (:func:`stop_requested`):
-threads that start work (tuning workers) check it and start nothing new.
+threads that start work (tuning workers) check it and start nothing new. A call of the
+tracking store is not cut by it (:func:`uninterrupted`).
 
 Tuning worker processes die with the process that spawned them (:func:`die_with_parent`: the
 kernel's parent-death signal on Linux, and :func:`parent_gone` checked before each trial), and
@@ -32,11 +33,14 @@ from types import FrameType
 from dpfair.errors import Terminated
 
 __all__ = ["JOB_DIR_PREFIX", "alive", "die_with_parent", "host", "parent_gone",
-           "remove_stale_job_dirs", "sigterm_raises", "started_at", "stop_requested"]
+           "remove_stale_job_dirs", "sigterm_raises", "started_at", "stop_requested",
+           "uninterrupted"]
 
 #: The temporary folder of a multi-worker tuning job: ``<tmp>/dpfair-tuning-<owner pid>-*``.
 JOB_DIR_PREFIX = "dpfair-tuning-"
 _STOP = threading.Event()
+#: how deep the main thread is in uninterrupted() blocks, and the SIGTERM they hold back
+_held = {"depth": 0, "signal": 0}
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
@@ -106,6 +110,9 @@ def sigterm_raises() -> Iterator[None]:
 
     def _exit(signum: int, frame: FrameType | None) -> None:
         _STOP.set()
+        if _held["depth"]:  # inside uninterrupted(): raised when it ends
+            _held["signal"] = signum
+            return
         raise Terminated(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
@@ -113,6 +120,27 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Within the block, the ``Terminated`` a SIGTERM raises (:func:`sigterm_raises`) waits
+    until the block ends, and is raised then if the block ended normally (an error of the block
+    propagates as it is; the stop flag is set either way). Around a call of the tracking store:
+    cut inside its transaction, the call's connection keeps the database locked, and marking
+    the run FAILED then waits for the lock and fails, leaving the run RUNNING. Threads other
+    than the main one run the block unchanged (signals reach only the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+    if not _held["depth"] and _held["signal"]:
+        signum, _held["signal"] = _held["signal"], 0
+        raise Terminated(128 + signum)
 
 
 def stop_requested() -> bool:

@@ -183,3 +183,48 @@ def test_results_without_a_finished_run_is_a_clear_error(tmp_path):
     killed_run(cfg, experiment_id(cfg, "synthetic"))
     with pytest.raises(LookupError, match="no finished pipeline run.*--run-id"):
         read_results(cfg)
+
+
+# SIGTERM sent from inside a call of the tracking store, mid-transaction (the moment the
+# INSERT of its metrics reaches SQLite), by SQLAlchemy's own event hook; in a fresh Python,
+# since sigterm_raises sets the process's stop flag.
+_SIGTERM_IN_A_CALL = """
+import json, os, signal, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from dpfair.errors import Terminated
+from dpfair.processes import sigterm_raises
+from dpfair.tracking.runs import TrackingConfig, client, experiment_id, log_metrics
+cfg = TrackingConfig(uri=f"sqlite:///{sys.argv[1]}/m.db", artifact_root=f"{sys.argv[1]}/art")
+mlf = client(cfg)
+run_id = mlf.create_run(experiment_id(cfg, "x")).info.run_id
+sent = []
+
+@event.listens_for(Engine, "before_cursor_execute")
+def _kill(conn, cursor, statement, *args):
+    if statement.startswith("INSERT INTO metrics") and not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+ended = "no Terminated"
+try:
+    with sigterm_raises():
+        log_metrics(cfg, run_id, {"a": 1.0, "b": 2.0})
+        ended = "after the call"
+except Terminated:
+    ended = "raised by log_metrics"
+mlf.set_terminated(run_id, status="FAILED")  # waits for the lock if the call left one
+run = mlf.get_run(run_id)
+print(json.dumps([sent, ended, run.data.metrics, run.info.status]))
+"""
+
+
+def test_a_sigterm_waits_for_the_tracking_call_it_arrives_in(tmp_path):
+    """The SIGTERM that arrives inside a write to the store is raised when the write ends: its
+    metrics are stored, the store is not left locked, and the run ends FAILED at once."""
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_IN_A_CALL, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent, ended, metrics, status = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sent == [True] and ended == "raised by log_metrics"
+    assert metrics == {"a": 1.0, "b": 2.0} and status == "FAILED"

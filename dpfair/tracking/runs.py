@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -55,7 +55,7 @@ from mlflow.utils.mlflow_tags import (
 )
 
 from dpfair.metric_keys import clean_key
-from dpfair.processes import alive, host
+from dpfair.processes import alive, host, uninterrupted
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
 from dpfair.urls import mask_text, mask_url
 from dpfair.workspace import durable_path
@@ -71,7 +71,30 @@ STANDALONE_STAGES = ("final", "tuning")
 
 
 def client(cfg: TrackingConfig) -> MlflowClient:
-    return MlflowClient(tracking_uri=cfg.resolved_uri())
+    """The client of ``cfg``'s store. A SIGTERM never cuts one of its calls: it is raised when
+    the call ends (:func:`dpfair.processes.uninterrupted`), so the store is left consistent and
+    unlocked, and the run can be ended FAILED."""
+    return cast(MlflowClient, _Uninterrupted(MlflowClient(tracking_uri=cfg.resolved_uri())))
+
+
+class _Uninterrupted:
+    """An ``MlflowClient`` whose every method runs inside :func:`~dpfair.processes.
+    uninterrupted`."""
+
+    def __init__(self, mlf: MlflowClient) -> None:
+        self._mlf = mlf
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._mlf, name)
+        if not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with uninterrupted():
+                return value(*args, **kwargs)
+
+        return call
 
 
 def remote(cfg: TrackingConfig) -> bool:
