@@ -3,7 +3,9 @@ names and inputs, the model as a pyfunc, and the Model Registry's aliases."""
 
 import sys
 
-if "mlflow" in sys.modules:  # imported before dpfair turned its telemetry off (dpfair.NO_TELEMETRY)
+# MLflow decides on its telemetry when it is imported: imported before dpfair set the variable
+# (dpfair.NO_TELEMETRY), it decides again
+if "mlflow" in sys.modules:
     from mlflow.telemetry.client import set_telemetry_client
 
-    set_telemetry_client()  # MLflow decides at import; this decides again, with the variable set
+    set_telemetry_client()
