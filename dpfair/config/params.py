@@ -146,6 +146,24 @@ class Params(Section):
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     audit: AuditSection = Field(default_factory=AuditSection)
 
+    @model_validator(mode="after")
+    def _unit_of_the_dataset(self) -> Params:
+        """Every training of ``experiment.dataset`` is charged for its privacy unit's rows."""
+        declared = (self.datasets.model_extra or {}).get(self.experiment.dataset)
+        unit = getattr(declared, "privacy_unit", None)
+        if unit is not None and unit.rows != 1:  # frozen: set once, while validating
+            object.__setattr__(self, "experiment", self.experiment.for_unit(unit.rows))
+        return self
+
+    def privacy_unit(self, name: str | None = None) -> tuple[str, int]:
+        """The privacy unit of dataset ``name`` (default ``experiment.dataset``) in words, as
+        every ε names it, and its rows."""
+        options = self.dataset(name or self.experiment.dataset)
+        unit = getattr(options, "privacy_unit", None)
+        if unit is None:
+            return "one row", 1
+        return unit.describe(getattr(options, "id_column", None)), unit.rows
+
     def declared_datasets(self) -> list[str]:
         """The user's datasets declared in ``datasets:`` with a kind."""
         return list(self.datasets.model_extra or {})

@@ -15,6 +15,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    PrivateAttr,
     ValidationError,
     create_model,
     field_validator,
@@ -38,8 +39,9 @@ def _fields_except(model: type[BaseModel], *names: str) -> dict[str, Any]:
 TrainSettings = create_model(
     "TrainSettings",
     __config__=ConfigDict(extra="forbid", frozen=True),
-    __doc__="``experiment.train``: TrainConfig without method, model and seed.",
-    **_fields_except(TrainConfig, "method", "model", "seed"),
+    __doc__="``experiment.train``: TrainConfig without method, model, seed and the rows of a "
+    "privacy unit (the dataset's ``privacy_unit`` sets them).",
+    **_fields_except(TrainConfig, "method", "model", "seed", "rows_per_unit"),
 )
 
 
@@ -49,6 +51,9 @@ class ExperimentSection(BaseModel):
 
     model_config = _STRICT
     config_key_noun: ClassVar[str] = "key"
+    #: rows of the dataset's privacy unit (:class:`dpfair.data.privacy_unit.PrivacyUnit`), set
+    #: by ``Params`` from ``datasets.<dataset>.privacy_unit``
+    _rows_per_unit: int = PrivateAttr(1)
 
     dataset: str = "digits"
     model: ModelConfig = Field(default_factory=lambda: {"name": "mlp", "hidden": [64]})
@@ -123,8 +128,14 @@ class ExperimentSection(BaseModel):
     def train_config(self, label: str, seed: int, **overrides: Any) -> TrainConfig:
         """The TrainConfig of method ``label`` (``"nonprivate"``: the reference) on ``seed``."""
         method = NonPrivateConfig() if label == "nonprivate" else self.methods[label]
-        settings = {**self.train.model_dump(), **overrides}
+        settings = {**self.train.model_dump(), "rows_per_unit": self._rows_per_unit, **overrides}
         return TrainConfig(method=method, model=self.model, seed=seed, **settings)
+
+    def for_unit(self, rows: int) -> ExperimentSection:
+        """This section for a dataset whose privacy unit holds ``rows`` rows."""
+        section = self.model_copy()
+        section._rows_per_unit = rows
+        return section
 
 
 #: What a search releases: ``selected``, the selected

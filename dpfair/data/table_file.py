@@ -19,9 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dpfair.data.errors import DataError, SourceMissingError
+from dpfair.data.privacy_unit import PrivacyUnit
 from dpfair.data.registry import register_kind
 from dpfair.data.tabular_frame import TableOptions, Where, build_dataset
 from dpfair.data.version import file_version
@@ -47,6 +48,16 @@ class TableFileOptions(TableOptions):
     id_column: str | None = Field(
         None, description="a column naming the person of each row (never a feature): the "
         "privacy ledger then recognises the same people across files, names and versions")
+    privacy_unit: PrivacyUnit = Field(
+        default_factory=PrivacyUnit, description="what one ε protects (a row, or a person "
+        "by id_column) and whose account pays (dpfair.data.privacy_unit)")
+
+    @model_validator(mode="after")
+    def _person_needs_ids(self) -> TableFileOptions:
+        if self.privacy_unit.unit == "person" and self.id_column is None:
+            raise ValueError("privacy_unit: unit person needs id_column, the column naming the "
+                             "person of each row; set it, or use unit: row")
+        return self
 
 
 def source_path(opts: TableFileOptions) -> Path:
@@ -133,6 +144,21 @@ def load_table(name: str, opts: TableFileOptions, inspect: Inspect | None = None
                             f"Fix: set datasets.{name}.id_column to a column of the file")
         if opts.id_column not in opts.id_columns:  # never a feature; carried by predictions
             opts = opts.model_copy(update={"id_columns": [*opts.id_columns, opts.id_column]})
+        _check_rows_per_person(frame, opts, name)
     ds = build_dataset(frame, opts, name=name, where=where, inspect=inspect)
     ds.meta["sources"] = {Path(opts.path).name: table_version(opts)}
     return ds
+
+
+def _check_rows_per_person(frame: pd.DataFrame, opts: TableFileOptions, name: str) -> None:
+    """Refuse a table where one person holds more rows than ``privacy_unit`` declares: every ε
+    would promise less than it says. The message names no count (a statistic of the rows)."""
+    unit = opts.privacy_unit
+    if unit.unit != "person" or opts.id_column is None:
+        return
+    if int(frame[opts.id_column].value_counts(dropna=False).max()) > unit.rows:
+        raise DataError(
+            f"datasets.{name}: a person ({opts.id_column}) holds more rows than "
+            f"privacy_unit.max_rows_per_person: {unit.rows}. Fix: raise max_rows_per_person to "
+            "the most rows one person may hold (every ε is charged for that many), or keep "
+            "at most that many rows per person in the file")

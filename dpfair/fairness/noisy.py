@@ -36,10 +36,11 @@ def release_event(noise_multiplier: float, releases: int) -> dp_accounting.DpEve
     )
 
 
-def calibrate(target_epsilon: float, delta: float, releases: int) -> float:
-    """Smallest noise multiplier whose ``releases`` evaluations reach ``target_epsilon``."""
+def calibrate(target_epsilon: float, delta: float, releases: int, rows: int = 1) -> float:
+    """Smallest noise multiplier whose ``releases`` evaluations reach ``target_epsilon`` for a
+    unit of ``rows`` rows (group privacy, :func:`dpfair.privacy.accounting.with_group`)."""
     return accounting.noise_for_epsilon(
-        target_epsilon, lambda z: release_event(z, releases), delta
+        target_epsilon, lambda z: accounting.with_group(release_event(z, releases), rows), delta
     )
 
 

@@ -2,6 +2,8 @@
 
 * :mod:`~dpfair.ledger.gate`: the one component every entry point goes through (plan, check,
   reserve, release or void);
+* :mod:`~dpfair.ledger.accounts`: which account a data version draws on (one project account
+  unless declared otherwise);
 * :mod:`~dpfair.ledger.book`: accounts of people and their lifetime budget;
 * :mod:`~dpfair.ledger.people`: keyed fingerprints of rows and person ids, the published
   data-version id;

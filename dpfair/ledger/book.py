@@ -12,15 +12,15 @@ before anything trains).
 every account its data version touches, and each account is held to the lifetime ε on its
 own. A data version's accounts are fixed when it is first seen:
 
-* the accounts of every recorded version (of any source, under any name) that shares a row
-  or person-id fingerprint with it (:mod:`dpfair.ledger.people`): the same rows under a new
-  name, a Parquet copy, a superset, a union of earlier versions;
-* plus, unless declared disjoint, the accounts of its source's latest release: versions of
-  one source hold the same people (a person's row may change between versions, so missing
-  fingerprint overlap does not prove disjointness);
+* its named account (:mod:`dpfair.ledger.accounts`): the **project account** for every
+  private source, unless a declaration names another (verified on person ids, else recorded
+  as the user's attestation); a built-in public dataset's own account;
+* the accounts of every recorded version that shares a row or person-id fingerprint with it
+  (:mod:`dpfair.ledger.people`), an extra check: a fingerprint never makes an account new;
+* plus, unless declared disjoint, the accounts of its source's latest release;
 * a version declared disjoint (``budget.disjoint_from_previous``) that shares a fingerprint
-  with an earlier version of its source is refused: the declaration is false;
-* a version that touches no account opens a new one.
+  with an earlier version of its source is refused, and so is a declared account whose person
+  ids are in another account: the declaration is false.
 
 The spend of an account is the accountant's ε of the composition of its events at the new
 release's δ (:func:`dpfair.privacy.accounting.epsilon`), never a sum of epsilons. Releases
@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Literal
 from dp_accounting import dp_event
 
 from dpfair.errors import BudgetExceededError, PrivacyError
+from dpfair.ledger.accounts import PROJECT_ACCOUNT, Account, account_id
 from dpfair.ledger.people import Fingerprints
 from dpfair.ledger.store import Store, import_json_ledger, ledger_url, legacy_json
 from dpfair.privacy import accounting
@@ -121,36 +122,50 @@ class SourceLedger:
         return self.store.secret()
 
     def _accounts(self, conn: sa.Connection, source: str, version: str,
-                  fingerprints: Fingerprints | None, disjoint: bool) -> tuple[set[int], bool]:
+                  fingerprints: Fingerprints | None, disjoint: bool, account: Account
+                  ) -> tuple[set[int], bool]:
         """The accounts a release at ``version`` is charged to, and whether the version is new
-        (module docstring). Raises for a false disjoint declaration."""
+        (module docstring, :mod:`dpfair.ledger.accounts`). Raises for a false declaration."""
         known = Store.version_row(conn, version)
         if known is not None:
             return set(known["accounts"]), False
-        overlap = Store.overlapping(conn, fingerprints or {})
-        found: set[int] = set()
+        found = {account_id(conn, account.name)}
         same_source: list[str] = []
-        for other, shared in overlap.items():
+        for other in Store.overlapping(conn, fingerprints or {}):
             row = Store.version_row(conn, other)
             if row is None:
                 continue
             found |= set(row["accounts"])
             if row["source"] == source:
-                same_source.append(f"{other[:12]} ({shared} shared)")
+                same_source.append(other[:12])
         if disjoint and same_source:
             raise PrivacyError(
                 f"budget.disjoint_from_previous is set, but this version of {source!r} shares "
-                f"rows or person ids with earlier versions: {', '.join(same_source)}. Its "
+                f"rows or person ids with earlier versions ({', '.join(same_source)}). Its "
                 "people were already released on, so it cannot start an account of its own. "
                 "Fix: remove budget.disjoint_from_previous (the release then composes with "
                 "the earlier ones), or remove the earlier rows from the new data")
+        if account.declared:
+            self._verify(conn, account, fingerprints or {})
         if not disjoint:
             counted = [r for r in Store.release_rows(conn, source) if r["status"] != "void"]
             if counted:
                 found |= set(counted[-1]["accounts"])
-        if not found:
-            found = {Store.next_account(conn)}
         return found, True
+
+    @staticmethod
+    def _verify(conn: sa.Connection, account: Account, fingerprints: Fingerprints) -> None:
+        """Refuse a declared account whose person ids are in another account already."""
+        own = account_id(conn, account.name)
+        shared = [v for v in Store.overlapping(conn, {"id": fingerprints.get("id", [])})
+                  if (row := Store.version_row(conn, v)) is not None
+                  and own not in row["accounts"]]
+        if shared:
+            raise PrivacyError(
+                f"{account.name!r} is declared an account of its own, but person ids of this "
+                f"data are in other accounts already (versions {', '.join(s[:12] for s in shared)})"
+                ": those people were released on there. Fix: remove the declaration (the data "
+                "then draws on the account of those people), or remove their rows")
 
     def _account_releases(self, conn: sa.Connection, accounts: set[int]
                           ) -> dict[int, list[Release]]:
@@ -158,11 +173,13 @@ class SourceLedger:
         return {a: [r for r in rows if a in r.accounts] for a in sorted(accounts)}
 
     def spent(self, source: str, version: str, delta: float, disjoint: bool = False,
-              fingerprints: Fingerprints | None = None) -> float:
+              fingerprints: Fingerprints | None = None, account: Account = PROJECT_ACCOUNT
+              ) -> float:
         """ε at ``delta`` already spent on the people a release at ``version`` touches (the
         most spent account)."""
         with self.store.reading() as conn:
-            accounts, _ = self._accounts(conn, source, version, fingerprints, disjoint)
+            accounts, _ = self._accounts(conn, source, version, fingerprints, disjoint,
+                                         account)
             by_account = self._account_releases(conn, accounts)
         return max((_composed_epsilon(rs, (), delta) for rs in by_account.values()),
                    default=0.0)
@@ -180,6 +197,7 @@ class SourceLedger:
         lifetime_epsilon: float | None = None,
         epsilon: float | None = None,
         disjoint: bool = False,
+        account: Account = PROJECT_ACCOUNT,
         without_guarantee: Sequence[str] = (),
         context: Mapping[str, str] | None = None,
     ) -> Release:
@@ -189,7 +207,8 @@ class SourceLedger:
         ``lifetime_epsilon``; nothing is recorded then."""
         own = accounting.epsilon(event, delta) if epsilon is None else epsilon
         with self.store.locked() as conn:
-            accounts, new = self._accounts(conn, source, version, fingerprints, disjoint)
+            accounts, new = self._accounts(conn, source, version, fingerprints, disjoint,
+                                           account)
             by_account = self._account_releases(conn, accounts)
             totals = {a: _composed_epsilon(rs, [event], delta) if rs else own
                       for a, rs in by_account.items()}
@@ -207,6 +226,8 @@ class SourceLedger:
                 "without_guarantee": list(without_guarantee), "declared_disjoint": disjoint,
                 "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "context": {"host": socket.gethostname(), "pid": str(os.getpid()),
+                            "account": account.name,
+                            **({"declaration": account.declaration} if account.declared else {}),
                             **dict(context or {})},
             }
             Store.insert_release(conn, row)
@@ -233,7 +254,9 @@ class SourceLedger:
                  total: float, delta: float, lifetime: float, n_accounts: int) -> str:
         spent = _composed_epsilon(account, (), delta)
         lines = [f"{r.recorded_at} {r.source} version {r.version[:12]}: ε {_fmt(r.epsilon)} "
-                 f"at δ = {r.delta:g} ({r.status})" for r in account]
+                 f"at δ = {r.delta:g} ({r.status})"
+                 + (f"; {r.context['declaration']}" if "declaration" in r.context else "")
+                 for r in account]
         other = [r.source for r in account if r.source != source]
         shared = (f"  (these people are also in: {', '.join(sorted(set(other)))})\n"
                   if other else "")
@@ -246,8 +269,9 @@ class SourceLedger:
             + f"  this release adds: ε {_fmt(own)} on its own; composed with the spend so far: "
             f"ε {_fmt(total)} (the accountant's composition, not a sum of epsilons)\n"
             f"fix: release less (fewer seeds or methods, fewer epochs, larger sigma), raise "
-            f"budget.lifetime_epsilon, or, only if the new data holds no one from earlier "
-            f"versions, declare it with budget.disjoint_from_previous: true "
+            f"budget.lifetime_epsilon, or, only if the data holds no one from the releases "
+            f"above, declare it: datasets.<name>.privacy_unit.account (its own account, "
+            f"checked on id_column) or budget.disjoint_from_previous: true for a new version "
             f"(ledger: {self.path})"
         )
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from dp_accounting import dp_event
 
 from dpfair.errors import PrivacyError
+from dpfair.ledger.accounts import PROJECT_ACCOUNT, Account, account_of
 from dpfair.ledger.book import Release, SourceLedger, Spending
 from dpfair.ledger.people import Fingerprints, dataset_fingerprints, examples_md5, version_id
 from dpfair.ledger.store import Store
@@ -48,13 +49,19 @@ __all__ = ["DataVersion", "PrivacyGate"]
 @dataclass(frozen=True)
 class DataVersion:
     """A loaded data version as the ledger knows it: its ``source`` name, the private
-    ``source_md5`` (never published), the published ``public_id`` and the fingerprints of the
-    people in it."""
+    ``source_md5`` (never published), the published ``public_id``, the fingerprints of the
+    people in it, the ``account`` it draws on and its privacy ``unit`` in words."""
 
     source: str
     source_md5: str
     public_id: str
     fingerprints: Fingerprints
+    account: Account = PROJECT_ACCOUNT
+    unit: str = "one row"
+
+    def describe(self) -> str:
+        """What every ε of this data protects and who pays, as the commands print it."""
+        return f"privacy unit: {self.unit}; charged to {self.account.describe()}"
 
 
 class PrivacyGate:
@@ -66,11 +73,12 @@ class PrivacyGate:
         self.ledger = SourceLedger(budget.ledger, root)
 
     def identify(self, name: str, dataset: GroupedDataset, options: Any = None,
-                 source_md5: str | None = None) -> DataVersion:
-        """The data version of ``dataset`` (loaded from source ``name`` with ``options``; its
-        source's md5 ``source_md5``, default the one it was loaded with): fingerprints of its
-        people, and ``dataset.meta["data_version"]`` replaced by the published id (module
-        docstring)."""
+                 source_md5: str | None = None, command: str = "") -> DataVersion:
+        """The data version of ``dataset`` (loaded from source ``name`` with ``options``, None
+        for data given in Python; its source's md5 ``source_md5``, default the one it was
+        loaded with): fingerprints of its people, its account and privacy unit
+        (:mod:`dpfair.ledger.accounts`), and ``dataset.meta["data_version"]`` replaced by the
+        published id (module docstring). The one place every entry point identifies data."""
         secret = self.ledger.secret()
         md5 = (source_md5 or dataset.meta.get("source_md5") or dataset.meta.get("data_version")
                or examples_md5(dataset))
@@ -80,7 +88,11 @@ class PrivacyGate:
         with self.ledger.store.reading() as conn:  # a known version's accounts are fixed
             known = Store.version_row(conn, md5) is not None
         people = {} if known else dataset_fingerprints(secret, dataset, options)
-        return DataVersion(name, md5, public, people)
+        account = account_of(name, options, public, disjoint=self.budget.disjoint_from_previous,
+                             command=command)
+        unit = getattr(options, "privacy_unit", None)
+        words = unit.describe(getattr(options, "id_column", None)) if unit else "one row"
+        return DataVersion(name, md5, public, people, account, words)
 
     def public_id(self, source_md5: str) -> str:
         """The published id of the data version whose source md5 is ``source_md5``."""
@@ -137,10 +149,11 @@ class PrivacyGate:
         return self.ledger.reserve(
             data.source, data.source_md5, event, delta, fingerprints=data.fingerprints,
             lifetime_epsilon=self.budget.lifetime_epsilon, epsilon=epsilon,
-            disjoint=self.budget.disjoint_from_previous,
+            disjoint=self.budget.disjoint_from_previous, account=data.account,
             without_guarantee=list(without_guarantee), context=context)
 
     def spent(self, data: DataVersion, delta: float) -> float:
         """ε already spent on ``data``'s people (the most spent account it touches)."""
         return self.ledger.spent(data.source, data.source_md5, delta,
-                                 self.budget.disjoint_from_previous, data.fingerprints)
+                                 self.budget.disjoint_from_previous, data.fingerprints,
+                                 data.account)

@@ -54,14 +54,17 @@ from dpfair.errors import PrivacyError
 from dpfair.privacy import pld
 from dpfair.privacy.events import (
     BinomialSelectDpEvent,
+    GroupPrivacyDpEvent,
     MaxOfDpEvent,
     event_from_json,
     event_to_json,
+    group_size,
     map_subevents,
     reduced,
     run_event,
     score_release_event,
     steps_for_epochs,
+    with_group,
 )
 from dpfair.privacy.repeat_select import repeat_and_select_curve, tnb_gamma, tnb_mean
 
@@ -83,6 +86,7 @@ __all__ = [
     "ACCOUNTANT_RDP",
     "DEFAULT_ORDERS",
     "BinomialSelectDpEvent",
+    "GroupPrivacyDpEvent",
     "MaxOfDpEvent",
     "Spend",
     "epsilon",
@@ -99,6 +103,7 @@ __all__ = [
     "steps_for_epochs",
     "tnb_gamma",
     "tnb_mean",
+    "with_group",
 ]
 
 
@@ -196,7 +201,9 @@ def spend(event: dp_event.DpEvent, delta: float) -> Spend:
 
 @functools.lru_cache(maxsize=4096)
 def _spend(key: str, delta: float) -> Spend:
-    event = event_from_json(key)
+    event, rows = group_size(event_from_json(key))
+    if rows > 1:
+        return _group_spend(event_to_json(event), delta, rows)
     if isinstance(event, dp_event.NonPrivateDpEvent):
         return Spend(math.inf, delta, ACCOUNTANT_NONE)
     try:
@@ -213,6 +220,49 @@ def _spend(key: str, delta: float) -> Spend:
     if math.isinf(rdp):
         return Spend(math.inf, delta, ACCOUNTANT_NONE)
     return Spend(rdp, delta, ACCOUNTANT_RDP)
+
+
+def group_delta(epsilon_row: float, delta_row: float, rows: int) -> float:
+    """δ of the group guarantee for ``rows`` rows of an (ε, δ)-DP mechanism:
+    ``δ Σ_{i<k} e^{iε}`` with ε_k = k ε (Dwork & Roth 2014, Thm. 2.2, by induction over the
+    rows: P[M(D_0) ∈ S] ≤ e^ε P[M(D_1) ∈ S] + δ, ...)."""
+    if not math.isfinite(epsilon_row):
+        return math.inf
+    top = (rows - 1) * epsilon_row  # Σ e^{iε} = e^{(k-1)ε} Σ e^{-jε}: no overflow below it
+    log_sum = top + math.log(math.fsum(math.exp(-j * epsilon_row) for j in range(rows)))
+    log_delta = math.log(delta_row) + log_sum if delta_row > 0 else -math.inf
+    return math.exp(log_delta) if log_delta < 700 else math.inf
+
+
+def _group_spend(row_key: str, delta: float, rows: int) -> Spend:
+    """The ε at ``delta`` of a change of ``rows`` rows of the row-level event ``row_key``: the
+    row-level ε at the largest δ_1 whose group δ (:func:`group_delta`) is at most ``delta``,
+    times ``rows``. δ_1 is found by bisection in log δ_1 (every candidate's ε is the row
+    accountant's, so the returned pair is valid whatever the bisection's precision)."""
+    def row(d: float) -> Spend:
+        return _spend(row_key, d)
+
+    def fits(log_d: float) -> bool:
+        d = math.exp(log_d)
+        return group_delta(row(d).epsilon, d, rows) <= delta
+
+    hi, lo = math.log(delta / rows), math.log(delta / rows) - 80.0
+    if not fits(lo):
+        first = row(math.exp(lo))
+        return Spend(math.inf, delta, _group_name(first.accountant, rows))
+    if fits(hi):
+        lo = hi
+    for _ in range(40):
+        if hi - lo < 1e-3:  # δ_1 to 0.1%: ε_1 moves far less
+            break
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    best = row(math.exp(lo))
+    return Spend(rows * best.epsilon, delta, _group_name(best.accountant, rows))
+
+
+def _group_name(accountant: str, rows: int) -> str:
+    return f"{accountant}, group privacy over {rows} rows (Dwork & Roth Thm. 2.2)"
 
 
 def epsilon(
@@ -282,8 +332,11 @@ def _rdp_noise(
 ) -> float:
     """Smallest σ (to 1e-6 relative) meeting ``target_epsilon`` under RDP alone."""
 
+    grouped = group_size(make_event(1.0))[1] > 1  # RDP has no group form: the full figure
+
     def eps_of(log_sigma: float) -> float:
-        return rdp_epsilon(make_event(math.exp(log_sigma)), delta)
+        event = make_event(math.exp(log_sigma))
+        return epsilon(event, delta) if grouped else rdp_epsilon(event, delta)
 
     lo, hi = math.log(0.1), math.log(10.0)
     while eps_of(lo) <= target_epsilon:

@@ -7,6 +7,8 @@ for ε, :mod:`dpfair.privacy.pld` for privacy loss distributions); this module c
 * :class:`MaxOfDpEvent`: one of these events, which one unknown (a search space's runs).
 * :class:`BinomialSelectDpEvent`: the best of K ~ Binomial(n, p) runs of an event (Koskela,
   Redberg & Wang 2024, Section 5).
+* :class:`GroupPrivacyDpEvent`: an event whose neighbouring datasets differ in up to ``rows``
+  rows, not one (a person who may hold several rows: group privacy).
 * :func:`run_event`: one training run, ``SelfComposed(PoissonSampled(q, step), T)``;
   :func:`reduced`: a step's Gaussians on one batch written as one Gaussian of
   ``σ_eff = (Σ_j σ_j^-2)^-1/2`` (Zhao et al., Lemma 3.1).
@@ -45,6 +47,46 @@ class BinomialSelectDpEvent(dp_event.DpEvent):
     event: dp_event.DpEvent
     n: int
     p: float
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class GroupPrivacyDpEvent(dp_event.DpEvent):
+    """``event`` on data where the protected unit (a person) may hold up to ``rows`` rows: the
+    neighbouring datasets differ in ``rows`` rows, not one. Inside a composition every such
+    event is read with the largest ``rows`` of the composition (:func:`group_size`)."""
+
+    event: dp_event.DpEvent
+    rows: int
+
+
+def with_group(event: dp_event.DpEvent, rows: int) -> dp_event.DpEvent:
+    """``event`` for a unit of ``rows`` rows: itself for one row (or no guarantee), else
+    :class:`GroupPrivacyDpEvent`."""
+    if int(rows) != rows or rows < 1:
+        raise PrivacyError(f"rows per privacy unit must be a positive integer, got {rows}")
+    if rows == 1 or isinstance(event, dp_event.NonPrivateDpEvent):
+        return event
+    return GroupPrivacyDpEvent(event, int(rows))
+
+
+def group_size(event: dp_event.DpEvent) -> tuple[dp_event.DpEvent, int]:
+    """``event`` with every :class:`GroupPrivacyDpEvent` unwrapped, and the largest ``rows``
+    among them (1: none).
+
+    Reading the whole composition with the largest k is sound: change a person's rows one at
+    a time, the i-th row of every dataset at step i; each step is a one-row change of every
+    mechanism, so the composition's row-level guarantee holds per step, and k steps give the
+    group bound (:func:`dpfair.privacy.accounting.spend`)."""
+    found: list[int] = []
+
+    def strip(e: dp_event.DpEvent) -> dp_event.DpEvent:
+        if isinstance(e, GroupPrivacyDpEvent):
+            found.append(e.rows)
+            return strip(e.event)
+        return map_subevents(e, strip)
+
+    inner = strip(event)
+    return inner, max(found, default=1)
 
 
 # ----------------------------------------------------------------------------------- builders
@@ -133,7 +175,8 @@ def map_subevents(event: dp_event.DpEvent,
 
 # -------------------------------------------------------------------------------- JSON ledger
 
-_EXTRA_TYPES = {"MaxOfDpEvent": MaxOfDpEvent, "BinomialSelectDpEvent": BinomialSelectDpEvent}
+_EXTRA_TYPES = {"MaxOfDpEvent": MaxOfDpEvent, "BinomialSelectDpEvent": BinomialSelectDpEvent,
+                "GroupPrivacyDpEvent": GroupPrivacyDpEvent}
 
 
 def _encode(value: Any) -> Any:

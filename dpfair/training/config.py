@@ -127,6 +127,11 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
         "seed can replay the noise, so ε does not protect the release; by default they come "
         "from OS entropy that is never stored",
     )
+    rows_per_unit: PositiveInt = Field(
+        1, le=10_000,
+        description="the most rows one privacy unit (a person) holds: every ε is charged for a "
+        "change of that many rows (group privacy); set from the dataset's privacy_unit",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     engine: Literal["auto", "fast", "materialized"] = "auto"
     autocast: Literal["off", "bf16"] = Field(

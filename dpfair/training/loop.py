@@ -129,10 +129,12 @@ def _group_epsilons(plan: RunPlan, count_sigma: float | None,
     if not trajectory or "C_k" not in trajectory[0] or not math.isfinite(plan.epsilon):
         return None
     bounds = [entry["C_k"] for entry in trajectory]
+    run = accounting.spend(plan.event, plan.delta)
+    if accounting.group_size(plan.event)[1] > 1:  # a person of several rows: the run's ε
+        return [run] * len(bounds[0])
     bounds += [[1.0] * len(bounds[0])] * max(0, plan.steps - len(bounds))
     found = group_accounting.group_epsilons(plan.sigma, count_sigma, plan.sample_rate, bounds,
                                             plan.delta)
-    run = accounting.spend(plan.event, plan.delta)
     # both bound the group: keep the tighter
     return [g if g.epsilon <= run.epsilon else run for g in found]
 

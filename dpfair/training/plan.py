@@ -134,9 +134,10 @@ def _schedule(config: TrainConfig, n_train: int) -> tuple[int, int, EvalEpochs]:
 
 
 @functools.lru_cache(maxsize=256)
-def _test_noise(epsilon: float, delta: float, releases: int) -> float:
-    """:func:`dpfair.fairness.noisy.calibrate`, cached (a search plans many runs)."""
-    return noisy.calibrate(epsilon, delta, releases)
+def _test_noise(epsilon: float, delta: float, releases: int, rows: int = 1) -> float:
+    """:func:`dpfair.fairness.noisy.calibrate` for a unit of ``rows`` rows, cached (a search
+    plans many runs)."""
+    return noisy.calibrate(epsilon, delta, releases, rows)
 
 
 def metrics_release(
@@ -155,8 +156,8 @@ def metrics_release(
         check_delta(delta, n_test, allowed=config.allow_large_delta, key="test_metrics.delta",
                     opt_out="allow_large_delta")
     assert options.epsilon is not None  # MetricsReleaseConfig requires it when noisy
-    z = _test_noise(options.epsilon, delta, releases)
-    event = noisy.release_event(z, releases)
+    z = _test_noise(options.epsilon, delta, releases, config.rows_per_unit)
+    event = accounting.with_group(noisy.release_event(z, releases), config.rows_per_unit)
     return MetricsRelease(releases=releases, noise_multiplier=z, loss_clip=options.loss_clip,
                           event=event, epsilon=accounting.epsilon(event, delta), delta=delta)
 
@@ -179,13 +180,14 @@ def _calibrated_sigma(
     sample_rate: float,
     steps: int,
     delta: float,
+    rows: int = 1,
 ) -> float:
-    """The smallest σ whose run event reaches ``target_epsilon`` (cached: a search plans many
-    runs of one configuration)."""
+    """The smallest σ whose run event (for a unit of ``rows`` rows) reaches ``target_epsilon``
+    (cached: a search plans many runs of one configuration)."""
 
     def make_event(sigma: float) -> dp_event.DpEvent:
         step = _step_event(method, n_groups, expected_batch_size, sigma)
-        return accounting.run_event(step, sample_rate, steps)
+        return accounting.with_group(accounting.run_event(step, sample_rate, steps), rows)
 
     return accounting.noise_for_epsilon(target_epsilon, make_event, delta)
 
@@ -246,10 +248,11 @@ def make_plan(
         sigma = config.sigma
     else:
         sigma = _calibrated_sigma(
-            config.method, n_groups, expected, config.target_epsilon, q, steps, config.delta
+            config.method, n_groups, expected, config.target_epsilon, q, steps, config.delta,
+            config.rows_per_unit,
         )
     step = _step_event(config.method, n_groups, expected, sigma)
-    event = accounting.run_event(step, q, steps)
+    event = accounting.with_group(accounting.run_event(step, q, steps), config.rows_per_unit)
     return RunPlan(
         n_train=n_train,
         sample_rate=q,

@@ -12,6 +12,7 @@ from dp_accounting import dp_event
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import BudgetExceededError, PrivacyError
 from dpfair.ledger import PrivacyGate, SourceLedger
+from dpfair.ledger.accounts import Account, account_of
 from dpfair.ledger.gate import DataVersion
 from dpfair.privacy import accounting
 from dpfair.release.plan import method_release, release_plan
@@ -38,7 +39,10 @@ def test_spend_is_the_accountants_composition_not_a_sum(tmp_path):
     assert spent < sum(_oracle(e) for e in events)
     assert [r.epsilon for r in ledger.releases("loans")] == pytest.approx(
         [_oracle(e) for e in events], rel=1e-4)
-    assert ledger.spent("other", "w0", DELTA) == 0.0  # other data: other people
+    # other private data, no declaration: nothing proves other people, the project account
+    assert ledger.spent("other", "w0", DELTA) == pytest.approx(spent)
+    own = Account("declared:other", "declared by a test")
+    assert ledger.spent("other", "w0", DELTA, account=own) == 0.0  # declared apart
     # the same file (same md5) under another name: the same people
     assert ledger.spent("other", "v0", DELTA) == pytest.approx(spent)
 
@@ -82,12 +86,16 @@ def test_disjoint_versions_start_their_own_account(tmp_path):
     assert ledger.spent("loans", "v2", DELTA) == pytest.approx(_oracle(a, a), rel=1e-4)
     lifetime = _oracle(a, a) * 1.01
     # new customers only: a separate account, so the first account's spend does not count
-    assert ledger.spent("loans", "v3", DELTA, disjoint=True) == 0.0
-    new = ledger.reserve("loans", "v3", b, DELTA, lifetime_epsilon=lifetime, disjoint=True)
+    apart = account_of("loans", None, "v3", disjoint=True)
+    assert apart.declared and "disjoint_from_previous" in apart.declaration
+    assert ledger.spent("loans", "v3", DELTA, disjoint=True, account=apart) == 0.0
+    new = ledger.reserve("loans", "v3", b, DELTA, lifetime_epsilon=lifetime, disjoint=True,
+                         account=apart)
     assert new.declared_disjoint and new.accounts != ledger.releases("loans")[0].accounts
-    # the next version (not declared) holds the same people as the latest: v3's account
+    assert new.context["declaration"] == apart.declaration  # the attestation, recorded
+    # the next version (not declared) is the project's and holds v3's people too
     ledger.reserve("loans", "v4", b, DELTA)
-    assert ledger.spent("loans", "v4", DELTA) == pytest.approx(_oracle(b, b), rel=1e-4)
+    assert ledger.spent("loans", "v4", DELTA) == pytest.approx(_oracle(a, a, b), rel=1e-4)
     # retraining on v1's data goes back to v1's account, even if declared disjoint
     assert ledger.spent("loans", "v1", DELTA, disjoint=True) == pytest.approx(
         _oracle(a, a), rel=1e-4)
@@ -140,6 +148,8 @@ def test_a_plans_releases_without_guarantee_carry_a_label(tmp_path):
     with pytest.raises(BudgetExceededError):
         gate(lifetime_epsilon=release.epsilon).admit(plan, v2)
     disjoint = gate(lifetime_epsilon=release.epsilon * 1.01, disjoint_from_previous=True)
+    v2 = DataVersion("loans", "v2", "p2", {"row": ["r3"]},
+                     account_of("loans", None, "p2", disjoint=True))
     assert disjoint.admit(plan, v2).release.accounts != release.accounts
 
 

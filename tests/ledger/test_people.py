@@ -121,10 +121,17 @@ def test_person_ids_recognise_people_whose_rows_changed(tmp_path):
     gate = _gate(tmp_path)
     gate.reserve(_version(gate, "a", _declare(tmp_path / "old.csv", id_column="person")),
                  EVENT, DELTA)
-    by_rows = _version(gate, "b", _declare(tmp_path / "new.csv"))
-    assert gate.spent(by_rows, DELTA) == 0.0  # rows alone cannot tell
-    by_ids = _version(gate, "c", _declare(tmp_path / "new.csv", id_column="person"))
-    assert gate.spent(by_ids, DELTA) == pytest.approx(_eps(EVENT), rel=1e-4)
+    # rows alone cannot tell, and a declared account of its own without ids is an attestation
+    unverified = _declare(tmp_path / "new.csv", privacy_unit={"account": "b"})
+    by_rows = _version(gate, "b", unverified)
+    assert gate.spent(by_rows, DELTA) == 0.0
+    assert "not verifiable" in by_rows.account.declaration
+    # with ids, the same declaration is checked, and refused: those people paid already
+    by_ids = _version(gate, "c", {**unverified, "id_column": "person"})
+    with pytest.raises(PrivacyError, match="person ids of this data are in other accounts"):
+        gate.reserve(by_ids, EVENT, DELTA)
+    undeclared = _version(gate, "d", _declare(tmp_path / "new.csv", id_column="person"))
+    assert gate.spent(undeclared, DELTA) == pytest.approx(_eps(EVENT), rel=1e-4)
     # the id column is never a feature
     data = load_dataset("c", _declare(tmp_path / "new.csv", id_column="person"))
     assert data.input_shape == (2,)
