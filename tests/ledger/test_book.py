@@ -96,9 +96,9 @@ def test_disjoint_versions_start_their_own_account(tmp_path):
     # the next version (not declared) is the project's and holds v3's people too
     ledger.reserve("loans", "v4", b, DELTA)
     assert ledger.spent("loans", "v4", DELTA) == pytest.approx(_oracle(a, a, b), rel=1e-4)
-    # retraining on v1's data goes back to v1's account, even if declared disjoint
-    assert ledger.spent("loans", "v1", DELTA, disjoint=True) == pytest.approx(
-        _oracle(a, a), rel=1e-4)
+    # retraining on v1's data goes back to v1's account (the project's), even if declared
+    assert ledger.spent("loans", "v1", DELTA, disjoint=True, account=apart) == pytest.approx(
+        _oracle(a, a, b), rel=1e-4)
     with pytest.raises(BudgetExceededError):
         ledger.reserve("loans", "v1", a, DELTA, lifetime_epsilon=lifetime, disjoint=True)
 
