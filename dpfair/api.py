@@ -34,6 +34,7 @@ from dpfair.data.options import HoldoutOptions
 from dpfair.data.splits import train_val_test
 from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
 from dpfair.ledger import PrivacyGate
+from dpfair.ledger.gate import check_preprocessing
 from dpfair.models import check_output_shape
 from dpfair.privacy.methods import registered_methods
 from dpfair.privacy.model_check import check_model
@@ -138,12 +139,13 @@ def fit(
     check_output_shape(model, dataset.input_shape, dataset.n_classes)
     check_model(model, dataset.input_shape, private=config.method.is_private)
     section = _budget(budget)
+    check_preprocessing(section, dataset)
     delta = section.delta or config.delta
     plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
     release = method_release(method, config.method.privacy_guarantee, [seed], [plan.event], None,
                              config.reproducible, delta, [plan.test])
     gate = PrivacyGate(section, root)
-    data = gate.identify(source, dataset)
+    data = gate.identify(source, dataset, command="dpfair.api.fit")
     with gate.admit(release_plan([release], delta), data, command="dpfair.api.fit",
                     method=method) as spend:
         spend.may_release()

@@ -201,7 +201,7 @@ def prepare(params_path: str, root: str, resume: bool) -> FlowRun:
     dataset = tasks.load_data(prepared)
     params = steps.calibrated_params(params, dataset)
     privacy = gate(params, root)
-    data = privacy.identify(name, dataset, params.dataset(name), source)
+    data = privacy.identify(name, dataset, params.dataset(name), source, command="dpfair run")
     earlier = None
     if (known := existing_experiment(tracking, prepared.name)) is not None:
         if stale := fail_stale_runs(tracking, known):

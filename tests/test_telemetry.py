@@ -62,3 +62,19 @@ def test_a_variable_the_user_set_is_kept() -> None:
     out = _fresh("import dpfair, json, os; print(json.dumps(os.environ['DVC_NO_ANALYTICS']))",
                  DVC_NO_ANALYTICS="")
     assert out == ""
+
+
+def test_prefect_client_sends_nothing() -> None:
+    out = _fresh("""import dpfair, json
+from prefect._internal.analytics.enabled import is_telemetry_enabled
+print(json.dumps({"client": is_telemetry_enabled()}))""")
+    assert out == {"client": False}
+
+
+def test_the_printed_mlflow_ui_command_carries_the_switches(tmp_path) -> None:
+    from dpfair.tracking.runs import ui_command
+    from dpfair.settings import TrackingConfig
+
+    command = ui_command(TrackingConfig(uri=f"sqlite:///{tmp_path / 'm.db'}"))
+    assert all(f"{k}={v}" in command for k, v in NO_TELEMETRY.items()), command
+    assert command.index("MLFLOW_DISABLE_TELEMETRY=true") < command.index(" ui ")

@@ -245,6 +245,11 @@ class BudgetSection(BaseModel):
     allow_nonprivate_reference: bool = Field(
         False, description="release the non-private reference's test metrics (no guarantee)"
     )
+    allow_unnoised_validation_scores: bool = Field(
+        False, description="allow tuning.score_privacy: public_validation, which scores every "
+        "trial on the validation rows without noise: those scores are released without any "
+        "guarantee (the validation rows must be public data)"
+    )
     allow_fitted_preprocessing: bool = Field(
         False, description="release models whose feature transform was fitted on the training "
         "rows (exact means, standard deviations, categories: not covered by ε); else declare "

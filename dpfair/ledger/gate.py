@@ -36,14 +36,34 @@ from dpfair.ledger.accounts import PROJECT_ACCOUNT, Account, account_of
 from dpfair.ledger.book import Release, SourceLedger, Spending
 from dpfair.ledger.people import Fingerprints, dataset_fingerprints, examples_md5, version_id
 from dpfair.ledger.store import Store
-from dpfair.release.plan import check_budget
+from dpfair.release.allowed import check_budget
 
 if TYPE_CHECKING:
     from dpfair.config.sections import BudgetSection
     from dpfair.data import GroupedDataset
     from dpfair.release.plan import ReleasePlan
 
-__all__ = ["DataVersion", "PrivacyGate"]
+__all__ = ["DataVersion", "PrivacyGate", "check_preprocessing"]
+
+
+def check_preprocessing(budget: BudgetSection, dataset: GroupedDataset) -> None:
+    """A released model carries its feature transform: one fitted on the training rows holds
+    their exact statistics, which ε does not cover. Refused (before anything trains, for every
+    entry point: the CLI's commands and :func:`dpfair.api.fit`) unless the dataset declares its
+    public ranges and categories, or ``budget.allow_fitted_preprocessing`` accepts it."""
+    pre = dataset.preprocessor
+    if pre is None or getattr(pre, "data_independent", False):
+        return
+    if budget.allow_fitted_preprocessing:
+        return
+    raise PrivacyError(
+        f"dataset {dataset.name!r}: the models would carry a feature transform fitted on the "
+        f"{getattr(pre, 'fitted_on', 'training split')}. Declare the public ranges and "
+        f"categories of those columns (datasets.{dataset.name}.numeric_ranges and .categories;"
+        " from Python: data_options=dict(numeric_ranges=..., categories=...)), or accept the "
+        "release with budget.allow_fitted_preprocessing: true (the models are then labelled as "
+        "holding exact training statistics). Nothing was trained."
+    )
 
 
 @dataclass(frozen=True)

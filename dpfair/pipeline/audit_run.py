@@ -80,7 +80,7 @@ def audit_from_params(params: Params, section: AuditSection, config: TrainConfig
     release = method_release(f"audit of {section.method}", config.method.privacy_guarantee,
                              [config.seed], [plan.event], None, config.reproducible, delta,
                              [plan.test])
-    gate, data = open_gate(params, dataset, root)
+    gate, data = open_gate(params, dataset, root, "dpfair audit")
     with gate.admit(release_plan([release], delta), data, command="dpfair audit",
                     method=section.method) as spend:
         spend.may_release()

@@ -156,21 +156,11 @@ def check_trainable(config: TrainConfig, dataset: GroupedDataset | DatasetPrevie
 
 
 def check_preprocessing(params: Params, dataset: GroupedDataset) -> None:
-    """A released model carries its feature transform: one fitted on the training rows holds
-    their exact statistics, which ε does not cover. Refused unless the dataset declares its
-    public ranges and categories, or ``budget.allow_fitted_preprocessing`` accepts it."""
-    pre = dataset.preprocessor
-    if pre is None or getattr(pre, "data_independent", False):
-        return
-    if params.budget.allow_fitted_preprocessing:
-        return
-    raise PrivacyError(
-        f"dataset {dataset.name!r}: the models would carry a feature transform fitted on the "
-        f"{getattr(pre, 'fitted_on', 'training split')}. Declare the public ranges and "
-        f"categories of those columns (datasets.{dataset.name}.numeric_ranges and .categories), "
-        "or accept the release with budget.allow_fitted_preprocessing: true (the models are "
-        "then labelled as holding exact training statistics). Nothing was trained."
-    )
+    """The gate's rule for a fitted feature transform
+    (:func:`dpfair.ledger.gate.check_preprocessing`) with ``params.budget``."""
+    from dpfair.ledger.gate import check_preprocessing as rule
+
+    rule(params.budget, dataset)
 
 
 def _labels(params: Params) -> list[str]:

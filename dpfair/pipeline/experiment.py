@@ -231,7 +231,7 @@ def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
 
 
 def check_release(params: Params, dataset: GroupedDataset) -> None:
-    """``dpfair run``'s :func:`~dpfair.release.plan.check_budget` on a :func:`_scratch_plan`, in
+    """``dpfair run``'s :func:`~dpfair.release.allowed.check_budget` on a :func:`_scratch_plan`, in
     seconds; the gate checks the real plan again (alone with ``all_trials``: K matters)."""
     if not (params.tuning.spaces and params.tuning.release == "all_trials"):
         checked = calibrated_params(params, dataset)

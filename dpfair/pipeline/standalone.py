@@ -36,13 +36,13 @@ from dpfair.tuning.study import study_identity
 __all__ = ["open_gate", "train_standalone", "tune_standalone"]
 
 
-def open_gate(params: Params, dataset: GroupedDataset, root: str | Path
+def open_gate(params: Params, dataset: GroupedDataset, root: str | Path, command: str = ""
               ) -> tuple[PrivacyGate, DataVersion]:
     """The privacy gate of ``params`` and the data version of ``dataset`` (loaded from
     ``experiment.dataset``); the dataset's ``data_version`` becomes the published id."""
     name = params.experiment.dataset
     gate = PrivacyGate(params.budget, root)
-    return gate, gate.identify(name, dataset, params.dataset(name))
+    return gate, gate.identify(name, dataset, params.dataset(name), command=command)
 
 
 @contextmanager
@@ -79,7 +79,7 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
     release = method_release(label, config.method.privacy_guarantee, [seed], [plan.event], None,
                              config.reproducible, delta, [plan.test])
-    gate, data = open_gate(params, dataset, root)
+    gate, data = open_gate(params, dataset, root, "dpfair train")
     with _command(params, dataset), gate.admit(
             release_plan([release], delta), data, command="dpfair train", method=label,
             seed=str(seed)) as spend:
@@ -109,8 +109,10 @@ def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: Grou
     release = method_release(label, base.method.privacy_guarantee, (), [planned.run_event],
                              planned, planned.reproducible, job.delta)
     plan = release_plan([release], job.delta)
-    gate, data = open_gate(params, dataset, root)
-    study = study_identity(job)
+    gate, data = open_gate(params, dataset, root, "dpfair tune")
+    # what the search releases is part of its identity: a re-run that releases more (all
+    # trials after the selected one) is another release, charged through the gate
+    study = f"{study_identity(job)}::release={mode}"
     with _command(params, dataset):
         if any(r.counts and r.context.get("study") == study for r in gate.ledger.releases()):
             gate.check(plan)  # the same search, resumed: its reservation counts already

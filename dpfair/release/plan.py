@@ -7,7 +7,8 @@ a method's release is ``ComposedDpEvent([search, run_1, ..., run_S])`` and the r
 the composition of every method's release, evaluated by the tightest valid accountant
 (:func:`dpfair.privacy.accounting.spend`: PLD, with a search's privacy profile, or RDP, the
 smaller; every figure names its accountant, :data:`EPSILON_ACCOUNTANT`), never a sum of epsilons,
-known before anything trains and checked against ``budget`` by the gate (:func:`check_budget`).
+known before anything trains and checked against ``budget`` by the gate
+(:func:`dpfair.release.allowed.check_budget`).
 
 A tuned method's final runs train the selected configuration, which the search releases, so
 their event must hold whichever configuration is selected: it is the search's per-run bound
@@ -37,13 +38,12 @@ from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event
 
-from dpfair.errors import BudgetExceededError
 from dpfair.privacy import accounting
 from dpfair.training import REPLAYABLE_NOISE, MetricsRelease
 from dpfair.tuning.events import search_event
 
 if TYPE_CHECKING:
-    from dpfair.config.sections import BudgetSection, ReleaseMode
+    from dpfair.config.sections import ReleaseMode
     from dpfair.privacy.methods import PrivacyGuarantee
     from dpfair.tuning.config import TuningConfig
     from dpfair.tuning.job import TuningResult
@@ -62,7 +62,6 @@ __all__ = [
     "MethodRelease",
     "ReleasePlan",
     "SearchRelease",
-    "check_budget",
     "epsilon_cells",
     "epsilon_test_cell",
     "epsilon_text",
@@ -102,6 +101,8 @@ class SearchRelease:
     run_event: dp_event.DpEvent
     label: str
     reproducible: bool
+    #: the trials are scored on the validation rows without noise (``public_validation``)
+    unnoised_scores: bool = False
 
 
 @dataclass(frozen=True)
@@ -350,8 +351,11 @@ def search_release(
             "fixed": f"best of {cfg.n_runs} runs: composition of the {cfg.n_runs} runs{scores}",
             "grid": "grid search: no DP guarantee",
         }[cfg.mode]
+    unnoised = cfg.score_privacy == "public_validation"
+    if unnoised:
+        label += "; validation scores released without noise (no guarantee)"
     return SearchRelease(event=event, run_event=run_event, label=label,
-                         reproducible=cfg.reproducible)
+                         reproducible=cfg.reproducible, unnoised_scores=unnoised)
 
 
 def method_release(
@@ -411,40 +415,6 @@ def release_plan(methods: Sequence[MethodRelease], delta: float) -> ReleasePlan:
     test_spent = accounting.spend(test_total, test_delta)
     return replace(plan, test_event_total=test_total, test_delta=test_delta,
                    epsilon_test_total=test_spent.epsilon, accountant_test=test_spent.accountant)
-
-
-def check_budget(plan: ReleasePlan, budget: BudgetSection) -> None:
-    """Refuse (``BudgetExceededError``, itemising the spend) a run that releases more than
-    ``budget`` allows: a total ε over ``budget.epsilon``, or a release without guarantee
-    that the budget does not allow. Called before anything trains."""
-    refused = []
-    for m in plan.without_guarantee:
-        if m.guarantee == "heuristic" and not budget.allow_heuristic:
-            refused.append(f"{m.label} has no DP guarantee ({HEURISTIC}); allow it with "
-                           "budget.allow_heuristic: true")
-        if m.guarantee == "none" and not budget.allow_nonprivate_reference:
-            refused.append(f"the non-private reference {m.label!r} releases test metrics of a "
-                           "model trained without noise; allow it with "
-                           "budget.allow_nonprivate_reference: true or drop it with "
-                           "experiment.nonprivate_reference: false")
-    if budget.epsilon is not None and not plan.epsilon_total <= budget.epsilon:
-        refused.append(f"the total ε {_fmt(plan.epsilon_total)} exceeds budget.epsilon "
-                       f"{budget.epsilon:g} (δ = {plan.delta:g}): lower mu, the seeds or the "
-                       "epochs, raise sigma, or tune fewer methods")
-    if budget.test_epsilon is not None:
-        if plan.epsilon_test_total is None:
-            refused.append("budget.test_epsilon is set but the test metrics are exact (no ε "
-                           "covers them): set experiment.train.test_metrics.release: noisy, "
-                           "or remove budget.test_epsilon")
-        elif not plan.epsilon_test_total <= budget.test_epsilon:
-            refused.append(f"the test split's ε {_fmt(plan.epsilon_test_total)} exceeds "
-                           f"budget.test_epsilon {budget.test_epsilon:g}: lower "
-                           "test_metrics.epsilon, the seeds or the methods")
-    if refused:
-        raise BudgetExceededError(
-            "the run would release more than the budget allows; nothing was trained.\n  "
-            + "\n  ".join(refused) + "\nplanned spend:\n  " + "\n  ".join(plan.itemised())
-        )
 
 
 def epsilon_cells(m: MethodRelease) -> tuple[str, str]:

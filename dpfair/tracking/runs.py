@@ -353,7 +353,16 @@ def ui_command(cfg: TrackingConfig) -> str:
         uri = Path(uri).resolve().as_uri()
     mlflow = Path(sys.executable).parent / "mlflow"
     program = mlflow if mlflow.exists() else "mlflow"
-    return f"{program} ui --backend-store-uri {mask_url(uri)} --port {UI_PORT}"
+    return (f"{telemetry_off()} {program} ui --backend-store-uri {mask_url(uri)} "
+            f"--port {UI_PORT}")
+
+
+def telemetry_off() -> str:
+    """The environment that keeps a command dpfair prints (``mlflow ui``, ``mlflow server``)
+    from sending usage data, as ``NAME=value`` words (:data:`dpfair.NO_TELEMETRY`)."""
+    from dpfair import NO_TELEMETRY
+
+    return " ".join(f"{k}={v}" for k, v in NO_TELEMETRY.items())
 
 
 def ui_hint(cfg: TrackingConfig) -> str:
