@@ -182,7 +182,7 @@ class FlowRun:
 
     @property
     def data_tags(self) -> dict[str, str]:
-        return {"dpfair.dataset": self.prepared.name, "dpfair.data_version": self.data.public_id}
+        return {"dpfair.dataset": self.prepared.name, **self.data.tags()}
 
     @property
     def out_dir(self) -> Path:

@@ -153,7 +153,8 @@ def train_cmd(
                   f"worst group {percent(m['worst_group_accuracy'])}")
     run = f"{result.steps} steps, q={result.sample_rate:.4g}, sigma={result.sigma:.4g}"
     if result.privacy_guarantee == "proven":
-        console.print(f"epsilon {epsilon_text(result.epsilon)} at delta {result.delta:g} "
+        console.print(f"epsilon {epsilon_text(result.epsilon)} at delta {result.delta:g}, "
+                      f"protecting {p.privacy_unit()[0]} "
                       f"({accounting.spend(result.event, result.delta).accountant}; {run})")
     else:
         no_eps = NONPRIVATE_REFERENCE if result.privacy_guarantee == "none" else HEURISTIC
@@ -205,7 +206,8 @@ def tune_cmd(
         eps = release.epsilon_search if search.event else math.inf
         console.print(f"epsilon: one training run {release.epsilon_run:.3f} "
                       f"({release.accountant_run}), whole search {eps:.3f} ({search.label}; "
-                      f"{release.accountant_search}; delta {result.delta:g})")
+                      f"{release.accountant_search}; delta {result.delta:g}), protecting "
+                      f"{p.privacy_unit()[0]}")
     if mode == "all_trials":
         console.print(f"K = {result.K} runs, best {cfg.score} = {score(result.best_score)}; "
                       f"ledger (released): {ledger}")

@@ -81,7 +81,12 @@ class DataVersion:
 
     def describe(self) -> str:
         """What every ε of this data protects and who pays, as the commands print it."""
-        return f"privacy unit: {self.unit}; charged to {self.account.describe()}"
+        return f"every ε protects {self.unit}; charged to {self.account.describe()}"
+
+    def tags(self) -> dict[str, str]:
+        """The data version, its privacy unit and account as the runs are tagged."""
+        return {"dpfair.data_version": self.public_id, "dpfair.privacy_unit": self.unit,
+                "dpfair.account": self.account.name}
 
 
 class PrivacyGate:

@@ -62,7 +62,7 @@ def _standalone(params: Params, dataset: GroupedDataset, data: DataVersion
                 ) -> tuple[str, dict[str, str]]:
     """A CLI command's experiment and data tags (as a pipeline run would have them)."""
     exp_id = open_experiment(params.tracking, dataset.name)
-    return exp_id, {"dpfair.dataset": dataset.name, "dpfair.data_version": data.public_id}
+    return exp_id, {"dpfair.dataset": dataset.name, **data.tags()}
 
 
 def train_standalone(params: Params, label: str, seed: int, dataset: GroupedDataset,
