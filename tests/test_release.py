@@ -16,13 +16,13 @@ from dp_accounting.rdp import RdpAccountant
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
 from dpfair.privacy import accounting
+from dpfair.release.allowed import check_budget
 from dpfair.release.plan import (
     EPSILON_METHOD,
     HEURISTIC,
     NONPRIVATE_REFERENCE,
     PRIVATE_LEDGER_STATUS,
     TEST_METRICS_NOTE,
-    check_budget,
     epsilon_cells,
     method_release,
     release_plan,

@@ -17,12 +17,12 @@ from dp_accounting.rdp import RdpAccountant
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import ConfigError, PrivacyError
 from dpfair.privacy.accounting import reduced
+from dpfair.release.allowed import check_budget
 from dpfair.release.plan import (
     EPSILON_METHOD,
     EPSILON_RUN,
     EPSILON_TEST,
     TEST_METRICS_NOTE,
-    check_budget,
     method_release,
     release_plan,
 )

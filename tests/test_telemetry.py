@@ -72,8 +72,8 @@ print(json.dumps({"client": is_telemetry_enabled()}))""")
 
 
 def test_the_printed_mlflow_ui_command_carries_the_switches(tmp_path) -> None:
-    from dpfair.tracking.runs import ui_command
     from dpfair.settings import TrackingConfig
+    from dpfair.tracking.runs import ui_command
 
     command = ui_command(TrackingConfig(uri=f"sqlite:///{tmp_path / 'm.db'}"))
     assert all(f"{k}={v}" in command for k, v in NO_TELEMETRY.items()), command

@@ -29,6 +29,7 @@ from dpfair.errors import ConfigError, PrivacyError, did_you_mean
 from dpfair.fairness import metric_records
 from dpfair.pipeline.checks import check_against_data
 from dpfair.privacy import accounting
+from dpfair.release.allowed import check_budget
 from dpfair.release.budget import budget_first
 from dpfair.release.plan import (
     NO_NOISE,
@@ -36,7 +37,6 @@ from dpfair.release.plan import (
     MethodRelease,
     ReleasePlan,
     SearchRelease,
-    check_budget,
     method_release,
     release_plan,
     search_release,
