@@ -283,7 +283,8 @@ def run(
         replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])
     _print_results(_results_frame(results_dir / "results.csv"),
-                   f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}")
+                   f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}; every ε "
+                   f"protects {p.privacy_unit()[0]}")
     console.print(f"full table, notes and figures: {results_dir} (results.md)")
     if registered := out.get("registered_model"):
         _print_registered(registered)
