@@ -148,7 +148,10 @@ def test_fit_on_a_dataframe_uses_the_tabular_loader(arrays) -> None:
     options = {"target": "label", "protected": "sex", "test_fraction": 0.25, "split_seed": 3}
     ds = dataset_from_frame(frame, target="label", protected="sex", test_fraction=0.25, seed=3)
     assert ds.input_shape == (9,)  # 6 numbers and 3 one-hot colours
-    result = fit(_net(9), frame, sigma=1.0, C=1.0, **options, **FAST)
+    with pytest.raises(PrivacyError, match="budget.allow_fitted_preprocessing"):
+        fit(_net(9), frame, sigma=1.0, C=1.0, **options, **FAST)  # as dpfair train refuses
+    result = fit(_net(9), frame, sigma=1.0, C=1.0, **options, **FAST,
+                 budget={"allow_fitted_preprocessing": True})
     assert result.n_train == len(ds.train) and result.group_names == ds.group_names
     assert result.class_names == ["no", "yes"]
     raw = frame.drop(columns=["label", "sex"]).head(4)

@@ -112,8 +112,8 @@ def test_train_reproducible_says_the_noise_is_replayable(tmp_path, monkeypatch):
     out = runner.invoke(app, ["train", "--method", "dpsgd"])
     assert out.exit_code == 0, out.output
     text = _printed(out.output)
-    assert re.search(r"epsilon \d+\.\d+ at delta 1e-05 \(PLD \(dp_accounting, pessimistic\); "
-                     r"\d+ steps", text)
+    assert re.search(r"epsilon \d+\.\d+ at delta 1e-05, protecting one row \(PLD "
+                     r"\(dp_accounting, pessimistic\); \d+ steps", text)
     assert f"reproducible: {REPLAYABLE_NOISE}" in text
 
 
