@@ -327,13 +327,20 @@ def _holdout(index: np.ndarray, strata: np.ndarray, fraction: float,
     return np.asarray(kept), np.asarray(held)
 
 
-def split_index(y: np.ndarray, g: np.ndarray, opts: HoldoutOptions
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Seeded (train, val, test) row indices stratified by group and label."""
+def split_index(y: np.ndarray, g: np.ndarray, opts: HoldoutOptions,
+                people: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded (train, val, test) row indices stratified by group and label; with ``people``
+    (a person id per row: the privacy unit is a person) whole people are split, each
+    stratified by its first row, so no person is in two splits."""
     strata = g * (int(y.max()) + 1) + y
-    rest, test = _holdout(np.arange(len(y)), strata, opts.test_fraction, opts.seed)
-    train, val = _holdout(rest, strata[rest], opts.validation_fraction, opts.seed)
-    return train, val, test
+    if people is None:
+        rest, test = _holdout(np.arange(len(y)), strata, opts.test_fraction, opts.seed)
+        train, val = _holdout(rest, strata[rest], opts.validation_fraction, opts.seed)
+        return train, val, test
+    _, first, owner = np.unique(people, return_index=True, return_inverse=True)
+    rest, test = _holdout(np.arange(len(first)), strata[first], opts.test_fraction, opts.seed)
+    train, val = _holdout(rest, strata[first][rest], opts.validation_fraction, opts.seed)
+    return tuple(np.flatnonzero(np.isin(owner, chosen)) for chosen in (train, val, test))
 
 
 def shown(values: list[str]) -> str:
@@ -371,6 +378,15 @@ def check_splits(y: np.ndarray, g: np.ndarray, index: dict[str, np.ndarray],
             )
 
 
+def _people(frame: pd.DataFrame, opts: TableOptions) -> pd.Series | None:
+    """The person of each row when the privacy unit is a person (a ``kind: table`` dataset's
+    ``privacy_unit``), else None: the splits are then made of whole people."""
+    unit, ids = getattr(opts, "privacy_unit", None), getattr(opts, "id_column", None)
+    if unit is None or unit.unit != "person" or ids is None:
+        return None
+    return frame[ids].astype("string").fillna("")
+
+
 def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str, where: Where,
                   inspect: Inspect | None = None) -> GroupedDataset:
     """The GroupedDataset of ``frame`` (steps in the module docstring); ``inspect`` sees its
@@ -382,6 +398,7 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str, where: 
                         "than once; rename or remove the repeated columns")
     features = _columns(frame, opts, where)
     used = list(dict.fromkeys([opts.target, *opts.protected, *features]))
+    owners = _people(frame, opts)
     frame = _missing(frame[used], opts, where)
     if len(frame) < 2 * opts.min_group_train_rows:
         raise DataError(
@@ -406,7 +423,8 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str, where: 
     if inspect is not None:  # the width fitted on every row: never released, only a shape
         width = len(transform().fit(frame).feature_names)
         inspect(DatasetPreview(name, group_names, class_names, (width,)))
-    index = dict(zip(("train", "val", "test"), split_index(y, g, opts), strict=True))
+    people = None if owners is None else owners.loc[frame.index].to_numpy(dtype=str)
+    index = dict(zip(("train", "val", "test"), split_index(y, g, opts, people), strict=True))
     check_splits(y, g, index, class_names, group_names, min_rows=opts.min_group_train_rows,
                  groups_from=f"columns {', '.join(opts.protected)}",
                  target=f"the target column {opts.target!r}", where=where)

@@ -288,3 +288,18 @@ def _version_account(source: str):
     from dpfair.ledger.accounts import account_of
 
     return account_of(source, None, "w1", disjoint=True)
+
+
+def test_a_person_unit_splits_whole_people():
+    from dpfair.data.options import HoldoutOptions
+    from dpfair.data.tabular_frame import split_index
+
+    rng = np.random.default_rng(0)
+    people = np.repeat([f"p{i}" for i in range(300)], rng.integers(1, 4, 300))
+    y, g = rng.integers(0, 2, len(people)), rng.integers(0, 2, len(people))
+    splits = split_index(y, g, HoldoutOptions(test_fraction=0.2, validation_fraction=0.1),
+                         people)
+    owners = [set(people[idx]) for idx in splits]
+    assert sum(len(idx) for idx in splits) == len(people)
+    assert all(a.isdisjoint(b) for i, a in enumerate(owners) for b in owners[i + 1:])
+    assert 0.1 < len(owners[2]) / 300 < 0.3  # a test fraction of the people
