@@ -28,10 +28,17 @@ class AuditSettings(BaseModel):
     canaries: PositiveInt | None = Field(
         None,
         description="canaries per audited group, each included with probability 1/2; None: "
-        "enough for the audit to be able to certify the run's claimed ε (at most "
+        "enough to catch a run leaking `leak` nats over its claimed ε with probability "
+        "`power`, per group at beta and jointly at beta / (number of groups) (at most "
         "10,000 and, for mislabelled canaries, the smallest audited group's size; 1,000 when "
         "the run claims no finite ε)",
     )
+    leak: PositiveFloat = Field(
+        1.0, description="the leak over the claimed ε (nats) the audit is sized to catch")
+    power: float = Field(
+        0.8, gt=0.0, lt=1.0,
+        description="the probability of catching that leak below which the audit says "
+        "'cannot decide' and is not called an audit")
     kind: CanaryKind = Field(
         "mislabel",
         description="mislabel: group members with a wrong label; ood: random inputs; "

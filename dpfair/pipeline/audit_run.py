@@ -6,8 +6,10 @@ The audit run is a diagnostic of a training run on the private data: tag
 logged, but its bounds and score histograms are computed from that training, so the audit
 passes the privacy gate and is charged the training run's event (:func:`audit_from_params`).
 Logged: per group the ε and μ-GDP lower bounds, the canaries (and how many were included), the
-guesses behind the bound and the claimed ε (a heuristic method logs none: its
-``dpfair.epsilon`` tag says why); the confidence, β and δ; the table as ``audit/audit.json``;
+guesses behind the bound, the claimed ε (a heuristic method logs none: its
+``dpfair.epsilon`` tag says why) and the power to catch the stated leak alone and jointly;
+the verdicts in words as tags (``audit/verdict/<group>``, and ``audit/verdict`` for all
+groups jointly), as printed; the confidence, β, δ and the leak; the table as ``audit/audit.json``;
 the score histograms as ``audit/scores.png``.
 """
 
@@ -131,6 +133,7 @@ def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
         metrics: dict[str, float] = {"audit/confidence": result.confidence,
                                      "audit/beta": result.settings.beta,
                                      "audit/delta": result.delta,
+                                     "audit/leak": result.settings.leak,
                                      "audit/canaries": float(len(result.scores))}
         for g in result.groups:
             metrics.update({f"audit/epsilon_lower_bound/{g.group}": g.epsilon_lower_bound,
@@ -141,10 +144,16 @@ def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
                             f"audit/correct/{g.group}": g.correct})
             if result.privacy_guarantee == "proven" and g.epsilon_claimed is not None:
                 metrics[f"audit/epsilon_claimed/{g.group}"] = g.epsilon_claimed
+            if g.power is not None and g.joint_power is not None:
+                metrics.update({f"audit/power/{g.group}": g.power,
+                                f"audit/joint_power/{g.group}": g.joint_power})
         log_metrics(tracking, run_id, metrics)
-        log_json(tracking, run_id, {"groups": rows(result), "claim": claim_note(result)},
-                 "audit/audit.json")
+        log_json(tracking, run_id, {"groups": rows(result), "claim": claim_note(result),
+                                    "joint_verdict": result.joint_verdict}, "audit/audit.json")
         with tempfile.TemporaryDirectory() as tmp:
             log_file(tracking, run_id, score_figure(result, Path(tmp) / "scores.png"), "audit")
-        set_tags(tracking, run_id, {"dpfair.device": result.train_result.device})
+        set_tags(tracking, run_id, {"dpfair.device": result.train_result.device,
+                                    "audit/verdict": result.joint_verdict,
+                                    **{f"audit/verdict/{g.group}": g.verdict
+                                       for g in result.groups}})
     return run_id

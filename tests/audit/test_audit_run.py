@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from dpfair.audit import AuditSettings, audit, bound
+from dpfair.audit import VIOLATION, AuditSettings, audit, bound
 from dpfair.audit.canaries import coin_generator, make_canaries, with_canaries
-from dpfair.audit.run import canary_count
+from dpfair.audit.run import MOST_CANARIES, canary_count, plan_canaries
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, DataError
 from dpfair.privacy.methods import Dpsgd, DpsgdConfig
@@ -45,12 +45,20 @@ def broken(monkeypatch):
 
 def test_a_method_without_clipping_is_caught(broken, data):
     """White-box Dirac canaries (the strongest; black-box canaries of a model this small and
-    this short-trained are not memorised even unclipped, and so prove nothing here)."""
-    settings = AuditSettings(canaries=80, kind="gradient", guesses=[0.5, 1.0])
-    result = audit(broken.model_copy(update={"reproducible": True, "seed": 0}), data, settings)
+    this short-trained are not memorised even unclipped, and so prove nothing here), as many
+    as the default plans: the verdict is VIOLATION for each group and jointly."""
+    config = _config(broken.method.model_dump(), model={"name": "mlp", "hidden": [64]},
+                     sigma=None, target_epsilon=1.0, reproducible=True, seed=0)
+    result = audit(config, data, AuditSettings(kind="gradient"))
+    assert result.plan.canaries == result.plan.needed  # sized by power, not the ceiling
     for g in result.groups:
-        assert g.epsilon_claimed is not None and g.epsilon_claimed < 1.5
-        assert g.epsilon_lower_bound > g.epsilon_claimed, g
+        assert g.epsilon_claimed is not None and g.epsilon_claimed <= 1.0
+        assert g.joint_lower_bound > g.epsilon_claimed, g
+        assert g.verdict == VIOLATION and g.joint_violation and g.joint_power >= 0.8
+    assert result.joint_verdict == VIOLATION and result.violation
+    text = "\n".join(result.statement())
+    assert all(f"{g.group}: {VIOLATION}" in text for g in result.groups)
+    assert f"jointly over the 2 groups (Bonferroni, β/2 each), confidence 95%: {VIOLATION}" in text
 
 
 @pytest.mark.parametrize("method, kind", [
@@ -69,6 +77,8 @@ def test_real_methods_stay_below_their_claim(data, method, kind):
     for g in result.groups:
         assert math.isfinite(g.epsilon_claimed) and g.epsilon_lower_bound < g.epsilon_claimed
         assert g.joint_lower_bound <= g.epsilon_lower_bound <= g.max_certifiable
+        assert g.verdict != VIOLATION and not g.joint_violation
+    assert not result.violation
     if method["name"] == "dpsgd_f":  # each group's own steps accounted, one per group
         claims = [g.epsilon_claimed for g in result.groups]
         assert claims == result.train_result.group_epsilons
@@ -110,25 +120,42 @@ def test_bad_requests_name_the_fix(data):
         audit(config, data, AuditSettings(groups=["minorty"]))
 
 
-def test_the_default_canary_count_can_certify_the_claim(data):
+def test_the_default_canary_count_catches_a_leak_jointly(data):
+    """Enough canaries that a leak of ``leak`` nats over the planned ε is caught with 80 %
+    by each group's joint statement (β / 2): fewer for a larger leak; a setting overrides."""
     config = _config({"name": "dpsgd", "C": 1.0})
     plan = make_plan(config, len(data.train), data.n_groups)
     settings = AuditSettings(kind="ood")
     m = canary_count(config, data, settings, [0, 1])
-    ceiling = [bound.max_certifiable(n, settings.guesses, settings.beta, plan.delta)
-               for n in (m - 1, m)]
-    assert ceiling[0] < plan.epsilon <= ceiling[1]
+    assert m == plan_canaries(config, data, settings, [0, 1]).needed
+    power = bound.detection_power(m, plan.epsilon, 1.0, settings.guesses, 0.025, plan.delta)
+    assert power >= 0.8 > bound.detection_power(m // 2, plan.epsilon, 1.0, settings.guesses,
+                                                 0.025, plan.delta)
+    assert canary_count(config, data, AuditSettings(kind="ood", leak=2.0), [0, 1]) < m
     assert canary_count(config, data, AuditSettings(canaries=7), [0, 1]) == 7
 
 
-def test_an_audit_that_cannot_catch_its_claim_says_so(data):
-    """Mislabelled canaries are capped by the smallest group; against ε of about 30 the audit
-    says that it could not certify the claim, and states the joint confidence."""
+def test_an_audit_without_power_says_it_is_not_one(data):
+    """Mislabelled canaries are capped by the smallest group; against ε of about 30 no count
+    has power: each verdict is "cannot decide", and the output says it is not an audit."""
     config = _config({"name": "dpsgd", "C": 1.0}, sigma=0.3, epochs=1)
     result = audit(config, data, AuditSettings(kind="mislabel"))
     smallest = min(int((data.train.g == k).sum()) for k in range(data.n_groups))
     assert all(g.canaries == smallest for g in result.groups)
+    assert result.plan.needed is None and result.plan.supply == smallest
+    assert all(g.verdict == "cannot decide (power 0%)" for g in result.groups)
     text = "\n".join(result.statement())
-    assert "on its own" in text and "jointly over the 2 groups" in text
-    assert all(f"{g.group}: {smallest} canaries can certify at most" in text
-               for g in result.groups)
+    assert "(on its own, confidence 95%)" in text and "jointly over the 2 groups" in text
+    assert (f"not an audit: power 0% to catch a leak of 1 nat over the claim jointly "
+            f"({smallest} canaries per group); even {MOST_CANARIES:,} canaries per group "
+            "would not reach 80%") in text
+
+
+def test_an_audit_short_of_canaries_says_what_it_needs(data):
+    config = _config({"name": "dpsgd", "C": 1.0}, sigma=3.0, epochs=1)
+    result = audit(config, data, AuditSettings(kind="ood", canaries=20))
+    needed = result.plan.needed
+    assert needed is not None and needed > 20
+    assert all(g.verdict.startswith("cannot decide (power ") for g in result.groups)
+    assert f"{needed} canaries per group would reach 80%: raise audit.canaries" in "\n".join(
+        result.statement())
