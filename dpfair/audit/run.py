@@ -12,8 +12,9 @@ Scores: input-space canaries score the final model's log-likelihood of the canar
 the parameter's move against the canary direction (white-box, :mod:`dpfair.audit.gradient`).
 
 Next to each bound stands the method's claim: its ε (DPSGD-F: the group's ε, its own steps
-accounted, ``TrainResult.group_epsilons``), none for a heuristic method (no guarantee to
-compare) and ∞ for the non-private reference.
+accounted, ``TrainResult.group_epsilons``: a data-dependent reading of this one run, shown
+beside the bound fixed before training, ``TrainResult.group_epsilon_bounds``), none for a
+heuristic method (no guarantee to compare) and ∞ for the non-private reference.
 
 How many canaries (:func:`plan_canaries`): ``AuditSettings.canaries`` when given; otherwise
 enough that a run leaking ``leak`` nats more than its planned ε is caught with probability
@@ -99,7 +100,8 @@ class GroupAudit:
     trained on), the guesses behind the bound (``correct`` of ``guesses``), the ε and μ-GDP
     lower bounds at confidence 1 - β for this group alone, the ε bound holding jointly with
     every audited group's (``joint_lower_bound``, module docstring), the largest ε these
-    canaries could certify and the claimed ε (``None``: the method claims no guarantee); the
+    canaries could certify and the claimed ε (``None``: the method claims no guarantee; for
+    DPSGD-F a data-dependent reading, ``epsilon_fixed`` the bound fixed before training); the
     power to catch the settings' leak alone and jointly (None: no finite claim), the verdict
     alone and whether the joint statement flags this group."""
 
@@ -114,6 +116,7 @@ class GroupAudit:
     joint_lower_bound: float
     max_certifiable: float
     epsilon_claimed: float | None
+    epsilon_fixed: float | None
     power: float | None
     joint_power: float | None
     verdict: str
@@ -163,6 +166,11 @@ class AuditResult:
             lines.append(f"jointly over the {n} groups (Bonferroni, β/{n} each), confidence "
                          f"{self.confidence:.0%}: {self.joint_verdict}; ε >= {joint}")
         lines += self._shortfall()
+        if any(g.epsilon_fixed is not None for g in self.groups):
+            fixed = ", ".join(f"{g.group} {g.epsilon_fixed:.3f}" for g in self.groups)
+            lines.append(f"{self.method}'s claimed ε per group is a data-dependent reading of "
+                         "this one run (its clip bounds come from noisy counts), not a "
+                         f"guarantee fixed in advance; the bound fixed before training: {fixed}")
         lines.append(f"a {self.settings.kind} audit is its own statement: bounds of audits with "
                      "other canary kinds hold jointly only at β divided by their number")
         return lines
@@ -235,6 +243,12 @@ def plan_canaries(config: TrainConfig, dataset: GroupedDataset, settings: AuditS
     return CanaryPlan(settings.canaries or default, needed, supply)
 
 
+def fixed_epsilon(result: TrainResult, group: int) -> float | None:
+    """The per-group bound fixed before training where the claim is a reading (DPSGD-F)."""
+    bounds = result.group_epsilon_bounds
+    return None if bounds is None else bounds[group]
+
+
 def canary_count(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
                  groups: list[int]) -> int:
     """Canaries per group: :func:`plan_canaries`'s."""
@@ -289,7 +303,8 @@ def audit(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings)
             joint_lower_bound=found[1].epsilon,
             max_certifiable=bound.max_certifiable(m, settings.guesses, settings.beta,
                                                   result.delta),
-            epsilon_claimed=claim, power=power[0], joint_power=power[1],
+            epsilon_claimed=claim, epsilon_fixed=fixed_epsilon(result, k),
+            power=power[0], joint_power=power[1],
             verdict=verdict(flagged[0], power[0], settings), joint_violation=flagged[1],
         ))
     return AuditResult(

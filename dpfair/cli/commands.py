@@ -454,6 +454,8 @@ def audit_cmd(
         table.add_column(col, justify="left" if col == "group" else "right")
     for g in result.groups:
         claimed = "—" if g.epsilon_claimed is None else f"{g.epsilon_claimed:.3f}"
+        if g.epsilon_fixed is not None:
+            claimed += f" (reading; fixed {g.epsilon_fixed:.3f})"
         power = "—" if g.power is None else (f"{whole_percent(g.power)} / "
                                                  f"{whole_percent(g.joint_power or 0.0)}")
         table.add_row(g.group, str(g.canaries), str(g.included), f"{g.correct} / {g.guesses}",

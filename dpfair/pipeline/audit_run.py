@@ -6,7 +6,8 @@ The audit run is a diagnostic of a training run on the private data: tag
 logged, but its bounds and score histograms are computed from that training, so the audit
 passes the privacy gate and is charged the training run's event (:func:`audit_from_params`).
 Logged: per group the ε and μ-GDP lower bounds, the canaries (and how many were included), the
-guesses behind the bound, the claimed ε (a heuristic method logs none: its
+guesses behind the bound, the claimed ε (DPSGD-F: a data-dependent reading, with the bound
+fixed before training beside it; a heuristic method logs none: its
 ``dpfair.epsilon`` tag says why) and the power to catch the stated leak alone and jointly;
 the verdicts in words as tags (``audit/verdict/<group>``, and ``audit/verdict`` for all
 groups jointly), as printed; the confidence, β, δ and the leak; the table as ``audit/audit.json``;
@@ -98,6 +99,9 @@ def claim_note(result: AuditResult) -> str:
     """What the method claims, in words, where no ε is shown."""
     from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
 
+    if any(g.epsilon_fixed is not None for g in result.groups):
+        return ("proven: ε of the accountant; per group a data-dependent reading of this run, "
+                "beside the bound fixed before training")
     return {"heuristic": HEURISTIC, "none": NONPRIVATE_REFERENCE}.get(
         result.privacy_guarantee, "proven: ε of the accountant")
 
@@ -144,6 +148,8 @@ def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
                             f"audit/correct/{g.group}": g.correct})
             if result.privacy_guarantee == "proven" and g.epsilon_claimed is not None:
                 metrics[f"audit/epsilon_claimed/{g.group}"] = g.epsilon_claimed
+            if g.epsilon_fixed is not None:  # the claim above is a reading (DPSGD-F)
+                metrics[f"audit/epsilon_fixed_before_training/{g.group}"] = g.epsilon_fixed
             if g.power is not None and g.joint_power is not None:
                 metrics.update({f"audit/power/{g.group}": g.power,
                                 f"audit/joint_power/{g.group}": g.joint_power})

@@ -79,9 +79,19 @@ def test_real_methods_stay_below_their_claim(data, method, kind):
         assert g.joint_lower_bound <= g.epsilon_lower_bound <= g.max_certifiable
         assert g.verdict != VIOLATION and not g.joint_violation
     assert not result.violation
+    text = "\n".join(result.statement())
     if method["name"] == "dpsgd_f":  # each group's own steps accounted, one per group
         claims = [g.epsilon_claimed for g in result.groups]
         assert claims == result.train_result.group_epsilons
+        # a data-dependent reading of this run, beside the bound fixed before training
+        fixed = [g.epsilon_fixed for g in result.groups]
+        assert fixed == result.train_result.group_epsilon_bounds
+        assert all(c <= f for c, f in zip(claims, fixed, strict=True))
+        assert "claimed ε per group is a data-dependent reading of this one run" in text
+        assert f"the bound fixed before training: majority {fixed[0]:.3f}" in text
+    else:
+        assert all(g.epsilon_fixed is None for g in result.groups)
+        assert "data-dependent" not in text
 
 
 def test_fairlens_claims_no_epsilon_and_nonprivate_claims_infinity(data):
