@@ -31,7 +31,7 @@ class AuditSettings(BaseModel):
         "enough to catch a run leaking `leak` nats over its claimed ε with probability "
         "`power`, per group at beta and jointly at beta / (number of groups) (at most "
         "10,000 and, for mislabelled canaries, the smallest audited group's size; 1,000 when "
-        "the run claims no finite ε)",
+        "the run claims no finite ε or no count up to 10,000 has that power)",
     )
     leak: PositiveFloat = Field(
         1.0, description="the leak over the claimed ε (nats) the audit is sized to catch")

@@ -21,9 +21,10 @@ enough that a run leaking ``leak`` nats more than its planned ε is caught with 
 ``power`` by each group's joint statement (at β / K, hence also at β on its own;
 :func:`dpfair.audit.bound.canaries_for_power`), capped at :data:`MOST_CANARIES` and, for
 mislabelled canaries, at the smallest audited group (gradient canaries: at the model's
-parameters shared by the groups); :data:`NO_CLAIM_CANARIES` for a run
-without a finite claim. Each group also states the largest ε its canaries could certify
-(``max_certifiable``).
+parameters shared by the groups); :data:`NO_CLAIM_CANARIES` for a run without a finite
+claim, and for a claim no count up to :data:`MOST_CANARIES` has the power to catch (its
+lower bound is still reported, its verdict cannot decide). Each group also states the
+largest ε its canaries could certify (``max_certifiable``).
 
 Verdicts (:func:`verdict`), per group at β and jointly at β / K: ``VIOLATION`` when the
 canaries reject the claim (:func:`dpfair.audit.bound.flags`: a run that keeps its claim is
@@ -237,7 +238,7 @@ def plan_canaries(config: TrainConfig, dataset: GroupedDataset, settings: AuditS
         needed = bound.canaries_for_power(plan.epsilon, settings.leak, settings.power,
                                           settings.guesses, settings.beta / len(groups),
                                           plan.delta, MOST_CANARIES)
-        default = supply if needed is None else min(needed, supply)
+        default = min(supply, NO_CLAIM_CANARIES if needed is None else needed)
     else:
         default = min(supply, NO_CLAIM_CANARIES)
     return CanaryPlan(settings.canaries or default, needed, supply)
