@@ -194,8 +194,9 @@ class AuditResult:
             fix = "only a weaker claim (more noise) can be audited"
         else:
             fix = "raise audit.canaries (--canaries)"
+        jointly = " jointly" if len(self.groups) > 1 else ""
         return [f"not an audit: power {percent(min(powers))} to catch a leak of "
-                f"{self.settings.leak:g} nat over the claim jointly ({self.plan.canaries} "
+                f"{self.settings.leak:g} nat over the claim{jointly} ({self.plan.canaries} "
                 f"canaries per group); {needs}: {fix}"]
 
 
