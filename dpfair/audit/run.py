@@ -31,7 +31,9 @@ canaries reject the claim (:func:`dpfair.audit.bound.flags`: a run that keeps it
 flagged with probability at most β); else "consistent" when the audit had at least ``power``
 to catch the leak (:func:`dpfair.audit.bound.detection_power` at the group's claim); else
 "cannot decide", with the power it had: such a run is not an audit, and
-:meth:`AuditResult.statement` says what it would need.
+:meth:`AuditResult.statement` says what it would need. The power is the guess game's: it
+assumes the leak reaches the canaries' scores as randomised response would, so weak canaries
+make "consistent" weaker than its power says (never a proof of privacy).
 
 Confidence: each group's bound holds with probability 1 - β on its own. ``joint_lower_bound``
 is each group's bound at β / (number of audited groups) (Bonferroni): all of them hold together
