@@ -32,7 +32,6 @@ if TYPE_CHECKING:
         CanaryPlan,
         GroupAudit,
         audit,
-        canary_count,
         claimed_epsilon,
         group_ids,
         plan_canaries,
@@ -44,7 +43,7 @@ __getattr__ = lazy_getattr(__name__, {
     **dict.fromkeys(["detection_power", "epsilon_lower_bound", "mu_lower_bound", "p_value"],
                     "bound"),
     **dict.fromkeys(["VIOLATION", "AuditResult", "CanaryPlan", "GroupAudit", "audit",
-                     "canary_count", "claimed_epsilon", "group_ids", "plan_canaries"], "run"),
+                     "claimed_epsilon", "group_ids", "plan_canaries"], "run"),
 })
 
 __all__ = [
@@ -55,7 +54,6 @@ __all__ = [
     "AuditSettings",
     "GroupAudit",
     "audit",
-    "canary_count",
     "detection_power",
     "group_ids",
     "plan_canaries",

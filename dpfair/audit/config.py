@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 CanaryKind = Literal["mislabel", "ood", "gradient"]
+KindSetting = Literal["auto", "mislabel", "ood", "gradient"]
 
 
 class AuditSettings(BaseModel):
@@ -39,10 +40,11 @@ class AuditSettings(BaseModel):
         0.8, gt=0.0, lt=1.0,
         description="the probability of catching that leak below which the audit says "
         "'cannot decide' and is not called an audit")
-    kind: CanaryKind = Field(
-        "mislabel",
-        description="mislabel: group members with a wrong label; ood: random inputs; "
-        "gradient: a per-sample gradient on one parameter (white-box)",
+    kind: KindSetting = Field(
+        "auto",
+        description="auto: gradient canaries for a private method whose model has a parameter "
+        "for each, else ood; mislabel: group members with a wrong label; ood: random inputs; "
+        "gradient: a per-sample gradient on one parameter (white-box, the strongest)",
     )
     beta: float = Field(0.05, gt=0.0, lt=1.0, description="the bound holds w.p. 1 - beta")
     guesses: list[float] = Field(

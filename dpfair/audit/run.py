@@ -16,7 +16,10 @@ accounted, ``TrainResult.group_epsilons``: a data-dependent reading of this one 
 beside the bound fixed before training, ``TrainResult.group_epsilon_bounds``), none for a
 heuristic method (no guarantee to compare) and ∞ for the non-private reference.
 
-How many canaries (:func:`plan_canaries`): ``AuditSettings.canaries`` when given; otherwise
+Which canaries (:func:`plan_canaries`): ``AuditSettings.kind``, where ``auto`` is gradient
+canaries (white-box: the strongest, the kind that catches an unclipped method) when the method
+is private and its model has a parameter for each canary, else out-of-distribution inputs
+(not capped by the data). How many: ``AuditSettings.canaries`` when given; otherwise
 enough that a run leaking ``leak`` nats more than its planned ε is caught with probability
 ``power`` by each group's joint statement (at β / K, hence also at β on its own;
 :func:`dpfair.audit.bound.canaries_for_power`), capped at :data:`MOST_CANARIES` and, for
@@ -56,7 +59,7 @@ from dpfair.audit.canaries import (
     make_canaries,
     with_canaries,
 )
-from dpfair.audit.config import AuditSettings
+from dpfair.audit.config import AuditSettings, CanaryKind
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError, did_you_mean
 from dpfair.privacy.methods import PrivacyGuarantee
@@ -87,11 +90,13 @@ def verdict(violation: bool, power: float | None, settings: AuditSettings) -> st
 
 @dataclass(frozen=True)
 class CanaryPlan:
-    """Canaries per group (module docstring): ``canaries`` used, ``needed`` for the target
-    power (None: more than :data:`MOST_CANARIES`, or no finite claim), ``supply`` the most the
-    data or model gives (mislabelled canaries: the smallest audited group; gradient
-    canaries: the model's parameters over the groups)."""
+    """Canaries per group (module docstring): their ``kind`` (``auto`` resolved),
+    ``canaries`` used, ``needed`` for the target power (None: more than
+    :data:`MOST_CANARIES`, or no finite claim), ``supply`` the most the data or model gives
+    (mislabelled canaries: the smallest audited group; gradient canaries: the model's
+    parameters over the groups)."""
 
+    kind: CanaryKind
     canaries: int
     needed: int | None
     supply: int
@@ -174,7 +179,7 @@ class AuditResult:
             lines.append(f"{self.method}'s claimed ε per group is a data-dependent reading of "
                          "this one run (its clip bounds come from noisy counts), not a "
                          f"guarantee fixed in advance; the bound fixed before training: {fixed}")
-        lines.append(f"a {self.settings.kind} audit is its own statement: bounds of audits with "
+        lines.append(f"a {self.plan.kind} audit is its own statement: bounds of audits with "
                      "other canary kinds hold jointly only at β divided by their number")
         return lines
 
@@ -228,35 +233,41 @@ def claimed_epsilon(result: TrainResult, group: int) -> float | None:
 
 def plan_canaries(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
                   groups: list[int]) -> CanaryPlan:
-    """Canaries per group (module docstring): the setting, or enough to catch the leak."""
+    """Which canaries and how many per group (module docstring)."""
     plan = make_plan(config, len(dataset.train), dataset.n_groups)
-    supply = MOST_CANARIES
-    if settings.kind == "mislabel":
-        sizes = np.bincount(dataset.train.g.numpy(), minlength=dataset.n_groups)
-        supply = max(1, min(supply, *(int(sizes[k]) for k in groups)))
-    elif settings.kind == "gradient":
-        supply = max(1, min(supply, gradient.coordinates(config, dataset) // len(groups)))
     needed = None
-    if plan.privacy_guarantee != "heuristic" and math.isfinite(plan.epsilon):
+    claim = plan.privacy_guarantee != "heuristic" and math.isfinite(plan.epsilon)
+    if claim:
         needed = bound.canaries_for_power(plan.epsilon, settings.leak, settings.power,
                                           settings.guesses, settings.beta / len(groups),
                                           plan.delta, MOST_CANARIES)
-        default = min(supply, NO_CLAIM_CANARIES if needed is None else needed)
-    else:
-        default = min(supply, NO_CLAIM_CANARIES)
-    return CanaryPlan(settings.canaries or default, needed, supply)
+    wanted = min(MOST_CANARIES, settings.canaries or needed or NO_CLAIM_CANARIES)
+    kind = _kind(config, dataset, settings, len(groups), wanted)
+    supply = MOST_CANARIES
+    if kind == "mislabel":
+        sizes = np.bincount(dataset.train.g.numpy(), minlength=dataset.n_groups)
+        supply = max(1, min(supply, *(int(sizes[k]) for k in groups)))
+    elif kind == "gradient":
+        supply = max(1, min(supply, gradient.coordinates(config, dataset) // len(groups)))
+    default = min(supply, NO_CLAIM_CANARIES if needed is None else needed)
+    return CanaryPlan(kind, settings.canaries or default, needed, supply)
+
+
+def _kind(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
+          n_groups: int, wanted: int) -> CanaryKind:
+    """``settings.kind``, with ``auto`` resolved (module docstring)."""
+    if settings.kind != "auto":
+        return settings.kind
+    if (config.method.is_private and math.prod(dataset.input_shape) >= 2
+            and gradient.coordinates(config, dataset) >= wanted * n_groups):
+        return "gradient"
+    return "ood"
 
 
 def fixed_epsilon(result: TrainResult, group: int) -> float | None:
     """The per-group bound fixed before training where the claim is a reading (DPSGD-F)."""
     bounds = result.group_epsilon_bounds
     return None if bounds is None else bounds[group]
-
-
-def canary_count(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
-                 groups: list[int]) -> int:
-    """Canaries per group: :func:`plan_canaries`'s."""
-    return plan_canaries(config, dataset, settings, groups).canaries
 
 
 def _power(m: int, claim: float | None, settings: AuditSettings, beta: float,
@@ -267,9 +278,8 @@ def _power(m: int, claim: float | None, settings: AuditSettings, beta: float,
 
 
 def _input_space(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
-                 groups: list[int], m: int, rng: np.random.Generator
+                 kind: InputKind, groups: list[int], m: int, rng: np.random.Generator
                  ) -> tuple[Canaries, np.ndarray, TrainResult]:
-    kind: InputKind = "ood" if settings.kind == "ood" else "mislabel"
     canaries = make_canaries(dataset, kind, groups, m, rng, ood_scale=settings.ood_scale)
     result = train(config, with_canaries(dataset, canaries))
     scores = -predict(result.load_model(), canaries.split, config.eval_batch_size).loss
@@ -283,10 +293,10 @@ def audit(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings)
     groups = group_ids(dataset, settings.groups)
     plan = plan_canaries(config, dataset, settings, groups)
     rng = coin_generator(config.seed if config.reproducible else None)
-    if settings.kind == "gradient":
+    if plan.kind == "gradient":
         canaries, scores, result = gradient.run(config, dataset, groups, plan.canaries, rng)
     else:
-        canaries, scores, result = _input_space(config, dataset, settings, groups,
+        canaries, scores, result = _input_space(config, dataset, settings, plan.kind, groups,
                                                 plan.canaries, rng)
     canary_groups = canaries.split.g.numpy()
     levels = (settings.beta, settings.beta / len(groups))

@@ -407,7 +407,7 @@ def audit_cmd(
     method: Annotated[str | None, typer.Option(
         "--method", "-m", help="label of experiment.methods (default: audit.method)")] = None,
     canaries: Annotated[int | None, typer.Option(min=1, help="canaries per group")] = None,
-    kind: Annotated[str | None, typer.Option(help="mislabel | ood | gradient")] = None,
+    kind: Annotated[str | None, typer.Option(help="auto | mislabel | ood | gradient")] = None,
     beta: Annotated[float | None, typer.Option(help="the bound holds w.p. 1 - beta")] = None,
     leak: Annotated[float | None, typer.Option(
         help="leak over the claimed epsilon (nats) to catch w.p. audit.power (default 1)")
@@ -426,7 +426,6 @@ def audit_cmd(
     (Steinke, Nasr & Jagielski 2023) and a verdict per group and jointly; exit code 5 on a
     VIOLATION. A lower bound, not a proof of privacy."""
     from dpfair.audit import AuditSection
-    from dpfair.audit.run import percent as whole_percent
     from dpfair.pipeline.audit_run import audit_from_params, audited, claim_note, log_audit
 
     given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta, "leak": leak,
@@ -446,7 +445,8 @@ def audit_cmd(
                 exc, AuditSection, prefix=("audit",))) from None
         config, dataset = audited(p, section)
     result = audit_from_params(p, section, config, dataset)
-    table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
+    from dpfair.audit.run import percent as whole_percent  # after the checks: loads scipy
+    table = Table(title=f"audit of {section.method} on {dataset.name}: {result.plan.kind} "
                         f"canaries, confidence {result.confidence:.0%}")
     for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=",
                 "joint epsilon >=", "mu >=", "certifiable <=", "claimed epsilon",

@@ -70,14 +70,15 @@ def audit_from_params(params: Params, section: AuditSection, config: TrainConfig
     refused before anything trains) and the lifetime budget. The event is planned at the
     smallest training set the canaries can leave (``mislabel`` canaries replace their
     originals), which has the largest sampling rate: an upper bound on the run's."""
-    from dpfair.audit import audit, canary_count, group_ids
+    from dpfair.audit import audit, group_ids, plan_canaries
     from dpfair.pipeline.standalone import open_gate
     from dpfair.release.plan import method_release, release_plan
     from dpfair.training import make_plan
 
     groups = group_ids(dataset, section.groups)
-    replaced = canary_count(config, dataset, section, groups) * len(groups)
-    n_min = len(dataset.train) - (replaced if section.kind == "mislabel" else 0)
+    canaries = plan_canaries(config, dataset, section, groups)
+    replaced = canaries.canaries * len(groups) if canaries.kind == "mislabel" else 0
+    n_min = len(dataset.train) - replaced
     delta = params.budget.delta or config.delta
     plan = make_plan(config, max(n_min, 1), dataset.n_groups, len(dataset.test))
     release = method_release(f"audit of {section.method}", config.method.privacy_guarantee,
@@ -159,6 +160,7 @@ def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
         with tempfile.TemporaryDirectory() as tmp:
             log_file(tracking, run_id, score_figure(result, Path(tmp) / "scores.png"), "audit")
         set_tags(tracking, run_id, {"dpfair.device": result.train_result.device,
+                                    "audit/kind": result.plan.kind,
                                     "audit/verdict": result.joint_verdict,
                                     **{f"audit/verdict/{g.group}": g.verdict
                                        for g in result.groups}})

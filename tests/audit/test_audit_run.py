@@ -11,7 +11,7 @@ import torch
 
 from dpfair.audit import VIOLATION, AuditSettings, audit, bound
 from dpfair.audit.canaries import coin_generator, make_canaries, with_canaries
-from dpfair.audit.run import MOST_CANARIES, canary_count, plan_canaries
+from dpfair.audit.run import MOST_CANARIES, plan_canaries
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, DataError
 from dpfair.privacy.methods import Dpsgd, DpsgdConfig
@@ -125,7 +125,7 @@ def test_coins_are_secret_unless_reproducible():
 def test_bad_requests_name_the_fix(data):
     config = _config({"name": "dpsgd"})
     with pytest.raises(DataError, match="lower audit.canaries"):
-        audit(config, data, AuditSettings(canaries=10_000))
+        audit(config, data, AuditSettings(canaries=10_000, kind="mislabel"))
     with pytest.raises(ConfigError, match="did you mean 'minority'"):
         audit(config, data, AuditSettings(groups=["minorty"]))
 
@@ -136,13 +136,26 @@ def test_the_default_canary_count_catches_a_leak_jointly(data):
     config = _config({"name": "dpsgd", "C": 1.0})
     plan = make_plan(config, len(data.train), data.n_groups)
     settings = AuditSettings(kind="ood")
-    m = canary_count(config, data, settings, [0, 1])
-    assert m == plan_canaries(config, data, settings, [0, 1]).needed
+    planned = plan_canaries(config, data, settings, [0, 1])
+    m = planned.canaries
+    assert m == planned.needed and planned.kind == "ood"
     power = bound.detection_power(m, plan.epsilon, 1.0, settings.guesses, 0.025, plan.delta)
     assert power >= 0.8 > bound.detection_power(m // 2, plan.epsilon, 1.0, settings.guesses,
                                                  0.025, plan.delta)
-    assert canary_count(config, data, AuditSettings(kind="ood", leak=2.0), [0, 1]) < m
-    assert canary_count(config, data, AuditSettings(canaries=7), [0, 1]) == 7
+    assert plan_canaries(config, data, AuditSettings(kind="ood", leak=2.0), [0, 1]).canaries < m
+    assert plan_canaries(config, data, AuditSettings(canaries=7), [0, 1]).canaries == 7
+
+
+def test_auto_picks_gradient_canaries_where_the_model_has_room(data):
+    """auto: white-box gradient canaries for a private method whose model has a parameter per
+    canary; out-of-distribution inputs for the non-private reference or a model too small."""
+    wide = _config({"name": "dpsgd", "C": 1.0}, model={"name": "mlp", "hidden": [64]})
+    assert plan_canaries(wide, data, AuditSettings(), [0, 1]).kind == "gradient"
+    narrow = _config({"name": "dpsgd", "C": 1.0}, model={"name": "mlp", "hidden": [2]})
+    assert plan_canaries(narrow, data, AuditSettings(), [0, 1]).kind == "ood"
+    ref = _config({"name": "nonprivate"}, sigma=None, model={"name": "mlp", "hidden": [64]})
+    assert plan_canaries(ref, data, AuditSettings(), [0, 1]).kind == "ood"
+    assert plan_canaries(wide, data, AuditSettings(kind="mislabel"), [0, 1]).kind == "mislabel"
 
 
 def test_an_audit_without_power_says_it_is_not_one(data):
