@@ -31,8 +31,8 @@ class AuditSettings(BaseModel):
         description="canaries per audited group, each included with probability 1/2; None: "
         "enough to catch a run leaking `leak` nats over its claimed ε with probability "
         "`power`, per group at beta and jointly at beta / (number of groups) (at most "
-        "10,000 and, for mislabelled canaries, the smallest audited group's size; 1,000 when "
-        "the run claims no finite ε or no count up to 10,000 has that power)",
+        "10,000 and the smallest audited group's size; 1,000 when the run claims no finite ε "
+        "or no count up to 10,000 has that power)",
     )
     leak: PositiveFloat = Field(
         1.0, description="the leak over the claimed ε (nats) the audit is sized to catch")

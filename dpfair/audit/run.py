@@ -18,16 +18,17 @@ heuristic method (no guarantee to compare) and ∞ for the non-private reference
 
 Which canaries (:func:`plan_canaries`): ``AuditSettings.kind``, where ``auto`` is gradient
 canaries (white-box: the strongest, the kind that catches an unclipped method) when the method
-is private and its model has a parameter for each canary, else out-of-distribution inputs
-(not capped by the data). How many: ``AuditSettings.canaries`` when given; otherwise
+is private and its model has a parameter for each canary, else out-of-distribution inputs.
+How many: ``AuditSettings.canaries`` when given; otherwise
 enough that a run leaking ``leak`` nats more than its planned ε is caught with probability
 ``power`` by each group's joint statement (at β / K, hence also at β on its own;
 :func:`dpfair.audit.bound.canaries_for_power`), capped at :data:`MOST_CANARIES` and, for
-mislabelled canaries, at the smallest audited group (gradient canaries: at the model's
-parameters shared by the groups); :data:`NO_CLAIM_CANARIES` for a run without a finite
-claim, and for a claim no count up to :data:`MOST_CANARIES` has the power to catch (its
-lower bound is still reported, its verdict cannot decide). Each group also states the
-largest ε its canaries could certify (``max_certifiable``).
+every kind, at the smallest audited group's training examples (mislabelled canaries are
+made of them; more canaries of another kind would outnumber the group they audit; gradient
+canaries also at the model's parameters shared by the groups); :data:`NO_CLAIM_CANARIES`
+for a run without a finite claim, and for a claim no count up to :data:`MOST_CANARIES` has
+the power to catch (its lower bound is still reported, its verdict cannot decide). Each
+group also states the largest ε its canaries could certify (``max_certifiable``).
 
 Verdicts (:func:`verdict`), per group at β and jointly at β / K: ``VIOLATION`` when the
 canaries reject the claim (:func:`dpfair.audit.bound.flags`: a run that keeps its claim is
@@ -92,9 +93,9 @@ def verdict(violation: bool, power: float | None, settings: AuditSettings) -> st
 class CanaryPlan:
     """Canaries per group (module docstring): their ``kind`` (``auto`` resolved),
     ``canaries`` used, ``needed`` for the target power (None: more than
-    :data:`MOST_CANARIES`, or no finite claim), ``supply`` the most the data or model gives
-    (mislabelled canaries: the smallest audited group; gradient canaries: the model's
-    parameters over the groups)."""
+    :data:`MOST_CANARIES`, or no finite claim), ``supply`` the most the default takes (the
+    smallest audited group; gradient canaries also the model's parameters over the
+    groups)."""
 
     kind: CanaryKind
     canaries: int
@@ -194,9 +195,9 @@ class AuditResult:
                  if plan.needed is None else f"{plan.needed} canaries per group would reach "
                  f"{target}")
         if plan.needed is not None and plan.needed > plan.supply:
-            fix = (f"the data and model supply {plan.supply} (the smallest audited group caps "
-                   "mislabelled canaries, the model's parameters gradient ones; --kind ood "
-                   "is capped by neither)")
+            fix = (f"the default takes at most {plan.supply} (the smallest audited group; "
+                   "gradient canaries also the model's parameters): --canaries with --kind "
+                   "ood goes beyond, the canaries then outnumbering the group")
         elif plan.needed is None:
             fix = "only a weaker claim (more noise) can be audited"
         else:
@@ -241,13 +242,11 @@ def plan_canaries(config: TrainConfig, dataset: GroupedDataset, settings: AuditS
         needed = bound.canaries_for_power(plan.epsilon, settings.leak, settings.power,
                                           settings.guesses, settings.beta / len(groups),
                                           plan.delta, MOST_CANARIES)
-    wanted = min(MOST_CANARIES, settings.canaries or needed or NO_CLAIM_CANARIES)
+    sizes = np.bincount(dataset.train.g.numpy(), minlength=dataset.n_groups)
+    supply = max(1, min(MOST_CANARIES, *(int(sizes[k]) for k in groups)))
+    wanted = settings.canaries or min(supply, needed or NO_CLAIM_CANARIES)
     kind = _kind(config, dataset, settings, len(groups), wanted)
-    supply = MOST_CANARIES
-    if kind == "mislabel":
-        sizes = np.bincount(dataset.train.g.numpy(), minlength=dataset.n_groups)
-        supply = max(1, min(supply, *(int(sizes[k]) for k in groups)))
-    elif kind == "gradient":
+    if kind == "gradient":
         supply = max(1, min(supply, gradient.coordinates(config, dataset) // len(groups)))
     default = min(supply, NO_CLAIM_CANARIES if needed is None else needed)
     return CanaryPlan(kind, settings.canaries or default, needed, supply)

@@ -167,7 +167,7 @@ def test_an_audit_without_power_says_it_is_not_one(data):
     assert all(g.canaries == smallest for g in result.groups)
     assert result.plan.needed is None and result.plan.supply == smallest
     ood = plan_canaries(config, data, AuditSettings(kind="ood"), [0, 1])  # not 10,000 in vain
-    assert (ood.canaries, ood.needed, ood.supply) == (1_000, None, MOST_CANARIES)
+    assert (ood.canaries, ood.needed, ood.supply) == (smallest, None, smallest)
     assert all(g.verdict == "cannot decide (power 0%)" for g in result.groups)
     text = "\n".join(result.statement())
     assert "(on its own, confidence 95%)" in text and "jointly over the 2 groups" in text
