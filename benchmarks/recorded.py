@@ -6,12 +6,15 @@ methods, published table) rendered from ``benchmarks/results/raw/FILE``: JSON li
 ``raw/PROVENANCE.yaml`` (device, torch, commit, date, data and its sizes). Only lines at the
 config's full length (``train.epochs``) count; lines of ``later:`` files at the same length
 and on a (method, seed) of the main file are listed beside it (the same run on later code).
-Nothing here trains.
+ε is accounted again with dpfair's accountant of today from the run's settings (the steps
+must match the recorded ones) and named; the ε recorded with the runs (the accountant of
+their day, RDP before 2026-11-26) is listed beside it. Nothing here trains.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ from typing import Any
 import yaml
 
 from dpfair.fairness.metrics import metric_records
+from dpfair.privacy import accounting
+from dpfair.training import TrainConfig, make_plan
 
 RAW = Path(__file__).resolve().parent / "results" / "raw"
 INHERITED_NOT = ("name", "title", "notes", "flag_notes", "shortened_on_cpu", "quick")
@@ -52,11 +57,16 @@ def load(cfg: Mapping[str, Any], raw: Path = RAW) -> dict[str, Any]:
     labels = [m["label"] for m in cfg["methods"]]
     records: list[dict] = []
     epsilons: dict[str, list[float]] = {}
+    recorded_eps: dict[str, list[float]] = {}
+    accountants: dict[str, str] = {}
     for r in sorted(lines, key=lambda r: (r["seed"], labels.index(r["label"]))):
         metrics = {"group_accuracy": r["group_accuracy"], "group_loss": r["group_loss"],
                    "accuracy": r["acc"]}
         records += metric_records(metrics, r["label"], r["seed"], names)
-        epsilons.setdefault(r["label"], []).append(float(r["eps"]))
+        spend = _spend(cfg, r, prov["n_train"], len(names))
+        epsilons.setdefault(r["label"], []).append(spend.epsilon)
+        accountants[r["label"]] = spend.accountant
+        recorded_eps.setdefault(r["label"], []).append(float(r["eps"]))
     seeds = sorted({r["seed"] for r in lines})
     later = []
     for file in cfg.get("later", []):
@@ -66,6 +76,9 @@ def load(cfg: Mapping[str, Any], raw: Path = RAW) -> dict[str, Any]:
                   for r in _lines(raw / file, epochs) if (r["label"], r["seed"]) in same]
     return {
         "kind": "table", "records": records, "epsilons": epsilons, "partial": False,
+        "accountants": {k: v for k, v in accountants.items()
+                        if v != accounting.ACCOUNTANT_NONE},
+        "epsilons_recorded": recorded_eps,
         "settings": {m["label"]: {"method": m["method"], "lr": m["lr"]} for m in cfg["methods"]
                      if m["label"] in epsilons},
         "n_train": prov["n_train"], "n_test": prov["n_test"],
@@ -73,6 +86,23 @@ def load(cfg: Mapping[str, Any], raw: Path = RAW) -> dict[str, Any]:
         "config": {**cfg, "seeds": seeds, "device": "cuda"},
         "recorded": {"file": cfg["recorded"], **prov, "later": later},
     }
+
+
+def _spend(cfg: Mapping[str, Any], line: Mapping[str, Any], n_train: int,
+           n_groups: int) -> accounting.Spend:
+    """ε of one recorded run by today's accountant, from the config's settings."""
+    method = next(m for m in cfg["methods"] if m["label"] == line["label"])
+    train = {k: v for k, v in cfg["train"].items() if k != "batch_size"}
+    config = TrainConfig(method=method["method"], model=cfg["model"],
+                         batch_size=cfg["train"]["batch_size"], lr=float(method["lr"]),
+                         progress=False, **train)
+    plan = make_plan(config, n_train, n_groups)
+    if plan.steps != line["steps"]:
+        raise ValueError(f"{line['label']} seed {line['seed']}: {plan.steps} planned steps, "
+                         f"{line['steps']} recorded: the config does not describe the run")
+    if plan.privacy_guarantee != "proven":
+        return accounting.Spend(math.inf, plan.delta, accounting.ACCOUNTANT_NONE)
+    return accounting.spend(plan.event, plan.delta)
 
 
 def settings_lines(result: Mapping[str, Any], groups: list[str], labels: list[str]
@@ -88,6 +118,12 @@ def settings_lines(result: Mapping[str, Any], groups: list[str], labels: list[st
              f"- **{len(seeds)} seed{'s' if len(seeds) > 1 else ''} "
              f"({', '.join(map(str, seeds))})**, not the paper's 5"
              + (": no SE" if len(seeds) == 1 else "")]
+    then = {k: sum(v) / len(v) for k, v in result["epsilons_recorded"].items()
+           if all(math.isfinite(e) for e in v)}
+    lines.append("- ε recorded with the runs, by the accountant of their day "
+                 f"({accounting.ACCOUNTANT_RDP}): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in then.items())
+                 + "; the tables show today's accountant's ε for the same settings")
     for later in rec["later"]:
         new, old = later["run"], later["earlier"]
         figs = [f"acc_{lab} {100 * new['group_accuracy'][int(g)]:.1f} (then "
@@ -95,7 +131,7 @@ def settings_lines(result: Mapping[str, Any], groups: list[str], labels: list[st
                 for g, lab in zip(groups, labels, strict=True) if g.isdigit()]
         lines.append(f"- rerun on commit {later['commit']} ({later['date']}, "
                      f"`raw/{later['file']}`): {new['label']} seed {new['seed']}, "
-                     f"{', '.join(figs)}, ε {new['eps']:.2f} (then {old['eps']:.2f})")
+                     f"{', '.join(figs)}, recorded ε {new['eps']:.2f} (then {old['eps']:.2f})")
     return lines
 
 

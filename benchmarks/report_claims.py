@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from report_figures import Figures, mean_se, se_distance
+from report_figures import Figures, se_distance
 
 N_SE = 2.0
 REFERENCE = "nonprivate"
@@ -40,16 +40,17 @@ def _esipova(fig: Figures, head: str) -> list[str]:
         base_cell = _ours(fig, f"dpsgd.{col}")
         if base_cell is None:
             continue
-        base = mean_se(base_cell)
+        base, base_exact = fig.value("ours", f"dpsgd.{col}", base_cell)
         for m in ("dpsgd_global", "dpsgd_global_adapt", "dpsgd_f"):
             cell = _ours(fig, f"{m}.{col}")
             if cell is None:
                 continue
-            gap = mean_se(cell)
+            gap, exact = fig.value("ours", f"{m}.{col}", cell)
             verdict = "yes" if gap[0] < base[0] else "NO"
             weak = "; within 2 combined SEs" if _within(gap, base) else ""
             out.append(f"- {head}: {m} {what} {cell} vs dpsgd {base_cell}{unit} → smaller "
-                       f"than dpsgd: **{verdict}** ({se_distance(gap, base)}{weak})")
+                       f"than dpsgd: **{verdict}** "
+                       f"({se_distance(gap, base, exact and base_exact)}{weak})")
     return out
 
 
@@ -62,8 +63,9 @@ def _xu(cfg: Mapping[str, Any], fig: Figures, head: str, pub: Mapping[str, Any])
     for m in methods:
         if m == REFERENCE:
             continue
-        gap = mean_se(main[f"{m}.delta_gap"])[0]
-        ses = [mean_se(main[f"{m}.delta_{lab}"])[1] for lab in labels[1:3]]
+        gap = fig.value("ours", f"{m}.delta_gap", main[f"{m}.delta_gap"])[0][0]
+        ses = [fig.value("ours", f"{m}.delta_{lab}", main[f"{m}.delta_{lab}"])[0][1]
+               for lab in labels[1:3]]
         se_text = ("no SE (one run)" if any(math.isnan(s) for s in ses) else
                    f"SEs of the two Δ {ses[0]:.4f}, {ses[1]:.4f}")
         eq = "equal" if gap <= cfg["tau"] else "unequal"
@@ -72,7 +74,8 @@ def _xu(cfg: Mapping[str, Any], fig: Figures, head: str, pub: Mapping[str, Any])
         out.append(f"- {head}: {m} |{pair}| = {gap:.4f} ({se_text}) → **{eq}** cost of "
                    f"privacy at τ = {cfg['tau']} (published {pg:.4f} → {peq})")
     if "dpsgd" in methods and "dpsgd_f" in methods:
-        gf, gd = (mean_se(main[f"{m}.delta_gap"])[0] for m in ("dpsgd_f", "dpsgd"))
+        gf, gd = (fig.value("ours", f"{m}.delta_gap", main[f"{m}.delta_gap"])[0][0]
+                  for m in ("dpsgd_f", "dpsgd"))
         out.append(f"- {head}: dpsgd_f gap {gf:.4f} vs dpsgd {gd:.4f} → DPSGD-F narrows the "
                    f"gap: **{'yes' if gf < gd else 'NO'}** (published "
                    f"{pub['dpsgd_f'][6]:.4f} vs {pub['dpsgd'][6]:.4f}; gaps of seed means, "
@@ -89,7 +92,8 @@ def _zhao(cfg: Mapping[str, Any], fig: Figures, head: str) -> list[str]:
                  ("bounded_adaptive", "unbounded_adaptive", "constant")}
         if not (cells["bounded_adaptive"] and cells["unbounded_adaptive"]):
             continue
-        b, u = mean_se(cells["bounded_adaptive"]), mean_se(cells["unbounded_adaptive"])
+        (b, eb), (u, eu) = (fig.value("ours", f"{m}@{eps}.{col}", cells[m])
+                            for m in ("bounded_adaptive", "unbounded_adaptive"))
         within = _within(b, u)
         verdict = "yes" if b[0] >= u[0] else (
             "no, lower but within 2 combined SEs" if within else "NO")
@@ -99,7 +103,7 @@ def _zhao(cfg: Mapping[str, Any], fig: Figures, head: str) -> list[str]:
         out.append(f"- {cfg['title']}, ε = {eps} [{fig.qualifier}]: worst-group accuracy "
                    f"bounded {cells['bounded_adaptive']} vs unbounded "
                    f"{cells['unbounded_adaptive']}{cstr} → bounded ≥ unbounded: **{verdict}** "
-                   f"({se_distance(b, u)}{weak})")
+                   f"({se_distance(b, u, eb and eu)}{weak})")
     return out
 
 

@@ -15,8 +15,14 @@ by a placeholder instead of typing it, so a rerun cannot leave a stale number be
   combined SEs it is (``+0.0017, 0.8 combined SEs``); ``[[NAME:row.column|vs published]]``
   the same for ours against the published cell;
 * ``[[NAME:wall]]``: the table's wall time in minutes; ``[[NAME:seeds]]``: its seed count;
-  ``[[NAME:flagged]]``: its "N of M" flagged cells; ``[[wall-total]]``: the wall times of
-  every table that ``reproduce.py`` ran, summed.
+  ``[[NAME:flagged]]``: its "N of M" flagged cells; ``[[NAME:flagged kinds]]``: the same with
+  the flagged cells listed by kind (accuracies, losses, ...); ``[[NAME:verdict]]``: one line
+  that counts them; ``[[NAME:accountant]]``: the accountant of its ε; ``[[wall-total]]``: the
+  wall times of every table that ``reproduce.py`` ran, summed.
+
+SE distances use the unrounded means and SEs a rendered table keeps in an HTML comment
+(:data:`EXACT`); a carried section without them falls back to its printed cells and says so
+("of printed cells").
 
 An unknown row or column of a table is an error (:class:`FigureError`): the renderer refuses
 to write prose it cannot fill. A table that is not in the report at all (a report of some
@@ -25,12 +31,18 @@ tables only) prints as ``[figure of a table not in this report: `NAME`]``.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from report_notes import markdown_flags
+
 PLACEHOLDER = re.compile(r"\[\[([^\]]+)\]\]")
+EXACT = "<!-- unrounded (mean, SE) per cell: "
+KIND_NAMES = {"acc": "accuracy", "pi": "privacy cost", "loss": "loss", "R": "excess risk",
+              "delta": "Δ"}
 MISSING = "figure of a table not in this report:"
 _KINDS = {"Ours (mean": "main", "Best point": "main", "Ours / published": "published",
           "Private tuning": "tuning"}
@@ -53,6 +65,9 @@ class Figures:
     wall_min: float | None = None
     flagged: str | None = None
     text: str = ""
+    accountant: str | None = None
+    #: unrounded (mean, SE) by ``row.column``: ``ours`` and ``published`` (rendered tables)
+    exact: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def qualifier(self) -> str:
@@ -71,6 +86,15 @@ class Figures:
         if "Best point of the" in self.text:
             return f"point selected on one seed, {seeds}"
         return seeds
+
+    def value(self, kind: str, key: str, cell: str) -> tuple[tuple[float, float], bool]:
+        """``(mean, SE)`` of a cell and whether it is unrounded: from :data:`EXACT` where the
+        section keeps it (``kind``: ``ours`` or ``published``), else parsed from ``cell``."""
+        found = self.exact.get(kind, {}).get(key)
+        if found is not None:
+            mean, se = (math.nan if v is None else float(v) for v in found)
+            return (mean, se), True
+        return mean_se(cell), False
 
     def cell(self, kind: str, key: str) -> str:
         try:
@@ -115,6 +139,12 @@ def parse_section(lines: Sequence[str]) -> Figures:
         m = re.search(r"wall time ([\d.]+) min", line)
         if m and out.wall_min is None:
             out.wall_min = float(m.group(1))
+        m = re.match(r"Ours \(mean ± SE .*?; ε by (.*?)(, published ε = [^)]*)?\):$", line)
+        if m and out.accountant is None:
+            out.accountant = m.group(1)
+        if line.startswith(EXACT) and not out.exact:
+            out.exact = {k: {c: tuple(v) for c, v in cells.items()}
+                         for k, cells in json.loads(line[len(EXACT):].removesuffix(" -->")).items()}
     return out
 
 
@@ -145,11 +175,14 @@ def _part(text: str, part: str) -> str:
     raise FigureError(f"no {part!r} in {text!r}")
 
 
-def se_distance(a: tuple[float, float], b: tuple[float, float]) -> str:
+def se_distance(a: tuple[float, float], b: tuple[float, float], exact: bool = False) -> str:
     """``a - b`` and how many combined SEs (``hypot``) it is; a missing SE counts as 0 (as
-    the report's ⚠ test counts a published value without SE), both missing or 0 say so."""
+    the report's ⚠ test counts a published value without SE), both missing or 0 say so.
+    ``exact``: both are unrounded (the difference is printed to 4 significant digits),
+    else they are printed cells and the distance says so."""
     diff = a[0] - b[0]
-    digits = max(_decimals(a[0]), _decimals(b[0]))
+    digits = _significant(diff) if exact else max(_decimals(a[0]), _decimals(b[0]))
+    of = "" if exact else " of printed cells"
     if math.isnan(a[1]) and math.isnan(b[1]):
         return f"{diff:+.{digits}f}, no SE (single runs)"
     comb = math.hypot(*(0.0 if math.isnan(s) else s for s in (a[1], b[1])))
@@ -157,7 +190,14 @@ def se_distance(a: tuple[float, float], b: tuple[float, float]) -> str:
         return f"{diff:+.{digits}f}, no SE (single runs)"
     if comb == 0:
         return f"{diff:+.{digits}f}, SEs print as 0"
-    return f"{diff:+.{digits}f}, {abs(diff) / comb:.1f} combined SEs"
+    return f"{diff:+.{digits}f}, {abs(diff) / comb:.1f} combined SEs{of}"
+
+
+def _significant(value: float) -> int:
+    """Decimals that show ``value`` to 3 significant digits (at most 4 decimals)."""
+    if value == 0 or not math.isfinite(value):
+        return 1
+    return max(0, min(4, 2 - math.floor(math.log10(abs(value)))))
 
 
 def _decimals(value: float) -> int:
@@ -175,25 +215,63 @@ def figure(spec: str, figures: Mapping[str, Figures]) -> str:
     if name not in figures:  # a report of some tables only (--quick, a test): say so
         return f"[{MISSING} `{name}`]"
     fig = figures[name]
-    if what in ("wall", "seeds", "flagged"):
-        value = {"wall": fig.wall_min, "seeds": fig.seeds, "flagged": fig.flagged}[what]
+    if what in ("wall", "seeds", "flagged", "accountant"):
+        value = {"wall": fig.wall_min, "seeds": fig.seeds, "flagged": fig.flagged,
+                 "accountant": fig.accountant}[what]
         if value is None:
             raise FigureError(f"placeholder [[{spec}]]: table {name!r} states no {what}")
         return f"{value:.1f}" if what == "wall" else str(value)
+    if what in ("flagged kinds", "verdict"):
+        return flagged_kinds(fig) if what == "flagged kinds" else verdict(fig)
     if " vs " in what:
-        a, b = (mean_se(fig.cell(kind, k.strip())) for k in what.split(" vs "))
-        return se_distance(a, b)
+        keys = [k.strip() for k in what.split(" vs ")]
+        (a, ea), (b, eb) = (fig.value("ours", k, fig.cell(kind, k)) for k in keys)
+        return se_distance(a, b, ea and eb)
     key, _, modifier = what.partition("|")
     words = modifier.split()
     if words == ["vs", "published"]:
-        ours = fig.cell("published", key).split(" / ")[0]
-        return se_distance(mean_se(ours), mean_se(_published(fig.cell("published", key))))
+        cell = fig.cell("published", key)
+        a, ea = fig.value("ours", key, cell.split(" / ")[0])
+        b, eb = fig.value("published", key, _published(cell))
+        return se_distance(a, b, ea and eb)
     if words[:1] == ["published"]:
         return _part(_published(fig.cell("published", key)), " ".join(words[1:]))
     if words[:1] == ["ours"]:
         ours = fig.cell("published", key).split(" / ")[0].replace("⚠", "").strip()
         return _part(ours, " ".join(words[1:]))
     return _part(fig.cell(kind, key).replace("⚠", "").strip(), modifier.strip())
+
+
+def _flagged(fig: Figures) -> tuple[str, list[str]]:
+    if fig.flagged is None:
+        raise FigureError("the table states no flagged count")
+    return fig.flagged, markdown_flags(fig.text.splitlines())
+
+
+def flagged_kinds(fig: Figures) -> str:
+    """"N of M comparable cells flagged: k losses (cells), ..." read from the section."""
+    count, cells = _flagged(fig)
+    by_kind: dict[str, list[str]] = {}
+    for cell in cells:
+        method, column = cell.rsplit(".", 1)
+        kind = KIND_NAMES.get(column.split("_")[0], column)
+        by_kind.setdefault(kind, []).append(f"{method} {column}")
+    parts = [f"{len(v)} {k if len(v) == 1 else _plural(k)} ({', '.join(v)})"
+             for k, v in by_kind.items()]
+    return f"{count} comparable cells flagged" + (f": {'; '.join(parts)}" if parts else "")
+
+
+def _plural(kind: str) -> str:
+    return {"accuracy": "accuracies", "loss": "losses", "Δ": "Δ"}.get(kind, kind + "s")
+
+
+def verdict(fig: Figures) -> str:
+    """One line that counts the flagged cells: the table reproduces cell for cell only when
+    none is flagged."""
+    count, _ = _flagged(fig)
+    if count.startswith("0 of"):
+        return f"reproduces cell for cell ({count} comparable cells flagged)"
+    return f"does not reproduce cell for cell: {count} comparable cells flagged"
 
 
 def fill(text: str, figures: Mapping[str, Figures]) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 CLAIMS = "Checks of the papers' claims"
 CARRIED = ("*Carried over unchanged from the previous report: this table was not rerun in the "
            "pass that wrote this file (its machine and date lines are those of its own run).*")
+CARRIED_EPSILON = "*ε in this section: "
 
 
 def markdown_flags(lines: Sequence[str]) -> list[str]:
@@ -60,6 +61,8 @@ def previous_sections(path: Path) -> dict[str, list[str]]:
         else:
             if body[1:2] == [""] and body[2:3] == [CARRIED]:
                 del body[2:4]  # carried before: keep one marker
+                if body[2:3] and body[2].startswith(CARRIED_EPSILON):
+                    del body[2:4]  # and its accountant line, rendered again
             if "Why each ⚠:" in body:  # its reasons are rendered again from the config
                 i = body.index("Why each ⚠:")
                 j = next((k for k in range(i + 2, len(body)) if not body[k].startswith("- ")),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,19 @@ import pandas as pd
 import recorded
 import yaml
 from report_claims import claims
-from report_figures import fill, parse_section
-from report_notes import CARRIED, CLAIMS, flag_reasons, markdown_flags, previous_sections
+from report_figures import EXACT, fill, parse_section
+from report_notes import (
+    CARRIED,
+    CARRIED_EPSILON,
+    CLAIMS,
+    flag_reasons,
+    markdown_flags,
+    previous_sections,
+)
 
 from dpfair import fairness
 from dpfair.pipeline import report
+from dpfair.privacy.accounting import ACCOUNTANT_RDP
 from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +44,8 @@ PUBLISHED = Path(os.environ.get("DPFAIR_PUBLISHED",
                                 ROOT.parent / "shared" / "reference" / "published.yaml"))
 REFERENCE = "nonprivate"
 N_SE = 2.0
+#: when dpfair's PLD accountant became its default: tables finished before were RDP's
+PLD_SINCE = "2026-11-26 13:35 UTC"
 
 
 def seed_list(seeds: int | Sequence[int]) -> list[int]:
@@ -143,7 +154,7 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]
     ours["epsilon"] = [_epsilon_cell(m, eps.get(m)) for m in ours.index]
     lines = [
         f"Ours (mean ± SE over {_seeds(len(finished_seeds(cfg, result)))}; accuracies "
-        f"{'in %' if percent else 'as fractions'}; ε measured by our accountant, "
+        f"{'in %' if percent else 'as fractions'}; ε by {accountant_of(result)}, "
         f"published ε = {cfg['published_epsilon']}):", "", ours.to_markdown(), "",
         f"Ours / published (⚠: |difference| > {N_SE:g} combined SEs; a published value "
         "without SE counts its SE as 0):", "", side_by_side(cmp, percent).to_markdown(), "",
@@ -154,7 +165,46 @@ def render_table(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]
               + (" No cell is comparable: one run on our side and no SE on the paper's."
                  if n_cmp == 0 else ""), ""]
     lines += flag_reasons(flagged_cells(cmp), cfg.get("flag_notes", []))
-    return lines
+    return [*lines, exact_values(cmp), ""]
+
+
+def accountant_of(result: Mapping[str, Any]) -> str:
+    """The accountant of a result's ε: the names stored with its runs (``accountants``), else
+    the one dpfair had when it finished (:data:`PLD_SINCE`)."""
+    names = sorted({a for a in result.get("accountants", {}).values() if a})
+    if names:
+        return ", ".join(names)
+    return accountant_when(result.get("finished"))
+
+
+def accountant_when(finished: str | None) -> str:
+    """dpfair's accountant at ``finished`` ("YYYY-MM-DD HH:MM UTC"), for runs that did not
+    store it."""
+    if finished is not None and finished < PLD_SINCE:
+        return ACCOUNTANT_RDP
+    return "dpfair's accountant, not recorded with these runs"
+
+
+def carried_epsilon_note(accountant: str) -> str:
+    """The line under a carried section's marker naming the accountant of all its ε."""
+    why = (f", dpfair's accountant when this table ran (before its PLD accountant, default "
+           f"since {PLD_SINCE[:10]}, which gives a lower ε for the same run)"
+           if accountant == ACCOUNTANT_RDP else "")
+    return f"{CARRIED_EPSILON}{accountant}{why}.*"
+
+
+def exact_values(cmp: pd.DataFrame) -> str:
+    """The unrounded (mean, SE) of every compared cell, ours and published, as one HTML comment
+    (hidden in the rendered markdown) that SE distances in the prose are computed from."""
+    def pair(mean: Any, se: Any) -> list[float | None]:
+        return [None if pd.isna(v) else float(v) for v in (mean, se)]
+
+    ours, pub = {}, {}
+    for _, r in cmp.iterrows():
+        key = f"{r['method']}.{r['column']}"
+        ours[key] = pair(r["ours_mean"], r["ours_se"])
+        pub[key] = pair(r["published_mean"], r["published_se"])
+    return EXACT + json.dumps({"ours": ours, "published": pub}, allow_nan=False) + " -->"
 
 
 def flagged_cells(cmp: pd.DataFrame) -> list[str]:
@@ -256,7 +306,8 @@ def render_zhao(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
     lines += [f"Best point of the {_grid_name(cfg)} ({len(cfg['grid']['lr'])} learning rates × "
               f"{len(cfg['grid']['clip'])} clip values), selected on validation macro accuracy "
               f"with seed {cfg['grid_seed']}, retrained on {len(cfg['seeds'])} seeds "
-              "(mean ± SE; fractions; ⚠: |difference| > 2 combined SEs). "
+              "(mean ± SE; fractions; ⚠: |difference| > 2 combined SEs; ε measured by "
+              f"{accountant_of(result)}). "
               "`tuning_privacy: none` — the grid search itself is not accounted:", "",
               pd.DataFrame(rows).to_markdown(index=False), ""]
     if result.get("tnb"):
@@ -331,6 +382,13 @@ def settings_lines(cfg: Mapping[str, Any], result: Mapping[str, Any]) -> list[st
     return lines
 
 
+def heading(title: str, name: str, body: Sequence[str]) -> str:
+    """A table's heading; a table shortened on the CPU says so in it."""
+    qualifier = parse_section(body).qualifier
+    short = f", {qualifier.split(',')[0]}" if qualifier.startswith("SHORTENED") else ""
+    return f"## {title}{short} (`{name}`)"
+
+
 def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Path,
            preamble: Iterable[str] = ()) -> str:
     """Write the report for every configured table; tables without results say so.
@@ -354,11 +412,17 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
     for name, cfg_file in configs.items():
         start = len(lines)
         if name not in results and name in previous:
-            body = previous[name][2:]
+            finished = re.search(r"finished (\d{4}-\d\d-\d\d \d\d:\d\d UTC)",
+                                 "\n".join(previous[name]))
+            accountant = accountant_when(finished.group(1) if finished else None)
+            body = [ln.replace("ε measured by our accountant", f"ε by {accountant}")
+                    for ln in previous[name][2:]]
             reasons = flag_reasons(markdown_flags(body), cfg_file.get("flag_notes", []))
             at = next((i for i, ln in enumerate(body)
                        if ln.startswith("Known differences of setting")), len(body))
-            lines += [*previous[name][:2], CARRIED, "", *body[:at], *reasons, *body[at:], ""]
+            lines += [heading(cfg_file["title"], name, body), "", CARRIED, "",
+                      carried_epsilon_note(accountant), "", *body[:at], *reasons, *body[at:],
+                      ""]
             figures[name] = parse_section(lines[start:])
             if "main" not in figures[name].tables:  # no table to check: keep its old lines
                 carried_claims += [ln for ln in previous.get(CLAIMS, [])
@@ -390,6 +454,7 @@ def render(configs: Mapping[str, Mapping], results: Mapping[str, dict], out: Pat
             lines += three_way(cfg, result, results[variant]["config"], results[variant])
         if cfg_file.get("notes"):  # from the YAML as it is now, not as stored with the run
             lines += [f"Known differences of setting: {cfg_file['notes']}", ""]
+        lines[start] = heading(cfg_file["title"], name, lines[start + 2:])
         figures[name] = parse_section(lines[start:])
     checked = ["### Qualitative claims checked", "",
                *claims(configs, figures, lambda c: _xu_published(published_table(c["published"]),

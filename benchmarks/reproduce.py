@@ -51,6 +51,8 @@ from report_render import REFERENCE, grid_reduced, render, seed_list
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.fairness import GroupMetrics
 from dpfair.pipeline.experiment import train_and_log
+from dpfair.privacy import accounting
+from dpfair.privacy.accounting import Spend
 from dpfair.release.plan import MethodRelease, method_release
 from dpfair.tracking.runs import TrackingConfig, experiment_id, log_json, log_metrics, run, set_tags
 from dpfair.training import TrainConfig, TrainResult, make_plan, train
@@ -146,6 +148,12 @@ def _one_run(config: TrainConfig, label: str, ds: GroupedDataset) -> MethodRelea
                           config.reproducible, config.delta)
 
 
+def _spend(config: TrainConfig, ds: GroupedDataset) -> Spend | None:
+    """ε of one run and its accountant (None: no guarantee), as ``train_and_log`` plans it."""
+    plan = make_plan(config, len(ds.train), ds.n_groups)
+    return accounting.spend(plan.event, plan.delta) if plan.privacy_guarantee == "proven" else None
+
+
 def resolve_lr(lr: float | str, cfg: Mapping[str, Any], n_train: int) -> float:
     """A number, or ``inv_sqrt_T``: Xu et al.'s ``1/sqrt(T)``, ``T = epochs * n / b``."""
     if lr == "inv_sqrt_T":
@@ -203,6 +211,7 @@ def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print
     sizes: dict[str, list[int]] = {k: list(v) for k, v in prev.get("sizes", {}).items()}
     records: list[dict] = list(prev.get("records", []))
     epsilons: dict[str, list[float]] = {k: list(v) for k, v in prev.get("epsilons", {}).items()}
+    accountants: dict[str, str] = dict(prev.get("accountants", {}))
     done: list[list] = list(prev.get("done", []))
     elapsed = float(prev.get("wall_s", 0.0))
     settings: dict[str, dict] = {}
@@ -210,6 +219,7 @@ def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print
 
     def result(partial: bool) -> dict:
         return {"kind": "table", "records": records, "epsilons": epsilons, "done": done,
+                "accountants": accountants,
                 "settings": settings, "n_train": n_train, "n_test": len(ds.test), "sizes": sizes,
                 "wall_s": elapsed, "mlflow_run": parent, "partial": partial}
 
@@ -237,6 +247,9 @@ def run_table(cfg: Mapping[str, Any], tracking: TrackingConfig, log: Any = print
                                     _one_run(config, label, ds))
                 records += rec.records
                 epsilons.setdefault(label, []).append(rec.epsilon)
+                spend = _spend(config, ds)
+                if spend is not None:
+                    accountants[label] = spend.accountant
                 done.append([label, seed])
                 elapsed += time.time() - t0
                 log(f"[{cfg['name']}] {label} seed {seed}: eps {rec.epsilon:.3f} "

@@ -195,12 +195,13 @@ def test_previous_sections_are_carried_with_their_claims(
                    "## B (`02_b`)\n\nold B\n\n## Checks of the papers' claims\n\n"
                    "- A: claim of A → **yes**\n- B: claim of B → **NO**\n")
     text = rr.render(configs, {}, out)
-    assert "## A (`01_a`)\n\n" + rr.CARRIED + "\n\nSettings of A\n\n| a |" in text
+    note = rr.carried_epsilon_note(rr.accountant_when(None))  # no finish date: not recorded
+    assert "## A (`01_a`)\n\n" + rr.CARRIED + "\n\n" + note + "\n\nSettings of A\n\n| a |" in text
     assert "old B" in text and "- A: claim of A → **yes**" in text
     assert "- B: claim of B → **NO**" in text
     # rendering again keeps one marker, not two
     again = rr.render(configs, {}, out)
-    assert again.count(rr.CARRIED) == 2 and again == text
+    assert again.count(rr.CARRIED) == 2 and again.count(note) == 2 and again == text
 
 
 @requires_dataset("dutch")
@@ -279,9 +280,10 @@ def test_prose_figures_are_filled_from_the_tables(reproduce: ModuleType) -> None
              "[[t:dpsgd.pi_gap|vs published]]), R_gap [[t:dpsgd.R_gap|ours]], global − dpsgd "
              "[[t:dpsgd_global.pi_gap vs dpsgd.pi_gap]], [[t:wall]] min, [[t:flagged]], "
              "ε [[t:dpsgd.epsilon]] over [[t:seeds]] seeds")
-    assert fill(prose, figs) == (
-        "π_gap 29.5 ± 2.1 (published 48.9; -19.4, 7.9 combined SEs), R_gap 2.378 ± 0.106, "
-        "global − dpsgd +22.0, 10.2 combined SEs, 2.5 min, 2 of 4, ε 2.36 over 3 seeds")
+    assert fill(prose, figs) == (  # no unrounded values kept: distances say so
+        "π_gap 29.5 ± 2.1 (published 48.9; -19.4, 7.9 combined SEs of printed cells), R_gap "
+        "2.378 ± 0.106, global − dpsgd +22.0, 10.2 combined SEs of printed cells, 2.5 min, "
+        "2 of 4, ε 2.36 over 3 seeds")
     rerun = [ln.replace("29.5 ± 2.1", "31.0 ± 1.0") for ln in _SECTION]
     assert "π_gap 31.0 ± 1.0" in fill(prose, {"t": parse_section(rerun)})
     for bad in ("[[t:dpsgd.acc_8]]", "[[t:nonprivate.pi_gap|se]]", "[[t:dpsgd.pi_gap|median]]"):
@@ -299,7 +301,7 @@ def test_claims_say_how_far_the_runs_go_and_their_se_distance(reproduce: ModuleT
     assert lines[0] == (
         "- T [SHORTENED on CPU to 3 of 60 epochs, 3 seeds]: dpsgd_global privacy-cost gap π_gap "
         "51.5 ± 0.5 vs dpsgd 29.5 ± 2.1 pp → smaller than dpsgd: **NO** (+22.0, 10.2 combined "
-        "SEs)")
+        "SEs of printed cells)")
     assert "R_gap 1.395 ± 0.108 vs dpsgd 2.378 ± 0.106 → smaller than dpsgd: **yes**" in lines[1]
 
 
@@ -323,6 +325,16 @@ def test_recorded_gpu_runs_are_a_full_length_table(reproduce: ModuleType, rr: Mo
     assert result["recorded"]["later"][0]["commit"] == "2578129"  # Global-Adapt rerun
     text = "\n".join(rr.settings_lines(result["config"], result))
     assert "RECORDED ON A GPU, full length" in text and "2 seeds (0, 1)" in text
+    # ε by today's accountant, named; the figure recorded with the runs (RDP then) beside it
+    from dpfair.privacy.accounting import ACCOUNTANT_PLD, ACCOUNTANT_RDP
+
+    assert result["accountants"]["dpsgd"] == ACCOUNTANT_PLD
+    eps = [r["eps"] for r in lines if r["label"] == "dpsgd"]
+    assert result["epsilons_recorded"]["dpsgd"] == eps
+    assert result["epsilons"]["dpsgd"][0] < eps[0]  # PLD below the recorded RDP figure
+    assert f"ε recorded with the runs, by the accountant of their day ({ACCOUNTANT_RDP}): " \
+           f"dpsgd {eps[0]:.2f}" in text
+    assert rr.accountant_of(result) == ACCOUNTANT_PLD
 
 
 def test_the_committed_report_is_its_own_rendering(reproduce: ModuleType, rr: ModuleType,
@@ -339,3 +351,72 @@ def test_the_committed_report_is_its_own_rendering(reproduce: ModuleType, rr: Mo
     import recorded
 
     assert rr.render(configs, recorded.recorded_results(configs), out) == committed
+
+
+def test_se_distances_use_the_unrounded_values_a_table_keeps(reproduce: ModuleType) -> None:
+    """A rendered table keeps each cell's unrounded mean and SE (an HTML comment); distances
+    in the prose and the claims come from them, not from the rounded cells."""
+    import json
+
+    from report_claims import claims
+    from report_figures import EXACT, fill, parse_section
+
+    exact = {"ours": {"dpsgd.pi_gap": [29.54, 2.06], "dpsgd_global.pi_gap": [51.46, 0.54]},
+             "published": {"dpsgd.pi_gap": [48.9, 1.3], "dpsgd_global.pi_gap": [14.8, 2.7]}}
+    section = [*_SECTION, EXACT + json.dumps(exact) + " -->", ""]
+    figs = {"t": parse_section(section)}
+    distance = abs(51.46 - 29.54) / (2.06 ** 2 + 0.54 ** 2) ** 0.5  # 10.29; rounded cells: 10.2
+    assert fill("[[t:dpsgd_global.pi_gap vs dpsgd.pi_gap]]", figs) == (
+        f"+21.9, {distance:.1f} combined SEs")
+    assert fill("[[t:dpsgd.pi_gap|vs published]]", figs) == "-19.4, 7.9 combined SEs"
+    line = claims({"t": {"title": "T", "kind": "table", "layout": "esipova"}}, figs,
+                  lambda c: {})[0]
+    assert line.endswith(f"**NO** (+21.9, {distance:.1f} combined SEs)")
+
+
+def test_flagged_cells_are_counted_and_listed_by_kind(reproduce: ModuleType) -> None:
+    from report_figures import fill, parse_section
+
+    figs = {"t": parse_section(_SECTION)}
+    assert fill("[[t:flagged kinds]]", figs) == (
+        "2 of 4 comparable cells flagged: 2 privacy costs (dpsgd pi_gap, dpsgd_global pi_gap); "
+        "2 excess risks (dpsgd R_gap, dpsgd_global R_gap)")
+    assert fill("[[t:verdict]]", figs) == (
+        "does not reproduce cell for cell: 2 of 4 comparable cells flagged")
+    clean = [ln.replace(" ⚠", "").replace("2 of 4", "0 of 4") for ln in _SECTION]
+    assert fill("[[t:verdict]]", {"t": parse_section(clean)}).startswith(
+        "reproduces cell for cell (0 of 4")
+
+
+def test_the_committed_report_says_what_its_tables_say(reproduce: ModuleType) -> None:
+    """The four statements of issue 44, read back from the committed report: every ε names
+    its accountant; shortened tables say so in their heading; the flagged cells of the full-
+    length MNIST table are listed from the table (an accuracy among them); the Dutch verdict
+    counts its flagged cells; one explanation of Xu's ε gap."""
+    from report_figures import parse_section
+    from report_notes import markdown_flags
+
+    text = reproduce.REPORT.read_text()
+    sections = re.split(r"\n(?=## )", text)
+    assert "ε measured by our accountant" not in text and "our accountant gives" not in text
+    for sec in sections:
+        fig = parse_section(sec.splitlines())
+        if "Ours (mean ± SE" in sec:
+            assert fig.accountant, sec[:80]
+        if "SHORTENED ON CPU**" in sec:
+            assert "SHORTENED on CPU" in sec.splitlines()[0]
+    def section(name: str) -> str:
+        return next(s for s in sections if s.splitlines()[0].endswith(f"(`{name}`)"))
+
+    table = section("06g_esipova_mnist_h100")
+    flags = markdown_flags(table.splitlines())
+    assert "dpsgd_f.acc_8" in flags
+    listed = text.split("Flagged in this table:")[1].split(". ")[0]
+    assert all(f"{c.split('.')[0]} {c.split('.')[1]}" in listed for c in flags)
+    assert listed.startswith(f"\n{parse_section(table.splitlines()).flagged} comparable cells")
+    assert "losses and\nexcess risks:" not in text  # the old, wrong summary
+    dutch = parse_section(section("02_esipova_dutch").splitlines())
+    assert f"does not reproduce cell for cell: {dutch.flagged} comparable cells flagged" in text
+    assert "the\ntable reproduces" not in text and "table reproduces:" not in text
+    assert "Xu's accountant or step count differs" not in text
+    assert text.count("we do not\nknow why") + text.count("we do not know why") == 1

@@ -178,9 +178,18 @@ def test_same_seed_is_bit_identical_when_reproducible(name: str) -> None:
         # each group's own PLD figure, or the run's (with its accountant) where that is smaller
         run_accountant = accounting.spend(a.event, a.delta).accountant
         assert set(a.group_accountants) <= {accounting.ACCOUNTANT_PLD, run_accountant}
-        assert (epsilon_by_group(a, ds)["accountant"] == a.group_accountants).all()
+        table = epsilon_by_group(a, ds)
+        assert (table["accountant"] == a.group_accountants).all()
+        # the reading of this run beside the bound fixed before training (the run's ε here:
+        # DPSGD-F's clip range lets any group hold the top bound)
+        assert a.group_epsilon_bounds == pytest.approx([a.epsilon] * 2, rel=0.02)
+        assert all(r <= f for r, f in zip(a.group_epsilons, a.group_epsilon_bounds, strict=True))
+        assert list(table["epsilon_reading"]) == a.group_epsilons
+        assert list(table["epsilon_fixed_before_training"]) == a.group_epsilon_bounds
+        assert "data-dependent reading" in table["reading"].iloc[0]
     else:
         assert a.group_epsilons is None and a.group_accountants is None
+        assert a.group_epsilon_bounds is None
     c = train(cfg.model_copy(update={"seed": 8}), ds)
     assert not all(torch.equal(a.model_state[k], c.model_state[k]) for k in a.model_state)
 

@@ -19,8 +19,11 @@ bound keeps its confidence.
 
 What an audit can show at most: with every guess right, ``m`` canaries reject no ε above
 :func:`max_certifiable` (about 0.68 for 20 canaries, 4.8 for 1,000 at β = 0.05 with three
-guess fractions and δ = 1e-6), so an audit meant to catch a claimed ε needs
-:func:`canaries_needed` canaries per group.
+guess fractions and δ = 1e-6). Reaching the claim is not enough to catch a leak: at the
+ceiling only a run with every guess right is flagged. :func:`detection_power` is the
+probability that an audit flags a run leaking a stated amount over its claim, and
+:func:`canaries_for_power` the canaries that make it likely (computed for randomised
+response, the mechanism whose guesses the pure-ε bound describes exactly).
 
 The Gaussian (f-DP) view (:func:`mu_lower_bound`): a μ-GDP mechanism is
 (ε, δ_μ(ε))-DP with δ_μ(ε) = Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2) (Dong, Roth & Su 2022,
@@ -116,7 +119,7 @@ def best_guesses(
     level = beta / len(fractions)
     found = [
         Guesses(r, v, epsilon_lower_bound(m, r, v, level, delta))
-        for r, v in (guess(scores, included, max(1, round(f * m))) for f in fractions)
+        for r, v in (guess(scores, included, _guesses(f, m)) for f in fractions)
     ]
     return max(found, key=lambda g: g.epsilon)
 
@@ -126,22 +129,75 @@ def max_certifiable(m: int, fractions: Sequence[float], beta: float, delta: floa
     best of ``fractions`` (each at ``beta / len(fractions)``, as :func:`best_guesses`)."""
     level = beta / len(fractions)
     return max(epsilon_lower_bound(m, r, r, level, delta)
-               for r in {max(1, round(f * m)) for f in fractions})
+               for r in {_guesses(f, m) for f in fractions})
 
 
-def canaries_needed(epsilon: float, fractions: Sequence[float], beta: float, delta: float,
-                    most: int) -> int:
-    """The fewest canaries (at most ``most``) whose :func:`max_certifiable` reaches
-    ``epsilon``; ``most`` when even that many cannot (the caller reports the ceiling)."""
-    can = lambda m: max_certifiable(m, fractions, beta, delta) >= epsilon  # noqa: E731
-    if can(1):
-        return 1
-    if not can(most):
-        return most
-    lo, hi = 1, most  # can(lo) false, can(hi) true
+def rejects(m: int, r: int, v: int, epsilon: float, beta: float, delta: float) -> bool:
+    """Whether ``v`` correct guesses out of ``r`` reject (ε, δ)-DP at confidence ``1 - beta``:
+    :func:`p_value` at most ``beta`` (the test behind :func:`epsilon_lower_bound`)."""
+    return p_value(m, r, v, epsilon, delta) <= beta
+
+
+def flags(scores: np.ndarray, included: np.ndarray, fractions: Sequence[float], beta: float,
+          delta: float, epsilon: float) -> bool:
+    """Whether the audit rejects the claim ``epsilon``: some fraction's guesses (each at
+    ``beta / len(fractions)``, as :func:`best_guesses`) reject it. A false flag of a run that
+    keeps its claim has probability at most ``beta``."""
+    scores, included = np.asarray(scores, dtype=float), np.asarray(included, dtype=bool)
+    m, level = len(scores), beta / len(fractions)
+    return any(rejects(m, *guess(scores, included, _guesses(f, m)), epsilon, level, delta)
+               for f in fractions)
+
+
+def _guesses(fraction: float, m: int) -> int:
+    return max(1, round(fraction * m))
+
+
+def _threshold(m: int, r: int, epsilon: float, level: float, delta: float) -> int | None:
+    """The fewest correct guesses out of ``r`` that reject ``epsilon`` at ``level`` (None:
+    not even ``r``), by bisection on :func:`p_value`, which falls as ``v`` grows."""
+    if not rejects(m, r, r, epsilon, level, delta):
+        return None
+    if rejects(m, r, 0, epsilon, level, delta):
+        return 0
+    lo, hi = 0, r  # rejects at hi, not at lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if can(mid) else (mid, hi)
+        lo, hi = (lo, mid) if rejects(m, r, mid, epsilon, level, delta) else (mid, hi)
+    return hi
+
+
+def detection_power(m: int, epsilon: float, leak: float, fractions: Sequence[float],
+                    beta: float, delta: float) -> float:
+    """The probability (at least) that an audit of ``m`` canaries rejects the claim
+    ``epsilon`` of a run that leaks ``epsilon + leak``: the run as (ε + leak)-randomised
+    response, which makes each guess right independently with probability
+    ``e^(ε+leak) / (1 + e^(ε+leak))``, so ``v ~ Binomial(r, that)`` (Steinke et al. 2023,
+    the mechanism for which their bound is tight). The best of ``fractions`` flags when any
+    does, so the largest single-fraction power is a lower bound of the audit's."""
+    q = float(special.expit(epsilon + leak))
+    level, found = beta / len(fractions), 0.0
+    for r in {_guesses(f, m) for f in fractions}:
+        v = _threshold(m, r, epsilon, level, delta)
+        if v is not None:
+            found = max(found, float(stats.binom.sf(v - 1, r, q)))
+    return found
+
+
+def canaries_for_power(epsilon: float, leak: float, power: float,
+                       fractions: Sequence[float], beta: float, delta: float,
+                       most: int) -> int | None:
+    """A canary count (the fewest, up to the rounding of guess counts) whose
+    :func:`detection_power` reaches ``power``; None when ``most`` canaries cannot. Bisection:
+    the power grows with ``m`` but for the rounding of ``f · m``, and the count returned is
+    checked to reach ``power``."""
+    reach = lambda m: detection_power(m, epsilon, leak, fractions, beta, delta) >= power  # noqa: E731
+    if not reach(most):
+        return None
+    lo, hi = 0, most  # reach(hi) holds; lo is below every count tried
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reach(mid) else (mid, hi)
     return hi
 
 

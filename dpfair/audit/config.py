@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 CanaryKind = Literal["mislabel", "ood", "gradient"]
+KindSetting = Literal["auto", "mislabel", "ood", "gradient"]
 
 
 class AuditSettings(BaseModel):
@@ -28,14 +29,22 @@ class AuditSettings(BaseModel):
     canaries: PositiveInt | None = Field(
         None,
         description="canaries per audited group, each included with probability 1/2; None: "
-        "enough for the audit to be able to certify the run's claimed ε (at most "
-        "10,000 and, for mislabelled canaries, the smallest audited group's size; 1,000 when "
-        "the run claims no finite ε)",
+        "enough to catch a run leaking `leak` nats over its claimed ε with probability "
+        "`power`, per group at beta and jointly at beta / (number of groups) (at most "
+        "10,000 and the smallest audited group's size; 1,000 when the run claims no finite ε "
+        "or no count up to 10,000 has that power)",
     )
-    kind: CanaryKind = Field(
-        "mislabel",
-        description="mislabel: group members with a wrong label; ood: random inputs; "
-        "gradient: a per-sample gradient on one parameter (white-box)",
+    leak: PositiveFloat = Field(
+        1.0, description="the leak over the claimed ε (nats) the audit is sized to catch")
+    power: float = Field(
+        0.8, gt=0.0, lt=1.0,
+        description="the probability of catching that leak below which the audit says "
+        "'cannot decide' and is not called an audit")
+    kind: KindSetting = Field(
+        "auto",
+        description="auto: gradient canaries for a private method whose model has a parameter "
+        "for each, else ood; mislabel: group members with a wrong label; ood: random inputs; "
+        "gradient: a per-sample gradient on one parameter (white-box, the strongest)",
     )
     beta: float = Field(0.05, gt=0.0, lt=1.0, description="the bound holds w.p. 1 - beta")
     guesses: list[float] = Field(

@@ -137,6 +137,12 @@ def _canary_rows(dataset: GroupedDataset, groups: Sequence[int], m: int) -> Spli
     return Split(x.reshape(n, *dataset.input_shape), torch.zeros(n, dtype=torch.long), g)
 
 
+def coordinates(config: TrainConfig, dataset: GroupedDataset) -> int:
+    """The trainable parameters of ``config``'s model: one per gradient canary at most."""
+    model = build_model(config.model, dataset.input_shape, dataset.n_classes)
+    return sum(p.numel() for p in trainable_parameters(model))
+
+
 def run(config: TrainConfig, dataset: GroupedDataset, groups: Sequence[int], m: int,
         rng: np.random.Generator) -> tuple[Canaries, np.ndarray, TrainResult]:
     """Train ``config`` with ``m`` Dirac canaries per group; their scores (module docstring)."""
@@ -147,8 +153,7 @@ def run(config: TrainConfig, dataset: GroupedDataset, groups: Sequence[int], m: 
     if not config.method.is_private:
         raise ConfigError("gradient canaries enter through a private method's per-sample "
                           "gradients; audit the non-private reference with mislabel or ood")
-    model = build_model(config.model, dataset.input_shape, dataset.n_classes)
-    n_params = sum(p.numel() for p in trainable_parameters(model))
+    n_params = coordinates(config, dataset)
     if n_params < len(rows):
         raise ConfigError(f"{len(rows)} gradient canaries need as many parameters, the model "
                           f"has {n_params}; lower audit.canaries")

@@ -32,7 +32,7 @@ def score_figure(result: AuditResult, path: str | Path) -> Path:
         ax.set_xlabel("canary score")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("canaries")
-    fig.suptitle(f"{result.method} audit, {result.settings.kind} canaries, "
+    fig.suptitle(f"{result.method} audit, {result.plan.kind} canaries, "
                  f"confidence {result.confidence:.0%}", fontsize=11)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

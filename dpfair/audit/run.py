@@ -12,14 +12,32 @@ Scores: input-space canaries score the final model's log-likelihood of the canar
 the parameter's move against the canary direction (white-box, :mod:`dpfair.audit.gradient`).
 
 Next to each bound stands the method's claim: its ε (DPSGD-F: the group's ε, its own steps
-accounted, ``TrainResult.group_epsilons``), none for a heuristic method (no guarantee to
-compare) and ∞ for the non-private reference.
+accounted, ``TrainResult.group_epsilons``: a data-dependent reading of this one run, shown
+beside the bound fixed before training, ``TrainResult.group_epsilon_bounds``), none for a
+heuristic method (no guarantee to compare) and ∞ for the non-private reference.
 
-How many canaries: ``AuditSettings.canaries`` when given; otherwise the fewest whose audit can
-certify the run's planned ε at all (:func:`dpfair.audit.bound.canaries_needed`), capped at
-:data:`MOST_CANARIES` and, for mislabelled canaries, at the smallest audited group;
-:data:`NO_CLAIM_CANARIES` for a run without a finite claim. Each group also states the largest
-ε its canaries could certify (``max_certifiable``): a claim above it cannot be caught.
+Which canaries (:func:`plan_canaries`): ``AuditSettings.kind``, where ``auto`` is gradient
+canaries (white-box: the strongest, the kind that catches an unclipped method) when the method
+is private and its model has a parameter for each canary, else out-of-distribution inputs.
+How many: ``AuditSettings.canaries`` when given; otherwise
+enough that a run leaking ``leak`` nats more than its planned ε is caught with probability
+``power`` by each group's joint statement (at β / K, hence also at β on its own;
+:func:`dpfair.audit.bound.canaries_for_power`), capped at :data:`MOST_CANARIES` and, for
+every kind, at the smallest audited group's training examples (mislabelled canaries are
+made of them; more canaries of another kind would outnumber the group they audit; gradient
+canaries also at the model's parameters shared by the groups); :data:`NO_CLAIM_CANARIES`
+for a run without a finite claim, and for a claim no count up to :data:`MOST_CANARIES` has
+the power to catch (its lower bound is still reported, its verdict cannot decide). Each
+group also states the largest ε its canaries could certify (``max_certifiable``).
+
+Verdicts (:func:`verdict`), per group at β and jointly at β / K: ``VIOLATION`` when the
+canaries reject the claim (:func:`dpfair.audit.bound.flags`: a run that keeps its claim is
+flagged with probability at most β); else "consistent" when the audit had at least ``power``
+to catch the leak (:func:`dpfair.audit.bound.detection_power` at the group's claim); else
+"cannot decide", with the power it had: such a run is not an audit, and
+:meth:`AuditResult.statement` says what it would need. The power is the guess game's: it
+assumes the leak reaches the canaries' scores as randomised response would, so weak canaries
+make "consistent" weaker than its power says (never a proof of privacy).
 
 Confidence: each group's bound holds with probability 1 - β on its own. ``joint_lower_bound``
 is each group's bound at β / (number of audited groups) (Bonferroni): all of them hold together
@@ -42,7 +60,7 @@ from dpfair.audit.canaries import (
     make_canaries,
     with_canaries,
 )
-from dpfair.audit.config import AuditSettings
+from dpfair.audit.config import AuditSettings, CanaryKind
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError, did_you_mean
 from dpfair.privacy.methods import PrivacyGuarantee
@@ -52,13 +70,49 @@ MOST_CANARIES = 10_000
 NO_CLAIM_CANARIES = 1_000
 
 
+VIOLATION = "VIOLATION: the run leaks more than its ε claims"
+
+
+def percent(p: float) -> str:
+    """A probability as whole percent, rounded down (79.6 % is not reported as 80 %)."""
+    return f"{math.floor(100 * p + 1e-9)}%"
+
+
+def verdict(violation: bool, power: float | None, settings: AuditSettings) -> str:
+    """The verdict in words (module docstring); ``power`` None: no finite claim."""
+    if violation:
+        return VIOLATION
+    if power is None:
+        return "no finite ε claimed: nothing to violate"
+    if power >= settings.power:
+        return f"consistent (power {percent(power)} to catch a leak of {settings.leak:g} nat)"
+    return f"cannot decide (power {percent(power)})"
+
+
+@dataclass(frozen=True)
+class CanaryPlan:
+    """Canaries per group (module docstring): their ``kind`` (``auto`` resolved),
+    ``canaries`` used, ``needed`` for the target power (None: more than
+    :data:`MOST_CANARIES`, or no finite claim), ``supply`` the most the default takes (the
+    smallest audited group; gradient canaries also the model's parameters over the
+    groups)."""
+
+    kind: CanaryKind
+    canaries: int
+    needed: int | None
+    supply: int
+
+
 @dataclass(frozen=True)
 class GroupAudit:
     """One group's audit (``group_id``: its index): its canaries (``included`` of them
     trained on), the guesses behind the bound (``correct`` of ``guesses``), the ε and μ-GDP
     lower bounds at confidence 1 - β for this group alone, the ε bound holding jointly with
     every audited group's (``joint_lower_bound``, module docstring), the largest ε these
-    canaries could certify and the claimed ε (``None``: the method claims no guarantee)."""
+    canaries could certify and the claimed ε (``None``: the method claims no guarantee; for
+    DPSGD-F a data-dependent reading, ``epsilon_fixed`` the bound fixed before training); the
+    power to catch the settings' leak alone and jointly (None: no finite claim), the verdict
+    alone and whether the joint statement flags this group."""
 
     group: str
     group_id: int
@@ -71,6 +125,11 @@ class GroupAudit:
     joint_lower_bound: float
     max_certifiable: float
     epsilon_claimed: float | None
+    epsilon_fixed: float | None
+    power: float | None
+    joint_power: float | None
+    verdict: str
+    joint_violation: bool
 
 
 @dataclass(frozen=True)
@@ -86,29 +145,67 @@ class AuditResult:
     included: np.ndarray
     canary_groups: np.ndarray
     train_result: TrainResult
+    plan: CanaryPlan
 
     @property
     def confidence(self) -> float:
         """Each group's bound on its own."""
         return 1.0 - self.settings.beta
 
+    @property
+    def violation(self) -> bool:
+        """Whether any verdict, a group's or the joint one, is ``VIOLATION``."""
+        return any(g.verdict == VIOLATION or g.joint_violation for g in self.groups)
+
+    @property
+    def joint_verdict(self) -> str:
+        """The verdict of all groups together at β / K each (module docstring)."""
+        powers = [g.joint_power for g in self.groups if g.joint_power is not None]
+        return verdict(any(g.joint_violation for g in self.groups),
+                       min(powers) if powers else None, self.settings)
+
     def statement(self) -> list[str]:
-        """What the bounds say, in sentences for the output: the confidence per group and
-        jointly, and each claim above what the canaries could certify."""
+        """What the audit says, in sentences for the output: each group's verdict and the
+        joint one with their confidence, and what an audit short of power would need."""
         n = len(self.groups)
-        lines = [f"each group's ε >= holds with probability {self.confidence:.0%} on its own"]
+        lines = [f"{g.group}: {g.verdict} (on its own, confidence {self.confidence:.0%})"
+                 for g in self.groups]
         if n > 1:
             joint = ", ".join(f"{g.group} {g.joint_lower_bound:.3f}" for g in self.groups)
-            lines.append(f"jointly over the {n} groups (Bonferroni, β/{n} each), with "
-                         f"probability {self.confidence:.0%}: ε >= {joint}")
-        lines += [f"{g.group}: {g.canaries} canaries can certify at most ε "
-                  f"{g.max_certifiable:.2f}, below the claimed {g.epsilon_claimed:.2f}: this "
-                  "audit cannot catch a violation of that claim (raise audit.canaries)"
-                  for g in self.groups
-                  if g.epsilon_claimed is not None and g.max_certifiable < g.epsilon_claimed]
-        lines.append(f"a {self.settings.kind} audit is its own statement: bounds of audits with "
+            lines.append(f"jointly over the {n} groups (Bonferroni, β/{n} each), confidence "
+                         f"{self.confidence:.0%}: {self.joint_verdict}; ε >= {joint}")
+        lines += self._shortfall()
+        if any(g.epsilon_fixed is not None for g in self.groups):
+            fixed = ", ".join(f"{g.group} {g.epsilon_fixed:.3f}" for g in self.groups)
+            lines.append(f"{self.method}'s claimed ε per group is a data-dependent reading of "
+                         "this one run (its clip bounds come from noisy counts), not a "
+                         f"guarantee fixed in advance; the bound fixed before training: {fixed}")
+        lines.append(f"a {self.plan.kind} audit is its own statement: bounds of audits with "
                      "other canary kinds hold jointly only at β divided by their number")
         return lines
+
+    def _shortfall(self) -> list[str]:
+        """The line saying "not an audit" and what it would need, when nothing was flagged
+        and the joint power is below the target."""
+        powers = [g.joint_power for g in self.groups if g.joint_power is not None]
+        if not powers or self.joint_verdict == VIOLATION or min(powers) >= self.settings.power:
+            return []
+        plan, target = self.plan, percent(self.settings.power)
+        needs = (f"even {MOST_CANARIES:,} canaries per group would not reach {target}"
+                 if plan.needed is None else f"{plan.needed} canaries per group would reach "
+                 f"{target}")
+        if plan.needed is not None and plan.needed > plan.supply:
+            fix = (f"the default takes at most {plan.supply} (the smallest audited group; "
+                   "gradient canaries also the model's parameters): --canaries with --kind "
+                   "ood goes beyond, the canaries then outnumbering the group")
+        elif plan.needed is None:
+            fix = "only a weaker claim (more noise) can be audited"
+        else:
+            fix = "raise audit.canaries (--canaries)"
+        jointly = " jointly" if len(self.groups) > 1 else ""
+        return [f"not an audit: power {percent(min(powers))} to catch a leak of "
+                f"{self.settings.leak:g} nat over the claim{jointly} ({self.plan.canaries} "
+                f"canaries per group); {needs}: {fix}"]
 
 
 def group_ids(dataset: GroupedDataset, names: list[str] | None) -> list[int]:
@@ -135,25 +232,53 @@ def claimed_epsilon(result: TrainResult, group: int) -> float | None:
     return result.epsilon
 
 
-def canary_count(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
-                 groups: list[int]) -> int:
-    """Canaries per group (module docstring): the setting, or enough to catch the claim."""
-    if settings.canaries is not None:
-        return settings.canaries
+def plan_canaries(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
+                  groups: list[int]) -> CanaryPlan:
+    """Which canaries and how many per group (module docstring)."""
     plan = make_plan(config, len(dataset.train), dataset.n_groups)
-    most = MOST_CANARIES
-    if settings.kind == "mislabel":
-        sizes = np.bincount(dataset.train.g.numpy(), minlength=dataset.n_groups)
-        most = max(1, min(most, *(int(sizes[k]) for k in groups)))
-    if plan.privacy_guarantee == "heuristic" or not math.isfinite(plan.epsilon):
-        return min(most, NO_CLAIM_CANARIES)
-    return bound.canaries_needed(plan.epsilon, settings.guesses, settings.beta, plan.delta, most)
+    needed = None
+    claim = plan.privacy_guarantee != "heuristic" and math.isfinite(plan.epsilon)
+    if claim:
+        needed = bound.canaries_for_power(plan.epsilon, settings.leak, settings.power,
+                                          settings.guesses, settings.beta / len(groups),
+                                          plan.delta, MOST_CANARIES)
+    sizes = np.bincount(dataset.train.g.numpy(), minlength=dataset.n_groups)
+    supply = max(1, min(MOST_CANARIES, *(int(sizes[k]) for k in groups)))
+    wanted = settings.canaries or min(supply, needed or NO_CLAIM_CANARIES)
+    kind = _kind(config, dataset, settings, len(groups), wanted)
+    if kind == "gradient":
+        supply = max(1, min(supply, gradient.coordinates(config, dataset) // len(groups)))
+    default = min(supply, NO_CLAIM_CANARIES if needed is None else needed)
+    return CanaryPlan(kind, settings.canaries or default, needed, supply)
+
+
+def _kind(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
+          n_groups: int, wanted: int) -> CanaryKind:
+    """``settings.kind``, with ``auto`` resolved (module docstring)."""
+    if settings.kind != "auto":
+        return settings.kind
+    if (config.method.is_private and math.prod(dataset.input_shape) >= 2
+            and gradient.coordinates(config, dataset) >= wanted * n_groups):
+        return "gradient"
+    return "ood"
+
+
+def fixed_epsilon(result: TrainResult, group: int) -> float | None:
+    """The per-group bound fixed before training where the claim is a reading (DPSGD-F)."""
+    bounds = result.group_epsilon_bounds
+    return None if bounds is None else bounds[group]
+
+
+def _power(m: int, claim: float | None, settings: AuditSettings, beta: float,
+           delta: float) -> float | None:
+    if claim is None or not math.isfinite(claim):
+        return None
+    return bound.detection_power(m, claim, settings.leak, settings.guesses, beta, delta)
 
 
 def _input_space(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings,
-                 groups: list[int], m: int, rng: np.random.Generator
+                 kind: InputKind, groups: list[int], m: int, rng: np.random.Generator
                  ) -> tuple[Canaries, np.ndarray, TrainResult]:
-    kind: InputKind = "ood" if settings.kind == "ood" else "mislabel"
     canaries = make_canaries(dataset, kind, groups, m, rng, ood_scale=settings.ood_scale)
     result = train(config, with_canaries(dataset, canaries))
     scores = -predict(result.load_model(), canaries.split, config.eval_batch_size).loss
@@ -165,31 +290,38 @@ def audit(config: TrainConfig, dataset: GroupedDataset, settings: AuditSettings)
     docstring). Raises ``ConfigError`` for an unknown group, ``DataError`` for a group with
     fewer training examples than mislabelled canaries asked for."""
     groups = group_ids(dataset, settings.groups)
-    m = canary_count(config, dataset, settings, groups)
+    plan = plan_canaries(config, dataset, settings, groups)
     rng = coin_generator(config.seed if config.reproducible else None)
-    if settings.kind == "gradient":
-        canaries, scores, result = gradient.run(config, dataset, groups, m, rng)
+    if plan.kind == "gradient":
+        canaries, scores, result = gradient.run(config, dataset, groups, plan.canaries, rng)
     else:
-        canaries, scores, result = _input_space(config, dataset, settings, groups, m, rng)
+        canaries, scores, result = _input_space(config, dataset, settings, plan.kind, groups,
+                                                plan.canaries, rng)
     canary_groups = canaries.split.g.numpy()
+    levels = (settings.beta, settings.beta / len(groups))
     rows = []
     for k in groups:
-        mine = canary_groups == k
-        found = [bound.best_guesses(scores[mine], canaries.included[mine], settings.guesses,
-                                    beta, result.delta)
-                 for beta in (settings.beta, settings.beta / len(groups))]
+        mine, claim = canary_groups == k, claimed_epsilon(result, k)
+        m, inside = int(mine.sum()), canaries.included[mine]
+        found = [bound.best_guesses(scores[mine], inside, settings.guesses, beta, result.delta)
+                 for beta in levels]
+        flagged = [claim is not None and math.isfinite(claim) and bound.flags(
+            scores[mine], inside, settings.guesses, beta, result.delta, claim)
+            for beta in levels]
+        power = [_power(m, claim, settings, beta, result.delta) for beta in levels]
         rows.append(GroupAudit(
-            group=dataset.group_names[k], group_id=k, canaries=int(mine.sum()),
-            included=int(canaries.included[mine].sum()), guesses=found[0].r,
-            correct=found[0].v, epsilon_lower_bound=found[0].epsilon,
+            group=dataset.group_names[k], group_id=k, canaries=m, included=int(inside.sum()),
+            guesses=found[0].r, correct=found[0].v, epsilon_lower_bound=found[0].epsilon,
             mu_lower_bound=bound.mu_lower_bound(found[0].epsilon, result.delta),
             joint_lower_bound=found[1].epsilon,
-            max_certifiable=bound.max_certifiable(int(mine.sum()), settings.guesses,
-                                                  settings.beta, result.delta),
-            epsilon_claimed=claimed_epsilon(result, k),
+            max_certifiable=bound.max_certifiable(m, settings.guesses, settings.beta,
+                                                  result.delta),
+            epsilon_claimed=claim, epsilon_fixed=fixed_epsilon(result, k),
+            power=power[0], joint_power=power[1],
+            verdict=verdict(flagged[0], power[0], settings), joint_violation=flagged[1],
         ))
     return AuditResult(
         method=result.method, privacy_guarantee=result.privacy_guarantee, settings=settings,
         delta=result.delta, groups=rows, scores=scores, included=canaries.included,
-        canary_groups=canary_groups, train_result=result,
+        canary_groups=canary_groups, train_result=result, plan=plan,
     )

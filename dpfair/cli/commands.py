@@ -12,7 +12,8 @@
 ``@cli_errors`` (on every command; a test checks) is the one error boundary
 (:mod:`dpfair.cli.error_boundary`): an expected failure is one message naming the problem and the
 fix, with its exit code (2 bad input, 3 budget refused, 4 unreachable); anything else is a bug
-(exit code 1), with its traceback and a request to report it.
+(exit code 1), with its traceback and a request to report it. ``dpfair audit`` exits 5 when it
+prints a VIOLATION.
 
 Global options: ``--version``; ``-q`` (no log lines: results and errors only); ``-v`` (MLflow's
 and Prefect's INFO lines too; by default they show from WARNING up).
@@ -48,7 +49,7 @@ from dpfair.cli.base import (
     show_version,
 )
 from dpfair.cli.data import data_app, files_status
-from dpfair.cli.error_boundary import cli_errors, user_errors_once
+from dpfair.cli.error_boundary import EXIT_VIOLATION, cli_errors, user_errors_once
 from dpfair.errors import ConfigError, format_validation_error
 from dpfair.settings import DEFAULT_PARAMS
 
@@ -409,8 +410,11 @@ def audit_cmd(
     method: Annotated[str | None, typer.Option(
         "--method", "-m", help="label of experiment.methods (default: audit.method)")] = None,
     canaries: Annotated[int | None, typer.Option(min=1, help="canaries per group")] = None,
-    kind: Annotated[str | None, typer.Option(help="mislabel | ood | gradient")] = None,
+    kind: Annotated[str | None, typer.Option(help="auto | mislabel | ood | gradient")] = None,
     beta: Annotated[float | None, typer.Option(help="the bound holds w.p. 1 - beta")] = None,
+    leak: Annotated[float | None, typer.Option(
+        help="leak over the claimed epsilon (nats) to catch w.p. audit.power (default 1)")
+    ] = None,
     group: Annotated[list[str] | None, typer.Option(
         "--group", "-g", help="group to audit (repeat; default: all)")] = None,
     sigma: Annotated[float | None, typer.Option(help="noise multiplier")] = None,
@@ -422,11 +426,12 @@ def audit_cmd(
 ) -> None:
     """Empirical privacy audit: train one method once with canaries (each included with
     probability 1/2) and print an epsilon lower bound per group next to the claimed epsilon
-    (Steinke, Nasr & Jagielski 2023). A lower bound, not a proof of privacy."""
+    (Steinke, Nasr & Jagielski 2023) and a verdict per group and jointly; exit code 5 on a
+    VIOLATION. A lower bound, not a proof of privacy."""
     from dpfair.audit import AuditSection
     from dpfair.pipeline.audit_run import audit_from_params, audited, claim_note, log_audit
 
-    given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta,
+    given = {"method": method, "canaries": canaries, "kind": kind, "beta": beta, "leak": leak,
              "groups": group or None, "sigma": sigma, "target_epsilon": target_epsilon,
              "epochs": epochs, "track": track}
     overrides = {k: v for k, v in given.items() if v is not None}
@@ -443,16 +448,22 @@ def audit_cmd(
                 exc, AuditSection, prefix=("audit",))) from None
         config, dataset = audited(p, section)
     result = audit_from_params(p, section, config, dataset)
-    table = Table(title=f"audit of {section.method} on {dataset.name}: {section.kind} "
+    from dpfair.audit.run import percent as whole_percent  # after the checks: loads scipy
+    table = Table(title=f"audit of {section.method} on {dataset.name}: {result.plan.kind} "
                         f"canaries, confidence {result.confidence:.0%}")
     for col in ("group", "canaries", "included", "correct / guesses", "epsilon >=",
-                "joint epsilon >=", "mu >=", "certifiable <=", "claimed epsilon"):
+                "joint epsilon >=", "mu >=", "certifiable <=", "claimed epsilon",
+                "power alone / jointly"):
         table.add_column(col, justify="left" if col == "group" else "right")
     for g in result.groups:
         claimed = "—" if g.epsilon_claimed is None else f"{g.epsilon_claimed:.3f}"
+        if g.epsilon_fixed is not None:
+            claimed += f" (reading; fixed {g.epsilon_fixed:.3f})"
+        power = "—" if g.power is None else (f"{whole_percent(g.power)} / "
+                                                 f"{whole_percent(g.joint_power or 0.0)}")
         table.add_row(g.group, str(g.canaries), str(g.included), f"{g.correct} / {g.guesses}",
                       f"{g.epsilon_lower_bound:.3f}", f"{g.joint_lower_bound:.3f}",
-                      f"{g.mu_lower_bound:.3f}", f"{g.max_certifiable:.2f}", claimed)
+                      f"{g.mu_lower_bound:.3f}", f"{g.max_certifiable:.2f}", claimed, power)
     console.print(table)
     console.print("\n".join(result.statement()))
     console.print(f"claim: {claim_note(result)} (delta {result.delta:g}); an empirical lower "
@@ -462,6 +473,8 @@ def audit_cmd(
 
         run_id = log_audit(p.tracking, section.method, config, dataset, result)
         console.print(f"MLflow audit run {run_id}; {ui_hint(p.tracking)}")
+    if result.violation:
+        raise typer.Exit(EXIT_VIOLATION)
 
 
 @app.command("serve")

@@ -11,7 +11,8 @@ folders that killed processes left (:mod:`dpfair.processes`).
 Exit codes (README, "Exit codes"): 0 done; 1 a bug; 2 bad input (configuration, data, a path,
 an unknown model; also typer's usage errors); 3 a privacy budget refused the release
 (``BudgetExceededError``: nothing ran); 4 a service or folder could not be reached
-(``UnreachableError``: the tracking server, a storage).
+(``UnreachableError``: the tracking server, a storage); 5 ``dpfair audit`` printed a
+VIOLATION (the run leaks more than its ε claims; not an error of dpfair's).
 Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stays fast).
 """
 
@@ -52,6 +53,7 @@ EXIT_BUG = 1
 EXIT_USAGE = 2  # bad input: configuration, data, a path, an unknown model
 EXIT_BUDGET = 3  # a privacy budget refused the release before anything ran
 EXIT_UNREACHABLE = 4  # a service or folder could not be reached
+EXIT_VIOLATION = 5  # `dpfair audit` found a run leaking more than its ε claims
 
 err_console = Console(stderr=True, soft_wrap=True)
 

@@ -6,8 +6,11 @@ The audit run is a diagnostic of a training run on the private data: tag
 logged, but its bounds and score histograms are computed from that training, so the audit
 passes the privacy gate and is charged the training run's event (:func:`audit_from_params`).
 Logged: per group the ε and μ-GDP lower bounds, the canaries (and how many were included), the
-guesses behind the bound and the claimed ε (a heuristic method logs none: its
-``dpfair.epsilon`` tag says why); the confidence, β and δ; the table as ``audit/audit.json``;
+guesses behind the bound, the claimed ε (DPSGD-F: a data-dependent reading, with the bound
+fixed before training beside it; a heuristic method logs none: its
+``dpfair.epsilon`` tag says why) and the power to catch the stated leak alone and jointly;
+the verdicts in words as tags (``audit/verdict/<group>``, and ``audit/verdict`` for all
+groups jointly), as printed; the confidence, β, δ and the leak; the table as ``audit/audit.json``;
 the score histograms as ``audit/scores.png``.
 """
 
@@ -67,14 +70,15 @@ def audit_from_params(params: Params, section: AuditSection, config: TrainConfig
     refused before anything trains) and the lifetime budget. The event is planned at the
     smallest training set the canaries can leave (``mislabel`` canaries replace their
     originals), which has the largest sampling rate: an upper bound on the run's."""
-    from dpfair.audit import audit, canary_count, group_ids
+    from dpfair.audit import audit, group_ids, plan_canaries
     from dpfair.pipeline.standalone import open_gate
     from dpfair.release.plan import method_release, release_plan
     from dpfair.training import make_plan
 
     groups = group_ids(dataset, section.groups)
-    replaced = canary_count(config, dataset, section, groups) * len(groups)
-    n_min = len(dataset.train) - (replaced if section.kind == "mislabel" else 0)
+    canaries = plan_canaries(config, dataset, section, groups)
+    replaced = canaries.canaries * len(groups) if canaries.kind == "mislabel" else 0
+    n_min = len(dataset.train) - replaced
     delta = params.budget.delta or config.delta
     plan = make_plan(config, max(n_min, 1), dataset.n_groups, len(dataset.test))
     release = method_release(f"audit of {section.method}", config.method.privacy_guarantee,
@@ -96,6 +100,9 @@ def claim_note(result: AuditResult) -> str:
     """What the method claims, in words, where no ε is shown."""
     from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
 
+    if any(g.epsilon_fixed is not None for g in result.groups):
+        return ("proven: ε of the accountant; per group a data-dependent reading of this run, "
+                "beside the bound fixed before training")
     return {"heuristic": HEURISTIC, "none": NONPRIVATE_REFERENCE}.get(
         result.privacy_guarantee, "proven: ε of the accountant")
 
@@ -131,6 +138,7 @@ def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
         metrics: dict[str, float] = {"audit/confidence": result.confidence,
                                      "audit/beta": result.settings.beta,
                                      "audit/delta": result.delta,
+                                     "audit/leak": result.settings.leak,
                                      "audit/canaries": float(len(result.scores))}
         for g in result.groups:
             metrics.update({f"audit/epsilon_lower_bound/{g.group}": g.epsilon_lower_bound,
@@ -141,10 +149,19 @@ def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
                             f"audit/correct/{g.group}": g.correct})
             if result.privacy_guarantee == "proven" and g.epsilon_claimed is not None:
                 metrics[f"audit/epsilon_claimed/{g.group}"] = g.epsilon_claimed
+            if g.epsilon_fixed is not None:  # the claim above is a reading (DPSGD-F)
+                metrics[f"audit/epsilon_fixed_before_training/{g.group}"] = g.epsilon_fixed
+            if g.power is not None and g.joint_power is not None:
+                metrics.update({f"audit/power/{g.group}": g.power,
+                                f"audit/joint_power/{g.group}": g.joint_power})
         log_metrics(tracking, run_id, metrics)
-        log_json(tracking, run_id, {"groups": rows(result), "claim": claim_note(result)},
-                 "audit/audit.json")
+        log_json(tracking, run_id, {"groups": rows(result), "claim": claim_note(result),
+                                    "joint_verdict": result.joint_verdict}, "audit/audit.json")
         with tempfile.TemporaryDirectory() as tmp:
             log_file(tracking, run_id, score_figure(result, Path(tmp) / "scores.png"), "audit")
-        set_tags(tracking, run_id, {"dpfair.device": result.train_result.device})
+        set_tags(tracking, run_id, {"dpfair.device": result.train_result.device,
+                                    "audit/kind": result.plan.kind,
+                                    "audit/verdict": result.joint_verdict,
+                                    **{f"audit/verdict/{g.group}": g.verdict
+                                       for g in result.groups}})
     return run_id

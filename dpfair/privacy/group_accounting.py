@@ -1,4 +1,5 @@
-"""Per-group ε of DPSGD-F (Xu et al. 2021, Alg. 2), each group accounted on its own steps.
+"""Per-group ε of DPSGD-F (Xu et al. 2021, Alg. 2), each group accounted on its own steps:
+a *data-dependent reading of one run*, and beside it the bound fixed before training.
 
 At step t DPSGD-F clips group k at ``C_tk`` and adds Gaussian noise of std ``σ · max_j C_tj``
 to the clipped sum (Xu Alg. 2, line 15), so adding or removing one member of group k moves
@@ -18,6 +19,15 @@ rounded *down* to a geometric grid of ratio ``1 + GRID`` before identical steps 
 if more than :data:`MAX_CELLS` grid cells remain, adjacent cells are merged into runs of about
 equal numbers of steps, each at its smallest multiplier. A smaller multiplier has a larger ε
 at every δ (more noise is post-processing), so the result stays an upper bound.
+
+What the reading is: DPSGD-F's clip bounds ``C_tk`` come from noisy counts of the data, so
+:func:`group_epsilons` of a trajectory is an after-the-fact reading of that one run, not a
+guarantee fixed in advance (a run whose bounds happened to favour a group reads lower for it;
+the figure itself depends on the data). The guarantee fixed before training is
+:func:`fixed_group_epsilons`: the worst multiplier a member of group k can meet over every
+bound vector the method allows (``Method.clip_range``, DPSGD-F ``[C0, C0 (1 + B)]``),
+``σ · max(1, max_{j≠k} low_j / high_k)`` at every step. For DPSGD-F that ratio is 1 (any
+group can hold the top bound), so the fixed per-group bound is the run's ε.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ GRID = 0.01  # multipliers rounded down to powers of 1.01
 #: the most distinct multipliers one group's composition holds (each is a PLD to build)
 MAX_CELLS = 16
 
-__all__ = ["GRID", "MAX_CELLS", "group_epsilons", "group_event"]
+__all__ = ["GRID", "MAX_CELLS", "fixed_group_epsilons", "group_epsilons", "group_event"]
 
 
 def _multipliers(sigma: float, count_sigma: float | None, bounds: np.ndarray) -> np.ndarray:
@@ -99,7 +109,8 @@ def group_epsilons(
     clip_bounds: Sequence[Sequence[float]],
     delta: float,
 ) -> list[Spend]:
-    """ε of each group at ``delta`` and its accountant (module docstring):
+    """ε of each group at ``delta`` and its accountant, a data-dependent reading of the run
+    whose bounds these are (module docstring):
     ``clip_bounds[t][k]`` is group k's clipping bound at step t, one row per step of the run,
     ``sigma`` the gradient noise multiplier, ``count_sigma`` the count noise (``None``: no
     count release)."""
@@ -113,3 +124,27 @@ def group_epsilons(
     z = _multipliers(sigma, count_sigma, bounds)
     return [Spend(pld_epsilon(group_event(z[:, k], sample_rate), delta), delta, ACCOUNTANT_PLD)
             for k in range(bounds.shape[1])]
+
+
+def fixed_group_epsilons(
+    sigma: float,
+    count_sigma: float | None,
+    sample_rate: float,
+    steps: int,
+    clip_ranges: Sequence[tuple[float, float]],
+    delta: float,
+) -> list[Spend]:
+    """Each group's ε bound fixed before training (module docstring): ``clip_ranges[k]`` is
+    the ``(low, high)`` every clip bound of group k stays in, whatever the data; every one of
+    the ``steps`` steps at the smallest multiplier those ranges allow a member of group k."""
+    ranges = np.asarray(clip_ranges, dtype=np.float64)
+    if ranges.ndim != 2 or ranges.shape[1] != 2 or steps < 1:
+        raise PrivacyError("need at least one step and one (low, high) clip range per group")
+    if np.any(ranges[:, 0] < 0) or np.any(ranges[:, 0] > ranges[:, 1]) or np.any(ranges[:, 1] <= 0):
+        raise PrivacyError(f"clip ranges must satisfy 0 <= low <= high, 0 < high: {clip_ranges}")
+    lows, highs = ranges[:, 0], ranges[:, 1]
+    tops = [max(highs[k], float(np.delete(lows, k).max(initial=0.0))) for k in range(len(highs))]
+    # one row per group: the least top bound the others allow, group k at its highest bound
+    z = _multipliers(sigma, count_sigma, np.stack([tops, highs], axis=1))[:, 1]
+    return [Spend(pld_epsilon(group_event([float(z[k])] * steps, sample_rate), delta), delta,
+                  ACCOUNTANT_PLD) for k in range(len(z))]

@@ -89,12 +89,20 @@ class EpochLogger:
         return None
 
 
+READING = ("epsilon_reading: a data-dependent reading of this one run (its clip bounds come "
+           "from noisy counts), not a guarantee fixed in advance; "
+           "epsilon_fixed_before_training: the bound from the clip range the method allows")
+
+
 def epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
     """DPSGD-F's per-group ε (:mod:`dpfair.privacy.group_accounting`: each group's own steps
-    accounted) as a table: group name, ε at the run's δ, its accountant."""
-    return pd.DataFrame({"group": dataset.group_names, "epsilon": result.group_epsilons,
-                         "delta": result.delta, "accountant": result.group_accountants}
-                        ).set_index("group")
+    accounted) as a table: group name, the data-dependent reading of this run at its δ, the
+    bound fixed before training beside it, δ, the accountant, and what the reading is."""
+    return pd.DataFrame({"group": dataset.group_names,
+                         "epsilon_reading": result.group_epsilons,
+                         "epsilon_fixed_before_training": result.group_epsilon_bounds,
+                         "delta": result.delta, "accountant": result.group_accountants,
+                         "reading": READING}).set_index("group")
 
 
 def event_with_note(result: TrainResult) -> str:

@@ -120,23 +120,29 @@ def _nanmean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def _group_epsilons(plan: RunPlan, count_sigma: float | None,
-                    trajectory: list[dict[str, Any]]) -> list[Spend] | None:
+def _group_epsilons(plan: RunPlan, method: Method,
+                    trajectory: list[dict[str, Any]]) -> tuple[list[Spend], list[Spend]] | None:
     """Per-group ε of DPSGD-F and its accountant from its per-step bounds ``C_k``, each
-    group's steps accounted on their own (:mod:`dpfair.privacy.group_accounting`); None for
-    other methods. Steps missing from the trajectory count at the top bound (the run's own
-    ε)."""
+    group's steps accounted on their own (:mod:`dpfair.privacy.group_accounting`): the
+    data-dependent reading of this run, and beside it the bound fixed before training from
+    the method's clip range; None for other methods. Steps missing from the trajectory count
+    at the top bound (the run's own ε)."""
     if not trajectory or "C_k" not in trajectory[0] or not math.isfinite(plan.epsilon):
         return None
     bounds = [entry["C_k"] for entry in trajectory]
     run = accounting.spend(plan.event, plan.delta)
     if accounting.group_size(plan.event)[1] > 1:  # a person of several rows: the run's ε
-        return [run] * len(bounds[0])
+        return [run] * len(bounds[0]), [run] * len(bounds[0])
     bounds += [[1.0] * len(bounds[0])] * max(0, plan.steps - len(bounds))
-    found = group_accounting.group_epsilons(plan.sigma, count_sigma, plan.sample_rate, bounds,
-                                            plan.delta)
+    found = group_accounting.group_epsilons(plan.sigma, method.count_sigma, plan.sample_rate,
+                                            bounds, plan.delta)
+    clip_range = method.clip_range()
+    fixed = found if clip_range is None else group_accounting.fixed_group_epsilons(
+        plan.sigma, method.count_sigma, plan.sample_rate, plan.steps,
+        [clip_range] * len(bounds[0]), plan.delta)
     # both bound the group: keep the tighter
-    return [g if g.epsilon <= run.epsilon else run for g in found]
+    return ([g if g.epsilon <= run.epsilon else run for g in found],
+            [g if g.epsilon <= run.epsilon else run for g in fixed])
 
 
 def train(
@@ -256,7 +262,8 @@ def _result(
     val_metrics = None
     if len(dataset.val):
         val_metrics = metrics_from_predictions(val_pred, dataset.n_classes, dataset.n_groups)
-    groups = _group_epsilons(plan, method.count_sigma, log.clip_trajectory)
+    groups = _group_epsilons(plan, method, log.clip_trajectory)
+    readings, fixed = groups if groups is not None else (None, None)
     return TrainResult(
         config=config,
         model_state={k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
@@ -280,8 +287,9 @@ def _result(
         event=plan.event,
         epsilon=plan.epsilon,
         delta=plan.delta,
-        group_epsilons=None if groups is None else [g.epsilon for g in groups],
-        group_accountants=None if groups is None else [g.accountant for g in groups],
+        group_epsilons=None if readings is None else [g.epsilon for g in readings],
+        group_accountants=None if readings is None else [g.accountant for g in readings],
+        group_epsilon_bounds=None if fixed is None else [g.epsilon for g in fixed],
         clip_trajectory=log.clip_trajectory,
         nonprivate_stats=log.nonprivate_stats,
         wall_time_s=time.perf_counter() - started,

@@ -33,9 +33,12 @@ class TrainResult:
     (training-batch loss, computed from the raw batch) is *not* private; it is only recorded
     when ``TrainConfig.nonprivate_stats`` is set. ``event`` is the planned run event
     (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``; DPSGD-F's
-    ``group_epsilons`` bound each group's ε at ``delta`` from that group's own per-step clip
-    bounds (:mod:`dpfair.privacy.group_accounting`), each at most ``epsilon``, and
-    ``group_accountants`` name the accountant of each.
+    ``group_epsilons`` are each group's ε at ``delta`` read from that group's own per-step clip
+    bounds (:mod:`dpfair.privacy.group_accounting`), each at most ``epsilon``: a
+    data-dependent reading of this one run (the bounds come from noisy counts), not a
+    guarantee fixed in advance; ``group_accountants`` name the accountant of each, and
+    ``group_epsilon_bounds`` are the per-group bounds fixed before training from the clip
+    range the method allows (DPSGD-F: the run's ε).
 
     No field determines the noise: by default the batches and noise come from OS entropy that
     is kept nowhere. ``reproducible`` (from the config) says they were drawn from
@@ -73,6 +76,7 @@ class TrainResult:
     #: the trained module (on the CPU) when ``train`` was given one instead of ``config.model``
     own_model: nn.Module | None = None
     group_accountants: list[str] | None = None
+    group_epsilon_bounds: list[float] | None = None
 
     def load_model(self) -> nn.Module:
         """A fresh CPU model holding the trained parameters."""

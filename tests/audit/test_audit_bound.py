@@ -40,17 +40,18 @@ def test_the_bound_is_rounded_down(m, r, v, delta):
         assert bound.gdp_delta(mu, eps) <= delta < bound.gdp_delta(mu + 1e-6, eps)
 
 
-def test_the_ceiling_of_an_audit_and_the_canaries_that_lift_it():
+def test_the_ceiling_of_an_audit_and_the_canaries_that_give_it_power():
     fractions = [0.1, 0.25, 0.5]
     # 20 canaries: 10 guesses all right at beta / 3, closed form logit((beta / 3)^(1/10))
     assert bound.max_certifiable(20, fractions, 0.05, 0.0) == pytest.approx(
         special.logit((0.05 / 3) ** (1 / 10)), abs=1e-6)
     assert bound.max_certifiable(20, fractions, 0.05, 1e-6) < 0.7
     assert bound.max_certifiable(1000, fractions, 0.05, 1e-6) > 4.7
-    m = bound.canaries_needed(3.0, fractions, 0.05, 1e-6, 100_000)
-    assert bound.max_certifiable(m, fractions, 0.05, 1e-6) >= 3.0
-    assert bound.max_certifiable(m - 1, fractions, 0.05, 1e-6) < 3.0
-    assert bound.canaries_needed(30.0, fractions, 0.05, 1e-6, 500) == 500  # capped
+    m = bound.canaries_for_power(3.0, 1.0, 0.8, fractions, 0.05, 1e-6, 100_000)
+    assert bound.detection_power(m, 3.0, 1.0, fractions, 0.05, 1e-6) >= 0.8
+    assert bound.detection_power(m // 2, 3.0, 1.0, fractions, 0.05, 1e-6) < 0.8
+    assert bound.max_certifiable(m, fractions, 0.05, 1e-6) > 3.0  # power needs more than that
+    assert bound.canaries_for_power(30.0, 1.0, 0.8, fractions, 0.05, 1e-6, 500) is None
 
 
 def test_chance_level_guesses_bound_nothing_and_more_correct_bound_more():

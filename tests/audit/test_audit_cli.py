@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import torch
 import yaml
 from mlflow import MlflowClient
 from PIL import Image
 from typer.testing import CliRunner
 
+from dpfair.audit import VIOLATION
 from dpfair.cli.commands import app
+from dpfair.cli.error_boundary import EXIT_VIOLATION
 from dpfair.config.params import parse_params
 from dpfair.ledger import SourceLedger
+from dpfair.privacy.methods import Dpsgd, DpsgdConfig
 
 runner = CliRunner()
 
@@ -53,6 +57,12 @@ def test_audit_logs_a_tagged_run_with_bounds_plot_and_no_model(tmp_path, monkeyp
     assert metrics["audit/epsilon_lower_bound/minority"] < metrics[
         "audit/epsilon_claimed/minority"]
     assert found.data.params["train.sigma"] == "2.0"
+    for group in ("majority", "minority"):  # the printed verdict, word for word
+        assert tags[f"audit/verdict/{group}"].startswith(("consistent", "cannot decide"))
+        assert f"{group}: {tags[f'audit/verdict/{group}']}" in text
+        assert 0 <= metrics[f"audit/joint_power/{group}"] <= metrics[f"audit/power/{group}"]
+    assert f"jointly over the 2 groups (Bonferroni, β/2 each), confidence 95%: " \
+           f"{tags['audit/verdict']}" in text
     files = {f.path for f in client.list_artifacts(found.info.run_id, "audit")}
     assert files == {"audit/audit.json", "audit/scores.png"}
     assert {f.path for f in client.list_artifacts(found.info.run_id)} == {"audit"}  # no model
@@ -62,6 +72,33 @@ def test_audit_logs_a_tagged_run_with_bounds_plot_and_no_model(tmp_path, monkeyp
     [recorded] = SourceLedger(tmp_path / ".dpfair" / "ledger.sqlite").releases("synthetic")
     assert recorded.context["command"] == "dpfair audit" and recorded.status == "released"
     assert recorded.epsilon > 0 and not recorded.without_guarantee
+
+
+class NoClipping(Dpsgd):
+    """The deliberate bug: claims sensitivity C but never clips (weights 1)."""
+
+    def _weights(self, norms, groups):
+        return torch.ones_like(norms), self.C
+
+
+def test_a_leaking_method_is_a_violation_with_its_own_exit_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(DpsgdConfig, "build", lambda self, ctx: NoClipping(self.C))
+    _params(tmp_path, train={"reproducible": True, "sigma": None, "target_epsilon": 1.0,
+                             "epochs": 3}, canaries=None, kind="gradient")
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["experiment"]["model"]["hidden"] = [64]  # parameters for the planned canaries
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out = runner.invoke(app, ["audit"])
+    assert out.exit_code == EXIT_VIOLATION == 5, out.output
+    text = _printed(out.output)
+    assert f"majority: {VIOLATION}" in text and f"minority: {VIOLATION}" in text
+    assert f"confidence 95%: {VIOLATION}" in text  # jointly
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    (found,) = client.search_runs([client.get_experiment_by_name("dpfair-synthetic")
+                                   .experiment_id])
+    assert found.data.tags["audit/verdict"] == VIOLATION
+    assert found.data.tags["audit/verdict/minority"] == VIOLATION
 
 
 def test_fairlens_audit_shows_no_epsilon(tmp_path, monkeypatch):

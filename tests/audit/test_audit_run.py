@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from dpfair.audit import AuditSettings, audit, bound
+from dpfair.audit import VIOLATION, AuditSettings, audit, bound
 from dpfair.audit.canaries import coin_generator, make_canaries, with_canaries
-from dpfair.audit.run import canary_count
+from dpfair.audit.run import MOST_CANARIES, plan_canaries
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, DataError
 from dpfair.privacy.methods import Dpsgd, DpsgdConfig
@@ -45,12 +45,20 @@ def broken(monkeypatch):
 
 def test_a_method_without_clipping_is_caught(broken, data):
     """White-box Dirac canaries (the strongest; black-box canaries of a model this small and
-    this short-trained are not memorised even unclipped, and so prove nothing here)."""
-    settings = AuditSettings(canaries=80, kind="gradient", guesses=[0.5, 1.0])
-    result = audit(broken.model_copy(update={"reproducible": True, "seed": 0}), data, settings)
+    this short-trained are not memorised even unclipped, and so prove nothing here), as many
+    as the default plans: the verdict is VIOLATION for each group and jointly."""
+    config = _config(broken.method.model_dump(), model={"name": "mlp", "hidden": [64]},
+                     sigma=None, target_epsilon=1.0, reproducible=True, seed=0)
+    result = audit(config, data, AuditSettings(kind="gradient"))
+    assert result.plan.canaries == result.plan.needed  # sized by power, not the ceiling
     for g in result.groups:
-        assert g.epsilon_claimed is not None and g.epsilon_claimed < 1.5
-        assert g.epsilon_lower_bound > g.epsilon_claimed, g
+        assert g.epsilon_claimed is not None and g.epsilon_claimed <= 1.0
+        assert g.joint_lower_bound > g.epsilon_claimed, g
+        assert g.verdict == VIOLATION and g.joint_violation and g.joint_power >= 0.8
+    assert result.joint_verdict == VIOLATION and result.violation
+    text = "\n".join(result.statement())
+    assert all(f"{g.group}: {VIOLATION}" in text for g in result.groups)
+    assert f"jointly over the 2 groups (Bonferroni, β/2 each), confidence 95%: {VIOLATION}" in text
 
 
 @pytest.mark.parametrize("method, kind", [
@@ -69,9 +77,21 @@ def test_real_methods_stay_below_their_claim(data, method, kind):
     for g in result.groups:
         assert math.isfinite(g.epsilon_claimed) and g.epsilon_lower_bound < g.epsilon_claimed
         assert g.joint_lower_bound <= g.epsilon_lower_bound <= g.max_certifiable
+        assert g.verdict != VIOLATION and not g.joint_violation
+    assert not result.violation
+    text = "\n".join(result.statement())
     if method["name"] == "dpsgd_f":  # each group's own steps accounted, one per group
         claims = [g.epsilon_claimed for g in result.groups]
         assert claims == result.train_result.group_epsilons
+        # a data-dependent reading of this run, beside the bound fixed before training
+        fixed = [g.epsilon_fixed for g in result.groups]
+        assert fixed == result.train_result.group_epsilon_bounds
+        assert all(c <= f for c, f in zip(claims, fixed, strict=True))
+        assert "claimed ε per group is a data-dependent reading of this one run" in text
+        assert f"the bound fixed before training: majority {fixed[0]:.3f}" in text
+    else:
+        assert all(g.epsilon_fixed is None for g in result.groups)
+        assert "data-dependent" not in text
 
 
 def test_fairlens_claims_no_epsilon_and_nonprivate_claims_infinity(data):
@@ -105,30 +125,62 @@ def test_coins_are_secret_unless_reproducible():
 def test_bad_requests_name_the_fix(data):
     config = _config({"name": "dpsgd"})
     with pytest.raises(DataError, match="lower audit.canaries"):
-        audit(config, data, AuditSettings(canaries=10_000))
+        audit(config, data, AuditSettings(canaries=10_000, kind="mislabel"))
     with pytest.raises(ConfigError, match="did you mean 'minority'"):
         audit(config, data, AuditSettings(groups=["minorty"]))
 
 
-def test_the_default_canary_count_can_certify_the_claim(data):
+def test_the_default_canary_count_catches_a_leak_jointly(data):
+    """Enough canaries that a leak of ``leak`` nats over the planned ε is caught with 80 %
+    by each group's joint statement (β / 2): fewer for a larger leak; a setting overrides."""
     config = _config({"name": "dpsgd", "C": 1.0})
     plan = make_plan(config, len(data.train), data.n_groups)
     settings = AuditSettings(kind="ood")
-    m = canary_count(config, data, settings, [0, 1])
-    ceiling = [bound.max_certifiable(n, settings.guesses, settings.beta, plan.delta)
-               for n in (m - 1, m)]
-    assert ceiling[0] < plan.epsilon <= ceiling[1]
-    assert canary_count(config, data, AuditSettings(canaries=7), [0, 1]) == 7
+    planned = plan_canaries(config, data, settings, [0, 1])
+    m = planned.canaries
+    assert m == planned.needed and planned.kind == "ood"
+    power = bound.detection_power(m, plan.epsilon, 1.0, settings.guesses, 0.025, plan.delta)
+    assert power >= 0.8 > bound.detection_power(m // 2, plan.epsilon, 1.0, settings.guesses,
+                                                 0.025, plan.delta)
+    assert plan_canaries(config, data, AuditSettings(kind="ood", leak=2.0), [0, 1]).canaries < m
+    assert plan_canaries(config, data, AuditSettings(canaries=7), [0, 1]).canaries == 7
 
 
-def test_an_audit_that_cannot_catch_its_claim_says_so(data):
-    """Mislabelled canaries are capped by the smallest group; against ε of about 30 the audit
-    says that it could not certify the claim, and states the joint confidence."""
+def test_auto_picks_gradient_canaries_where_the_model_has_room(data):
+    """auto: white-box gradient canaries for a private method whose model has a parameter per
+    canary; out-of-distribution inputs for the non-private reference or a model too small."""
+    wide = _config({"name": "dpsgd", "C": 1.0}, model={"name": "mlp", "hidden": [64]})
+    assert plan_canaries(wide, data, AuditSettings(), [0, 1]).kind == "gradient"
+    narrow = _config({"name": "dpsgd", "C": 1.0}, model={"name": "mlp", "hidden": [2]})
+    assert plan_canaries(narrow, data, AuditSettings(), [0, 1]).kind == "ood"
+    ref = _config({"name": "nonprivate"}, sigma=None, model={"name": "mlp", "hidden": [64]})
+    assert plan_canaries(ref, data, AuditSettings(), [0, 1]).kind == "ood"
+    assert plan_canaries(wide, data, AuditSettings(kind="mislabel"), [0, 1]).kind == "mislabel"
+
+
+def test_an_audit_without_power_says_it_is_not_one(data):
+    """Mislabelled canaries are capped by the smallest group; against ε of about 30 no count
+    has power: each verdict is "cannot decide", and the output says it is not an audit."""
     config = _config({"name": "dpsgd", "C": 1.0}, sigma=0.3, epochs=1)
     result = audit(config, data, AuditSettings(kind="mislabel"))
     smallest = min(int((data.train.g == k).sum()) for k in range(data.n_groups))
     assert all(g.canaries == smallest for g in result.groups)
+    assert result.plan.needed is None and result.plan.supply == smallest
+    ood = plan_canaries(config, data, AuditSettings(kind="ood"), [0, 1])  # not 10,000 in vain
+    assert (ood.canaries, ood.needed, ood.supply) == (smallest, None, smallest)
+    assert all(g.verdict == "cannot decide (power 0%)" for g in result.groups)
     text = "\n".join(result.statement())
-    assert "on its own" in text and "jointly over the 2 groups" in text
-    assert all(f"{g.group}: {smallest} canaries can certify at most" in text
-               for g in result.groups)
+    assert "(on its own, confidence 95%)" in text and "jointly over the 2 groups" in text
+    assert (f"not an audit: power 0% to catch a leak of 1 nat over the claim jointly "
+            f"({smallest} canaries per group); even {MOST_CANARIES:,} canaries per group "
+            "would not reach 80%") in text
+
+
+def test_an_audit_short_of_canaries_says_what_it_needs(data):
+    config = _config({"name": "dpsgd", "C": 1.0}, sigma=3.0, epochs=1)
+    result = audit(config, data, AuditSettings(kind="ood", canaries=20))
+    needed = result.plan.needed
+    assert needed is not None and needed > 20
+    assert all(g.verdict.startswith("cannot decide (power ") for g in result.groups)
+    assert f"{needed} canaries per group would reach 80%: raise audit.canaries" in "\n".join(
+        result.statement())

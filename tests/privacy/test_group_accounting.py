@@ -88,3 +88,44 @@ def test_bad_trajectories_are_refused():
 
 def test_a_group_with_bound_zero_and_no_counts_costs_nothing():
     assert ga.group_epsilons(SIGMA, None, Q, [[1.0, 0.0]] * 10, DELTA)[1].epsilon == 0.0
+
+
+def test_the_bound_fixed_before_training_is_the_worst_the_clip_range_allows():
+    """DPSGD-F's range [C0, C0 (1 + B)] lets any group hold the top bound at every step, so
+    its fixed per-group bound is the top bound throughout (the run's ε); a reading of a run
+    whose bounds favoured a group is below it (data-dependent); disjoint ranges fix less."""
+    steps, c0, batch = 300, 0.5, 64.0
+    top = ga.group_epsilons(SIGMA, SIGMA1, Q, [[1.0, 1.0]] * steps, DELTA)
+    fixed = ga.fixed_group_epsilons(SIGMA, SIGMA1, Q, steps, [(c0, c0 * (1 + batch))] * 2,
+                                    DELTA)
+    assert [f.epsilon for f in fixed] == pytest.approx([t.epsilon for t in top], rel=1e-9)
+    assert all(f.accountant == acc.ACCOUNTANT_PLD for f in fixed)
+    favoured = [[2.0, 1.0]] * steps  # group 1 below the top bound at every step
+    reading = ga.group_epsilons(SIGMA, SIGMA1, Q, favoured, DELTA)[1].epsilon
+    assert reading < fixed[1].epsilon
+    # group 1's highest bound 2, group 0 never below 3: a member of 1 always meets 1.5 σ
+    disjoint = ga.fixed_group_epsilons(SIGMA, SIGMA1, Q, steps, [(3.0, 4.0), (1.0, 2.0)], DELTA)
+    assert disjoint[1].epsilon == pytest.approx(
+        ga.group_epsilons(SIGMA, SIGMA1, Q, [[3.0, 2.0]] * steps, DELTA)[1].epsilon, rel=1e-9)
+    assert disjoint[1].epsilon < disjoint[0].epsilon == pytest.approx(fixed[0].epsilon)
+    for bad in ([(2.0, 1.0)], [(0.0, 0.0)], [(-1.0, 1.0)], [1.0]):
+        with pytest.raises(PrivacyError):
+            ga.fixed_group_epsilons(SIGMA, None, Q, steps, bad, DELTA)
+
+
+def test_dpsgd_f_bounds_stay_in_its_clip_range_whatever_the_counts():
+    import torch
+
+    from dpfair.privacy.methods.dpsgd_f import DpsgdF
+
+    method = DpsgdF(0.5, 10.0, n_groups=3, expected_batch_size=64.0)
+    low, high = method.clip_range()
+    assert (low, high) == (0.5, 0.5 * 65)
+    rng = np.random.default_rng(0)
+    extremes = [[1, 0, 0, 0, 5, 9], [0, 0, 0, 3, 3, 3], [1, 1, 1, 0, 0, 0], [200, 0, 1, 0, 0, 0]]
+    draws = rng.integers(0, 40, size=(200, 6)).tolist()
+    for counts in extremes + draws:
+        method.update(torch.tensor(counts, dtype=torch.float64))
+        assert low <= float(method.C_k.min()) and float(method.C_k.max()) <= high
+    method.update(torch.tensor([1.0, 0, 0, 0, 0, 0]))  # one clipped example, in a group of one
+    assert float(method.C_k[0]) == high

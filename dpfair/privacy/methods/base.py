@@ -72,6 +72,12 @@ class Method(ABC):
         #: noise std of the side release (counts), ``None`` for a method without one.
         self.count_sigma = count_sigma
 
+    def clip_range(self) -> tuple[float, float] | None:
+        """The range every per-group clip bound stays in whatever the data (None: no
+        per-group bounds), from which a per-group ε bound is fixed before training
+        (:func:`dpfair.privacy.group_accounting.fixed_group_epsilons`)."""
+        return None
+
     @property
     def is_private(self) -> bool:
         """False only for the non-private baseline (``privacy_guarantee == "none"``)."""

@@ -57,6 +57,11 @@ class DpsgdF(Method):
         self.C_k = torch.where(defined, self.C0 * (1 + ratio), torch.full_like(m, self.C0)).cpu()
         self.released = released.cpu()
 
+    def clip_range(self) -> tuple[float, float]:
+        """``[C0, C0 (1 + B)]``: the ratio of line 12 is ``m~_k B / (b~_k m~)``, at least 0
+        and, with ``m~_k <= b~_k`` and ``1 <= m~``, at most ``B``, whatever the counts."""
+        return self.C0, self.C0 * (1 + self.expected_batch_size)
+
     def _weights(self, norms: Tensor, groups: Tensor) -> tuple[Tensor, float]:
         bounds = self.C_k.to(device=norms.device, dtype=norms.dtype)[groups]
         return (bounds / norms).clamp(max=1.0), float(self.C_k.max())
