@@ -280,8 +280,7 @@ def run(
     if copy_results is not None:
         replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])
-    _print_results(_results_frame(results_dir / "results.csv"),
-                   f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}")
+    _print_results(results_dir, f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}")
     console.print(f"full table, notes and figures: {results_dir} (results.md)")
     if registered := out.get("registered_model"):
         _print_registered(registered)
@@ -314,22 +313,25 @@ def results(
         console.print(table, markup=False, highlight=False)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        csv = client(p.tracking).download_artifacts(found_id, "results/results.csv", tmp)
-        _print_results(_results_frame(Path(csv)), title)
+        folder = client(p.tracking).download_artifacts(found_id, "results", tmp)
+        _print_results(Path(folder), title)
     console.print("full table and notes: dpfair results --full")
 
 
-def _results_frame(path: Path) -> Any:
+def _print_results(folder: Path, title: str) -> None:
+    """The compact results table (:mod:`dpfair.cli.results`) of a run's results folder
+    (``results.csv`` and, written since, ``groups.json``) and its legend."""
+    import json
+
     import pandas as pd
 
-    return pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
-
-
-def _print_results(frame: Any, title: str) -> None:
-    """The compact results table (:mod:`dpfair.cli.results`) and its legend."""
     from dpfair.cli.results import WIDTH, compact_table
+    from dpfair.pipeline.summary import GROUPS_JSON
 
-    table, legend = compact_table(frame, title)
+    facts = folder / GROUPS_JSON
+    frame = pd.read_csv(folder / "results.csv", index_col=0, dtype=str, keep_default_na=False)
+    table, legend = compact_table(frame, title,
+                                  json.loads(facts.read_text()) if facts.is_file() else None)
     console.print(table, width=WIDTH)
     for line in legend:
         console.print(line, markup=False, highlight=False)

@@ -62,6 +62,9 @@ from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE, TrainResult
 
 #: The per-method comparison on the pipeline run: the test headline metrics it averages.
 COMPARED = ("worst_group_accuracy", "largest_group_gap", "accuracy")
+#: Beside results.csv: the dataset's groups in order, ``experiment.pair`` and the group with
+#: the fewest test rows (:func:`group_facts`), what the terminal table chooses its columns by.
+GROUPS_JSON = "groups.json"
 
 
 @dataclass
@@ -167,9 +170,22 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     notes = plan.notes()
     (out / "results.md").write_text(Summary(table, significance, notes=notes).markdown())
     table.to_csv(out / "results.csv")
+    facts = group_facts(frame, list(dataset.group_names), pair)
+    (out / GROUPS_JSON).write_text(json.dumps(facts))
     return Summary(table=table, significance=significance,
                    figures={k: str(v) for k, v in figures.items()}, notes=notes,
                    compared=_compared(runs, list(dataset.group_names)))
+
+
+def group_facts(frame: pd.DataFrame, groups: list[str], pair: list[str] | None
+                ) -> dict[str, object]:
+    """``{"groups", "pair", "fewest_test_rows"}``: the group names in the dataset's order, the
+    named pair (or None) and the group with the fewest test rows, read from the released test
+    counts (None with noisy test metrics, which release no count: nothing new leaves)."""
+    counts = frame[(frame["metric"] == fairness.COUNT) & frame["group"].isin(groups)]
+    fewest = (str(counts.groupby("group")["value"].mean().idxmin()) if not counts.empty
+              else None)
+    return {"groups": [str(g) for g in groups], "pair": pair, "fewest_test_rows": fewest}
 
 
 def _compared(runs: list[RunRecord], groups: list[str]) -> dict[str, float]:
@@ -224,7 +240,7 @@ def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary | None,
     out = Path(out_dir)
     if summary is not None:
         log_metrics(tracking, run_id, summary.compared)
-        for name in ("results.md", "results.csv"):
+        for name in ("results.md", "results.csv", GROUPS_JSON):
             log_file(tracking, run_id, out / name, "results")
         log_table(tracking, run_id, summary.table, "results/results_table.json")
         for path in summary.figures.values():
