@@ -455,7 +455,7 @@ def test_train_register_makes_a_standalone_version_and_results_name_the_dataset(
     assert mlflow.search_registered_models() == []  # only pipeline runs register by default
     out = runner.invoke(app, ["train", "--method", "dpsgd", "--register"])
     assert out.exit_code == 0, out.output
-    assert "dpfair-synthetic version 1 (@challenger; it is @champion)" in _printed(out.output)
+    assert "dpfair-synthetic version 1 (@challenger, @champion)" in _printed(out.output)
     version = mlflow.get_model_version("dpfair-synthetic", "1")
     assert version.tags["standalone"] == "true" and 0 <= float(version.tags["accuracy"]) <= 1
     pld = "PLD (dp_accounting, pessimistic)"  # one run: its own ε is every figure

@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich.console import Console
 from rich.table import Table
 
 from dpfair.cli.base import (
     ParamsOption,
     checking,
     console,
+    library_levels,
     percent,
     resolve_params,
     score,
@@ -270,8 +272,10 @@ def run(
         check_release(p, dataset)  # over budget: refused in seconds (outputs/ kept: dvc.yaml)
         from dpfair.pipeline.preflight import check_tracking
         check_tracking(p.tracking)
-    from dpfair.tracking.runs import ui_hint
+    from dpfair.tracking.runs import remote, ui_command
     from flows.experiment import run_experiment
+
+    library_levels()  # Optuna's, which its import set to INFO
 
     # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
@@ -281,10 +285,12 @@ def run(
         replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])
     _print_results(results_dir, f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}")
-    console.print(f"full table, notes and figures: {results_dir} (results.md)")
+    _print_fitting("full table, notes and figures (results.md):", str(results_dir))
     if registered := out.get("registered_model"):
         _print_registered(registered)
-    console.print(f"MLflow parent run {out['parent_run_id']}; {ui_hint(p.tracking)}")
+    _print_fitting("in MLflow:", out["tracking_url"])
+    if not remote(p.tracking):
+        _print_fitting("served by:", ui_command(p.tracking))
 
 
 @app.command("results")
@@ -332,7 +338,7 @@ def _print_results(folder: Path, title: str) -> None:
     frame = pd.read_csv(folder / "results.csv", index_col=0, dtype=str, keep_default_na=False)
     table, legend = compact_table(frame, title,
                                   json.loads(facts.read_text()) if facts.is_file() else None)
-    console.print(table, width=WIDTH)
+    Console(width=WIDTH, soft_wrap=True).print(table)  # 120 columns, in a pipe too
     for line in legend:
         console.print(line, markup=False, highlight=False)
 
@@ -395,11 +401,21 @@ def promote_cmd(
 
 def _print_registered(registered: dict[str, str]) -> None:
     name, number, champion = (registered[k] for k in ("name", "version", "champion"))
-    why = ("it is @champion" if champion == number else
-           f"@champion stays version {champion}; `dpfair promote {name} {number}` serves it")
-    console.print(f"registered model: {name} version {number} (@challenger; {why}); predict "
-                  f"with: dpfair predict --model {name} --input rows.csv --output preds.csv",
-                  soft_wrap=True)
+    why = ("@challenger, @champion" if champion == number else
+           f"@challenger; @champion stays version {champion}: `dpfair promote {name} {number}` "
+           "serves it")
+    _print_fitting(f"registered: {name} version {number} ({why}); predict:",
+                   f"dpfair predict --model {name} --input rows.csv --output preds.csv")
+
+
+def _print_fitting(text: str, tail: str) -> None:
+    """``text tail`` on one line where it fits 120 columns, else ``tail`` (a path, a URL, a
+    command) on a line of its own."""
+    from dpfair.cli.results import WIDTH
+
+    line = f"{text} {tail}"
+    console.print(line if len(line) <= WIDTH else f"{text}\n  {tail}", soft_wrap=True,
+                  markup=False, highlight=False)
 
 
 @app.command("audit")

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dpfair.pipeline.dvc_outputs import ACC_GAP, TOTAL_ROW, WORST, number
+from dpfair.privacy.accounting import ACCOUNTANT_NONE
 from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 __all__ = ["WIDTH", "compact_table"]
@@ -32,7 +33,7 @@ WIDTH = 120  # the terminal width the table is built for
 _LABEL = 24  # the longest method label shown (the full one is in results.md)
 _GROUP = 12  # the longest group name in a header
 _LEFT = 12  # the most groups left out that the legend names
-_FULL = "results.md and `dpfair results --full`"
+_FULL = "see results.md, `dpfair results --full`"
 
 
 def _short(text: str, limit: int) -> str:
@@ -143,10 +144,9 @@ def compact_table(frame: pd.DataFrame, title: str, facts: Mapping[str, Any] | No
         if _width(wider) <= WIDTH:  # the groups that matter first, then the least accurate
             shown, table = [*shown, group], wider
     legend = textwrap.wrap(
-        "acc: test accuracy, % (mean ± SE over seeds); worst: the worst group's; cost gap: the "
-        "largest gap between groups' privacy costs (points lost to DP; Esipova et al. 2023, "
-        "Eq. 1). ε run: one training run; ε method: its search + all seeds; none: no DP "
-        "guarantee; run total: every release composed"
+        "acc: test accuracy, % (mean ± SE over seeds); cost gap: the largest gap in privacy "
+        "cost between groups (Esipova et al. 2023, Eq. 1); ε run: one training run; ε method: "
+        "its search + all seeds; none: no DP guarantee; run total: all composed"
         + ("; ε test: the noisy test metrics'" if EPSILON_TEST in frame.columns else ""), WIDTH)
     return table, legend + _group_legend(groups, shown, worst, pair, fewest) + _accountants(
         frame)
@@ -161,10 +161,11 @@ def _group_legend(groups: Sequence[str], shown: Sequence[str], worst: Mapping[st
         by_group: dict[str, list[str]] = {}
         for label, group in worst.items():
             by_group.setdefault(group, []).append(label.split(" (")[0])
-        parts.append("worst group " + ", ".join(f"{g} ({', '.join(m)})"
-                                                for g, m in by_group.items()))
+        parts.append("worst " + ", ".join(
+            f"{g} ({'every method' if len(m) == len(worst) > 1 else ', '.join(m)})"
+            for g, m in by_group.items()))
     if len(pair) == 2:
-        parts.append(f"experiment.pair {pair[0]} vs {pair[1]}")
+        parts.append(f"pair {pair[0]} vs {pair[1]}")
     if fewest:
         parts.append(f"fewest test rows {fewest}")
     left = [g for g in groups if g not in shown]
@@ -172,8 +173,8 @@ def _group_legend(groups: Sequence[str], shown: Sequence[str], worst: Mapping[st
     if left:
         named = ", ".join(left[:_LEFT]) + (f" and {len(left) - _LEFT} more"
                                             if len(left) > _LEFT else "")
-        text += (f"{'. ' if text else ''}{len(left)} of {len(groups)} groups left out here "
-                 f"({named}): every group is in {_FULL}")
+        text += (f"{'; ' if text else ''}{len(left)} of {len(groups)} left out here "
+                 f"({named}): {_FULL}")
     return textwrap.wrap(text, WIDTH) if text else []
 
 
@@ -183,5 +184,5 @@ def _accountants(frame: pd.DataFrame) -> list[str]:
         return []
     names = dict.fromkeys(name.split(": ", 1)[-1] for cell in frame[EPSILON_ACCOUNTANT]
                           for name in str(cell).split("; ") if name)
-    return textwrap.wrap("ε accountants (each row's: results.md): " + "; ".join(names),
-                         WIDTH)
+    names.pop(ACCOUNTANT_NONE, None)  # no ε: the table says none
+    return textwrap.wrap("ε by: " + "; ".join(names) + " (each row's: results.md)", WIDTH)
