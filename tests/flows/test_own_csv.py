@@ -142,7 +142,7 @@ def test_census_with_three_nationalities_and_integer_codes_end_to_end(
     shown = CliRunner().invoke(app, ["results", "--full", "--params", str(params_path)])
     assert shown.exit_code == 0 and all(f"acc_{g}" in shown.output for g in groups)
     metrics = json.loads(write_outputs(Path(out["results_dir"]) / "results.csv",
-                                       tmp_path / "evaluation")["metrics.json"].read_text())
+                                       tmp_path / "evaluation")["details.json"].read_text())
     assert set(metrics["group_accuracy"]["dpsgd"]) == set(groups)
 
     params = load_params(params_path)
