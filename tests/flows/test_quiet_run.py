@@ -60,5 +60,11 @@ def test_dpfair_run_on_the_default_params_is_short_and_fits_120_columns(short_tm
         assert noise not in output, output
     assert [line.split(":")[0] for line in done.stderr.splitlines()] == [
         "prepare", "reserve", "tune and train"], done.stderr
-    assert "acc" in done.stdout and "worst group " in done.stdout  # by name
+    assert "groups: worst " in done.stdout  # by name
     assert "pair 2 vs 8" in done.stdout and "left out here" in done.stdout
+    # the same table from MLflow, later: the run's groups.json chooses the same columns
+    shown = subprocess.run([str(BIN / "dpfair"), "-q", "results"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and not shown.stderr, shown.stdout + shown.stderr
+    table = done.stdout.split("full table, notes")[0].splitlines()[1:]  # without the title
+    assert shown.stdout.splitlines()[1:len(table) + 1] == table, shown.stdout
