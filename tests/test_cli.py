@@ -505,3 +505,13 @@ def test_error_messages_and_tracebacks_mask_url_passwords(capsys):
     bug = runner.invoke(demo, ["bug"])
     assert bug.exit_code == 1 and "http://ann:***@tracking:5000" in bug.output
     assert "hunter2" not in known.output + bug.output
+
+
+def test_a_budget_too_small_for_one_run_is_a_budget_refusal(tmp_path, monkeypatch):
+    """Issue 43: `budget.epsilon` below even one training run exits 3 (a privacy budget
+    refused the release), as the README's table says, not 2."""
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path, budget={"epsilon": 0.01, "allow_heuristic": True})
+    out = runner.invoke(app, ["run"])
+    assert out.exit_code == 3, out.output
+    assert "too small for even one training run" in _printed(out.output)
