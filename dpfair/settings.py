@@ -27,6 +27,11 @@ def verbose() -> bool:
     return os.environ.get(VERBOSITY) == "verbose"
 
 
+def quiet() -> bool:
+    """Whether a command prints its results and errors only (``dpfair -q``)."""
+    return os.environ.get(VERBOSITY) == "quiet"
+
+
 class TrackingConfig(BaseModel):
     """Where results land. ``MLFLOW_TRACKING_URI`` in the environment overrides ``uri``."""
 

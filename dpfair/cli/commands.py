@@ -52,7 +52,7 @@ from dpfair.cli.base import (
 from dpfair.cli.data import data_app, files_status
 from dpfair.cli.error_boundary import cli_errors, user_errors_once
 from dpfair.errors import ConfigError, format_validation_error
-from dpfair.settings import DEFAULT_PARAMS
+from dpfair.settings import DEFAULT_PARAMS, quiet
 
 if TYPE_CHECKING:
     from dpfair.config.params import Params
@@ -285,6 +285,8 @@ def run(
         replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])
     _print_results(results_dir, f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}")
+    if quiet():  # -q: the table and errors only
+        return
     _print_fitting("full table, notes and figures (results.md):", str(results_dir))
     if registered := out.get("registered_model"):
         _print_registered(registered)
@@ -321,7 +323,8 @@ def results(
     with tempfile.TemporaryDirectory() as tmp:
         folder = client(p.tracking).download_artifacts(found_id, "results", tmp)
         _print_results(Path(folder), title)
-    console.print("full table and notes: dpfair results --full")
+    if not quiet():
+        console.print("full table and notes: dpfair results --full")
 
 
 def _print_results(folder: Path, title: str) -> None:
