@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,11 @@ def test_the_variables_are_the_ones_the_libraries_read() -> None:
     assert NO_TELEMETRY[MLFLOW_DISABLE_TELEMETRY.name] == "true"
     assert "DVC_NO_ANALYTICS" in NO_TELEMETRY
     assert "PREFECT_SERVER_ANALYTICS_ENABLED" in NO_TELEMETRY
+    # Prefect's client: its SDK events and first-run notice (issue 43) read DO_NOT_TRACK
+    from prefect._internal.analytics import enabled
+
+    assert NO_TELEMETRY["DO_NOT_TRACK"] == "1" and "DO_NOT_TRACK" in Path(
+        enabled.__file__).read_text()
 
 
 @pytest.mark.parametrize("order", ["dpfair first", "mlflow first"])
