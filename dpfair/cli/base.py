@@ -83,13 +83,14 @@ def set_verbosity(quiet: bool, verbose: bool) -> None:
         raise typer.BadParameter("-q and -v exclude each other")
     level = "ERROR" if quiet else "INFO" if verbose else "WARNING"
     os.environ[VERBOSITY] = "quiet" if quiet else "verbose" if verbose else "default"
-    for var in ("MLFLOW_LOGGING_LEVEL", "PREFECT_LOGGING_LEVEL",
-                "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", "DASK_LOGGING__DISTRIBUTED"):
+    for var, value in (("MLFLOW_LOGGING_LEVEL", level), ("PREFECT_LOGGING_LEVEL", level),
+                       ("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", level),
+                       ("DASK_LOGGING__DISTRIBUTED", level),
+                       ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", str(not verbose).lower())):
         if quiet or verbose:
-            os.environ[var] = level
+            os.environ[var] = value
         else:
-            os.environ.setdefault(var, level)
-    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "false" if verbose else "true"
+            os.environ.setdefault(var, value)
     logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"])
     library_levels()
     for own in ("dpfair", "flows", "tasks"):

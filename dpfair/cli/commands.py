@@ -290,9 +290,11 @@ def run(
     _print_fitting("full table, notes and figures (results.md):", str(results_dir))
     if registered := out.get("registered_model"):
         _print_registered(registered)
-    _print_fitting("in MLflow:", out["tracking_url"])
-    if not remote(p.tracking):
-        _print_fitting("served by:", ui_command(p.tracking))
+    if remote(p.tracking):
+        _print_fitting("the run in MLflow:", out["tracking_url"])
+    else:
+        _print_fitting("serve MLflow's UI:", ui_command(p.tracking))
+        _print_fitting("then open the run:", out["tracking_url"])
 
 
 @app.command("results")
