@@ -375,7 +375,8 @@ def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
         assert checked  # the command ran the validation pass itself
         seen.append(resume)
         (tmp_path / "results.csv").write_text("method,acc_a\ndpsgd,90.0 ± 1.0\n")
-        return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}
+        return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p",
+                "tracking_url": "http://127.0.0.1:5000/#/experiments/1/runs/p"}
 
     monkeypatch.setattr(flows.experiment, "run_experiment", fake_run)
     monkeypatch.setattr("dpfair.pipeline.preflight.check_tracking", lambda tracking: None)
