@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -229,6 +231,12 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
         pipelines = db.execute("select count(*) from tags where key = 'dpfair.stage' and "
                                "value = 'pipeline'").fetchone()[0]
     assert pipelines == 2
+    # the README's `dvc exp show` fits 120 columns: DVC collapses what does not fit into "…"
+    [command] = re.findall(r"\.venv/bin/dvc (exp show .*?)\s+#", (repo_root / "README.md")
+                           .read_text())
+    shown = _dvc(repo, *shlex.split(command), "--no-pager", quiet=True, COLUMNS="120")
+    assert "…" not in shown and max(map(len, shown.splitlines())) <= 120, shown
+    assert "epsilon_total " in shown and "worst.dpsgd" in shown and "accountant" not in shown
     _git(repo, "checkout", "--", "params.yaml")
 
     # over budget: refused before the orchestration starts, the error printed once, nothing
