@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run test lint data reproduce clean
+.PHONY: install run test lint data queue reproduce clean
 
 # The install byte-compiles dpfair as a regular (non-editable) install would, so a command
 # does not compile its modules at every start (0.1-0.3 s where PYTHONDONTWRITEBYTECODE is set).
@@ -25,6 +25,9 @@ test: $(STAMP)
 
 data: $(STAMP)  ## every DVC prepare stage (`dvc repro` runs the whole pipeline)
 	$(BIN)/dvc repro prepare
+
+queue: $(STAMP)  ## DVC's queue worker starts `dvc` by name: the venv on PATH
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc queue start
 
 lint: $(STAMP)
 	$(BIN)/ruff check dpfair tasks flows tests benchmarks

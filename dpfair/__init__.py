@@ -17,8 +17,9 @@ from dpfair.lazy import lazy_getattr
 __version__ = "0.1.0"
 __all__ = ["NO_TELEMETRY", "fit"]
 
-#: The variable each library reads to send no usage data (MLflow 3, DVC, Prefect's server and
-#: Prefect's client, which reads the cross-tool ``DO_NOT_TRACK``).
+#: The variable each library reads to send no usage data (MLflow 3, DVC, Prefect's server, and
+#: Prefect's client, which reads the cross-tool ``DO_NOT_TRACK``; its first import in a terminal
+#: also prints a telemetry notice).
 NO_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1",
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
 for _name, _value in NO_TELEMETRY.items():

@@ -15,6 +15,21 @@ from dpfair.workspace import durable_sqlite_uri
 
 DEFAULT_PARAMS = "params.yaml"
 DEFAULT_URI = "sqlite:///mlflow.db"
+#: The CLI's -q / -v for the steps that run other programs (``quiet``, ``default``,
+#: ``verbose``; set by ``dpfair.cli.base.set_verbosity``, inherited by worker processes).
+VERBOSITY = "DPFAIR_VERBOSITY"
+#: The logger of the experiment flow's one line per step (the CLI shows its messages alone).
+STEPS_LOGGER = "flows.steps"
+
+
+def verbose() -> bool:
+    """Whether a step shows what the programs it runs print (``dpfair -v``)."""
+    return os.environ.get(VERBOSITY) == "verbose"
+
+
+def quiet() -> bool:
+    """Whether a command prints its results and errors only (``dpfair -q``)."""
+    return os.environ.get(VERBOSITY) == "quiet"
 
 
 class TrackingConfig(BaseModel):

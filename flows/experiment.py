@@ -54,6 +54,7 @@ from dpfair.pipeline.resume import (  # noqa: E402
 from dpfair.pipeline.summary import Summary  # noqa: E402
 from dpfair.processes import sigterm_raises  # noqa: E402
 from dpfair.release.plan import ReleasePlan, epsilon_text  # noqa: E402
+from dpfair.settings import STEPS_LOGGER  # noqa: E402
 from dpfair.tracking.run_log import pipeline_run_name  # noqa: E402
 from dpfair.tracking.runs import (  # noqa: E402
     add_description,
@@ -69,6 +70,7 @@ from flows.server import mark_owner, one_api_server, stop_orphan_servers  # noqa
 from tasks import pipeline as tasks  # noqa: E402
 
 _log = logging.getLogger(__name__)
+_step = logging.getLogger(STEPS_LOGGER).info  # one line per step, the CLI shows them
 
 
 class MethodsFailed(RuntimeError):
@@ -148,10 +150,15 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
     in the steps below (a method's failure is kept in ``run.failures``, never loses the others,
     and ends the flow with :class:`MethodsFailed` once every step has run)."""
     run = prepare(params_path, root, resume)
+    _step(f"prepare: {run.prepared.name}, data version {run.data.public_id}")
     plan = plan_release(run)
     with reserve(run, plan) as reserved:
+        _step(f"reserve: ε {epsilon_text(reserved.epsilon)} at δ {reserved.delta:g} in the "
+              f"privacy ledger; MLflow parent run {run.parent}")
         tuned = tune(run, plan)
         runs = train(run, plan, tuned)
+        _step(f"tune and train: {len(runs)} final runs of {len({r.label for r in runs})} "
+              f"methods" + (f" ({', '.join(run.studies)} searched)" if run.studies else ""))
         summary = evaluate(run, plan, runs)
         registered = register(run, plan, runs)
         publish(run, reserved, summary, registered)

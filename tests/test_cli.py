@@ -375,7 +375,8 @@ def test_run_resumes_unless_told_not_to(tmp_path, monkeypatch, flags, resume):
         assert checked  # the command ran the validation pass itself
         seen.append(resume)
         (tmp_path / "results.csv").write_text("method,acc_a\ndpsgd,90.0 ± 1.0\n")
-        return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p"}
+        return {"table": "| t |", "results_dir": str(tmp_path), "parent_run_id": "p",
+                "tracking_url": "http://127.0.0.1:5000/#/experiments/1/runs/p"}
 
     monkeypatch.setattr(flows.experiment, "run_experiment", fake_run)
     monkeypatch.setattr("dpfair.pipeline.preflight.check_tracking", lambda tracking: None)
@@ -455,7 +456,7 @@ def test_train_register_makes_a_standalone_version_and_results_name_the_dataset(
     assert mlflow.search_registered_models() == []  # only pipeline runs register by default
     out = runner.invoke(app, ["train", "--method", "dpsgd", "--register"])
     assert out.exit_code == 0, out.output
-    assert "dpfair-synthetic version 1 (@challenger; it is @champion)" in _printed(out.output)
+    assert "dpfair-synthetic version 1 (@challenger, @champion)" in _printed(out.output)
     version = mlflow.get_model_version("dpfair-synthetic", "1")
     assert version.tags["standalone"] == "true" and 0 <= float(version.tags["accuracy"]) <= 1
     pld = "PLD (dp_accounting, pessimistic)"  # one run: its own ε is every figure
@@ -505,3 +506,13 @@ def test_error_messages_and_tracebacks_mask_url_passwords(capsys):
     bug = runner.invoke(demo, ["bug"])
     assert bug.exit_code == 1 and "http://ann:***@tracking:5000" in bug.output
     assert "hunter2" not in known.output + bug.output
+
+
+def test_a_budget_too_small_for_one_run_is_a_budget_refusal(tmp_path, monkeypatch):
+    """Issue 43: `budget.epsilon` below even one training run exits 3 (a privacy budget
+    refused the release), as the README's table says, not 2."""
+    monkeypatch.chdir(tmp_path)
+    _params(tmp_path, budget={"epsilon": 0.01, "allow_heuristic": True})
+    out = runner.invoke(app, ["run"])
+    assert out.exit_code == 3, out.output
+    assert "too small for even one training run" in _printed(out.output)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,11 @@ def test_the_variables_are_the_ones_the_libraries_read() -> None:
     assert NO_TELEMETRY[MLFLOW_DISABLE_TELEMETRY.name] == "true"
     assert "DVC_NO_ANALYTICS" in NO_TELEMETRY
     assert "PREFECT_SERVER_ANALYTICS_ENABLED" in NO_TELEMETRY
+    # Prefect's client: its SDK events and first-run notice (issue 43) read DO_NOT_TRACK
+    from prefect._internal.analytics import enabled
+
+    assert NO_TELEMETRY["DO_NOT_TRACK"] == "1" and "DO_NOT_TRACK" in Path(
+        enabled.__file__).read_text()
 
 
 @pytest.mark.parametrize("order", ["dpfair first", "mlflow first"])
@@ -71,10 +77,15 @@ print(json.dumps({"client": is_telemetry_enabled()}))""")
     assert out == {"client": False}
 
 
-def test_the_printed_mlflow_ui_command_carries_the_switches(tmp_path) -> None:
+def test_the_printed_mlflow_ui_command_carries_the_switch(tmp_path) -> None:
     from dpfair.settings import TrackingConfig
-    from dpfair.tracking.runs import ui_command
+    from dpfair.tracking.runs import TELEMETRY_OFF, ui_command
 
     command = ui_command(TrackingConfig(uri=f"sqlite:///{tmp_path / 'm.db'}"))
-    assert all(f"{k}={v}" in command for k, v in NO_TELEMETRY.items()), command
-    assert command.index("MLFLOW_DISABLE_TELEMETRY=true") < command.index(" ui ")
+    assert TELEMETRY_OFF == f"MLFLOW_DISABLE_TELEMETRY={NO_TELEMETRY['MLFLOW_DISABLE_TELEMETRY']}"
+    switch, program = command.split(" \\\n")
+    assert switch == TELEMETRY_OFF and " ui --backend-store-uri " in program
+    # the two lines are one shell command whose process gets the switch
+    shown = subprocess.run(["bash", "-c", f"{switch} \\\n    env"], capture_output=True,
+                           text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert TELEMETRY_OFF in shown.stdout.splitlines()

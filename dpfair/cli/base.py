@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from dpfair.settings import DEFAULT_PARAMS
+from dpfair.settings import DEFAULT_PARAMS, STEPS_LOGGER, VERBOSITY
 
 if TYPE_CHECKING:
     from dpfair.config.params import Params
 
 __all__ = ["ParamsOption", "checking", "console", "ends_with_command", "percent",
-           "resolve_params", "score", "set_verbosity", "show_version"]
+           "library_levels", "resolve_params", "score", "set_verbosity", "show_version"]
 
 console = Console(soft_wrap=True)
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -73,28 +73,41 @@ def show_version(value: bool) -> None:
 
 
 def set_verbosity(quiet: bool, verbose: bool) -> None:
-    """Log levels: dpfair's INFO lines and one line per Prefect task; MLflow's, Optuna's and
-    Prefect's other lines from WARNING up unless ``verbose`` (or their own variables say
-    otherwise); with ``quiet`` only errors. Set through the environment before MLflow and
-    Prefect are imported (they read it then), so worker processes inherit it."""
+    """Log levels: by default dpfair's own lines (one per step of the flow, warnings) and the
+    third-party libraries' warnings only; ``verbose``: also their INFO lines (Prefect's task
+    runs, Optuna's studies, MLflow's "View run" links, Dask's cluster, DVC's stages); ``quiet``:
+    errors only. Set through the environment before MLflow, Prefect and Dask are imported
+    (they read it then), so worker processes inherit it (a user's own variables win, but
+    under ``-q`` and ``-v``); :func:`library_levels` again once Optuna is imported."""
     if quiet and verbose:
         raise typer.BadParameter("-q and -v exclude each other")
     level = "ERROR" if quiet else "INFO" if verbose else "WARNING"
-    for var in ("MLFLOW_LOGGING_LEVEL", "PREFECT_LOGGING_LEVEL"):
+    os.environ[VERBOSITY] = "quiet" if quiet else "verbose" if verbose else "default"
+    for var, value in (("MLFLOW_LOGGING_LEVEL", level), ("PREFECT_LOGGING_LEVEL", level),
+                       ("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", level),
+                       ("DASK_LOGGING__DISTRIBUTED", level),
+                       ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", str(not verbose).lower())):
         if quiet or verbose:
-            os.environ[var] = level
+            os.environ[var] = value
         else:
-            os.environ.setdefault(var, level)
-    # one line per task: Prefect's "Task run '...' - Finished in state ..."
-    task_runs = "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL"
-    if quiet:
-        os.environ[task_runs] = "ERROR"
-    else:
-        os.environ.setdefault(task_runs, "INFO")
+            os.environ.setdefault(var, value)
     logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"])
-    logging.getLogger("optuna").setLevel(level)
+    library_levels()
     for own in ("dpfair", "flows", "tasks"):
         logging.getLogger(own).setLevel("ERROR" if quiet else "INFO")
+    steps = logging.getLogger(STEPS_LOGGER)
+    if not steps.handlers:  # the step lines: the message alone, on stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        steps.addHandler(handler)
+        steps.propagate = False
+
+
+def library_levels() -> None:
+    """Optuna's level (:func:`set_verbosity`'s): Optuna sets its own to INFO when imported."""
+    verbosity = os.environ.get(VERBOSITY, "default")
+    logging.getLogger("optuna").setLevel(
+        {"quiet": "ERROR", "verbose": "INFO"}.get(verbosity, "WARNING"))
 
 
 def percent(fraction: float) -> str:

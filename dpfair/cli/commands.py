@@ -36,12 +36,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich.console import Console
 from rich.table import Table
 
 from dpfair.cli.base import (
     ParamsOption,
     checking,
     console,
+    library_levels,
     percent,
     resolve_params,
     score,
@@ -51,7 +53,7 @@ from dpfair.cli.base import (
 from dpfair.cli.data import data_app, files_status
 from dpfair.cli.error_boundary import EXIT_VIOLATION, cli_errors, user_errors_once
 from dpfair.errors import ConfigError, format_validation_error
-from dpfair.settings import DEFAULT_PARAMS
+from dpfair.settings import DEFAULT_PARAMS, quiet
 
 if TYPE_CHECKING:
     from dpfair.config.params import Params
@@ -273,8 +275,10 @@ def run(
         check_release(p, dataset)  # over budget: refused in seconds (outputs/ kept: dvc.yaml)
         from dpfair.pipeline.preflight import check_tracking
         check_tracking(p.tracking)
-    from dpfair.tracking.runs import ui_hint
+    from dpfair.tracking.runs import remote, ui_command
     from flows.experiment import run_experiment
+
+    library_levels()  # Optuna's, which its import set to INFO
 
     # DVC (the flow's prepare step) prints through its own handlers, not again through Prefect's
     logging.getLogger("dvc").propagate = False
@@ -283,13 +287,18 @@ def run(
     if copy_results is not None:
         replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])
-    _print_results(_results_frame(results_dir / "results.csv"),
-                   f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}; every ε "
-                   f"protects {p.privacy_unit()[0]}")
-    console.print(f"full table, notes and figures: {results_dir} (results.md)")
+    _print_results(results_dir, f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}"
+                   f"; every ε protects {p.privacy_unit()[0]}")
+    if quiet():  # -q: the table and errors only
+        return
+    _print_fitting("full table, notes and figures (results.md):", str(results_dir))
     if registered := out.get("registered_model"):
         _print_registered(registered)
-    console.print(f"MLflow parent run {out['parent_run_id']}; {ui_hint(p.tracking)}")
+    if remote(p.tracking):
+        _print_fitting("the run in MLflow:", out["tracking_url"])
+    else:
+        _print_fitting("serve MLflow's UI:", ui_command(p.tracking))
+        _print_fitting("then open the run:", out["tracking_url"])
 
 
 @app.command("results")
@@ -318,23 +327,27 @@ def results(
         console.print(table, markup=False, highlight=False)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        csv = client(p.tracking).download_artifacts(found_id, "results/results.csv", tmp)
-        _print_results(_results_frame(Path(csv)), title)
-    console.print("full table and notes: dpfair results --full")
+        folder = client(p.tracking).download_artifacts(found_id, "results", tmp)
+        _print_results(Path(folder), title)
+    if not quiet():
+        console.print("full table and notes: dpfair results --full")
 
 
-def _results_frame(path: Path) -> Any:
+def _print_results(folder: Path, title: str) -> None:
+    """The compact results table (:mod:`dpfair.cli.results`) of a run's results folder
+    (``results.csv`` and, written since, ``groups.json``) and its legend."""
+    import json
+
     import pandas as pd
 
-    return pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
-
-
-def _print_results(frame: Any, title: str) -> None:
-    """The compact results table (:mod:`dpfair.cli.results`) and its legend."""
     from dpfair.cli.results import WIDTH, compact_table
+    from dpfair.pipeline.summary import GROUPS_JSON
 
-    table, legend = compact_table(frame, title)
-    console.print(table, width=WIDTH)
+    facts = folder / GROUPS_JSON
+    frame = pd.read_csv(folder / "results.csv", index_col=0, dtype=str, keep_default_na=False)
+    table, legend = compact_table(frame, title,
+                                  json.loads(facts.read_text()) if facts.is_file() else None)
+    Console(width=WIDTH, soft_wrap=True).print(table)  # 120 columns, in a pipe too
     for line in legend:
         console.print(line, markup=False, highlight=False)
 
@@ -397,11 +410,21 @@ def promote_cmd(
 
 def _print_registered(registered: dict[str, str]) -> None:
     name, number, champion = (registered[k] for k in ("name", "version", "champion"))
-    why = ("it is @champion" if champion == number else
-           f"@champion stays version {champion}; `dpfair promote {name} {number}` serves it")
-    console.print(f"registered model: {name} version {number} (@challenger; {why}); predict "
-                  f"with: dpfair predict --model {name} --input rows.csv --output preds.csv",
-                  soft_wrap=True)
+    why = ("@challenger, @champion" if champion == number else
+           f"@challenger; @champion stays version {champion}: `dpfair promote {name} {number}` "
+           "serves it")
+    _print_fitting(f"registered: {name} version {number} ({why}); predict:",
+                   f"dpfair predict --model {name} --input rows.csv --output preds.csv")
+
+
+def _print_fitting(text: str, tail: str) -> None:
+    """``text tail`` on one line where it fits 120 columns, else ``tail`` (a path, a URL, a
+    command) on a line of its own."""
+    from dpfair.cli.results import WIDTH
+
+    line = f"{text} {tail}"
+    console.print(line if len(line) <= WIDTH else f"{text}\n  {tail}", soft_wrap=True,
+                  markup=False, highlight=False)
 
 
 @app.command("audit")

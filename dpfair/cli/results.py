@@ -2,25 +2,38 @@
 a legend; the full table (every group, loss and cost column, the notes) stays in
 ``results.md`` beside ``results.csv``, and in MLflow.
 
+Every group has a column when they all fit; otherwise the groups that matter: each method's
+worst group, the two of ``experiment.pair`` and the group with the fewest test rows (the
+facts of ``groups.json``, :func:`dpfair.pipeline.summary.group_facts`), and the legend names
+the groups left out and where they are.
+
 Units: accuracies and costs in percent (a human display; MLflow and DVC hold fractions), each
 cell ``mean ± SE`` over seeds, as in the full table.
 """
 
 from __future__ import annotations
 
+import io
 import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
+from rich import box
+from rich.console import Console
 from rich.table import Table
 
+from dpfair.pipeline.dvc_outputs import ACC_GAP, TOTAL_ROW, WORST, number
+from dpfair.privacy.accounting import ACCOUNTANT_NONE
 from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 __all__ = ["WIDTH", "compact_table"]
 
 WIDTH = 120  # the terminal width the table is built for
-_MAX_GROUPS = 4  # per-group accuracy columns shown; beyond, the worst group alone
-_LABEL = 28  # the longest method label shown (the full one is in results.md)
+_LABEL = 24  # the longest method label shown (the full one is in results.md)
 _GROUP = 12  # the longest group name in a header
+_LEFT = 12  # the most groups left out that the legend names
+_FULL = "see results.md, `dpfair results --full`"
 
 
 def _short(text: str, limit: int) -> str:
@@ -37,29 +50,66 @@ def _epsilon(cell: str) -> str:
     return head
 
 
-def _columns(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """``(column, short header)`` of the compact table, in order."""
-    groups = [c for c in frame.columns if c.startswith("acc_") and c != "acc_worst_group"]
-    if len(groups) > _MAX_GROUPS:
-        groups = groups[:2]
-    chosen = [(c, f"acc {_short(c.removeprefix('acc_'), _GROUP)}") for c in groups]
-    if "acc_worst_group" in frame.columns:
-        chosen.append(("acc_worst_group", "acc worst"))
+def _groups(frame: pd.DataFrame, facts: Mapping[str, Any] | None) -> list[str]:
+    """The groups of the table, in the dataset's order: those of ``groups.json``, else (a run
+    written before it) every ``acc_<group>`` column but the worst group's and the gap's."""
+    if facts and facts.get("groups"):
+        return [str(g) for g in facts["groups"] if f"acc_{g}" in frame.columns]
+    return [str(c).removeprefix("acc_") for c in frame.columns
+            if str(c).startswith("acc_") and c not in (WORST, ACC_GAP)]
+
+
+def _method_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[[not str(label).startswith(TOTAL_ROW) for label in frame.index]]
+
+
+def _worst(frame: pd.DataFrame, groups: Sequence[str]) -> dict[str, str]:
+    """Method label -> its group with the lowest mean test accuracy."""
+    out = {}
+    for label, row in _method_rows(frame).iterrows():
+        means = {g: number(row[f"acc_{g}"]) for g in groups}
+        known = {g: v for g, v in means.items() if v is not None}
+        if known:
+            out[str(label)] = min(known, key=lambda g: known[g])
+    return out
+
+
+def _chosen(groups: Sequence[str], worst: Mapping[str, str], pair: Sequence[str],
+            fewest: str | None) -> list[str]:
+    """The groups that matter, most important first: worst, pair, fewest test rows."""
+    wanted = [*worst.values(), *pair, *([fewest] if fewest else [])]
+    return [g for g in dict.fromkeys(wanted) if g in groups]
+
+
+def _ranked(frame: pd.DataFrame, groups: Sequence[str], chosen: Sequence[str]) -> list[str]:
+    """Every group in the order it gets a column: ``chosen`` first, then the others by their
+    lowest accuracy over the methods (least accurate first)."""
+    def lowest(group: str) -> float:
+        values = [number(cell) for cell in _method_rows(frame)[f"acc_{group}"]]
+        return min((v for v in values if v is not None), default=float("inf"))
+
+    return [*chosen, *sorted((g for g in groups if g not in chosen), key=lowest)]
+
+
+def _columns(frame: pd.DataFrame, groups: Sequence[str]) -> list[tuple[str, str]]:
+    """``(column, short header)`` of the compact table, in order (headers on two lines: the
+    quantity over the group, so a column is as wide as its cells)."""
+    chosen = [(f"acc_{g}", f"acc\n{_short(g, _GROUP)}") for g in groups]
+    if WORST in frame.columns:
+        chosen.append((WORST, "acc\nworst"))
     gap = next((c for c in ("pi_gap_max", "pi_gap") if c in frame.columns), None)
     if gap is not None:
-        chosen.append((gap, "cost gap"))
-    chosen += [(c, h) for c, h in ((EPSILON_RUN, "ε run"), (EPSILON_METHOD, "ε method"),
-                                   (EPSILON_TEST, "ε test")) if c in frame.columns]
+        chosen.append((gap, "cost\ngap"))
+    chosen += [(c, h) for c, h in ((EPSILON_RUN, "ε\nrun"), (EPSILON_METHOD, "ε\nmethod"),
+                                   (EPSILON_TEST, "ε\ntest")) if c in frame.columns]
     return chosen
 
 
-def compact_table(frame: pd.DataFrame, title: str) -> tuple[Table, list[str]]:
-    """The terminal table of a results table (``results.csv`` read with its row labels as
-    index, cells as strings) and its legend lines."""
-    columns = _columns(frame)
-    labels = ["run total" if str(label).startswith("run total") else _short(str(label), _LABEL)
+def _table(frame: pd.DataFrame, title: str, groups: Sequence[str]) -> Table:
+    columns = _columns(frame, groups)
+    labels = ["run total" if str(label).startswith(TOTAL_ROW) else _short(str(label), _LABEL)
               for label in frame.index]
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("method", min_width=max(map(len, labels), default=6), overflow="fold")
     for _, header in columns:
         table.add_column(header, justify="right", no_wrap=True)
@@ -68,15 +118,64 @@ def compact_table(frame: pd.DataFrame, title: str) -> tuple[Table, list[str]]:
         cells = [_epsilon(cell) if header.startswith("ε") else cell
                  for cell, (_, header) in zip(cells, columns, strict=True)]
         table.add_row(label, *cells, style="bold" if label == "run total" else None)
-    legend = ["acc <group>: the group's test accuracy, % (mean ± SE over seeds); acc worst: "
-              "the worst group's",
-              "cost gap: the largest gap between groups' privacy costs (accuracy points lost "
-              "to DP; Esipova et al. 2023, Eq. 1)",
-              "ε run: one training run; ε method: everything released for the method (search "
-              "+ all seeds); none: no DP guarantee",
-              "run total: every release of the run composed"
-              + ("; ε test: the noisy test metrics'" if EPSILON_TEST in frame.columns else "")]
-    return table, legend + _accountants(frame)
+    return table
+
+
+def _width(table: Table) -> int:
+    """The characters of the table's widest line at its natural width."""
+    out = io.StringIO()
+    Console(file=out, width=10 * WIDTH, soft_wrap=True).print(table)
+    return max((len(line) for line in out.getvalue().splitlines()), default=0)
+
+
+def compact_table(frame: pd.DataFrame, title: str, facts: Mapping[str, Any] | None = None
+                  ) -> tuple[Table, list[str]]:
+    """The terminal table of a results table (``results.csv`` read with its row labels as
+    index, cells as strings) and its legend lines. ``facts``: the run's ``groups.json``
+    (group order, pair, fewest test rows); None for a run that has none."""
+    groups = _groups(frame, facts)
+    worst = _worst(frame, groups)
+    pair = [str(g) for g in (facts or {}).get("pair") or []]
+    fewest = (facts or {}).get("fewest_test_rows")
+    shown: list[str] = []
+    table = _table(frame, title, shown)
+    for group in _ranked(frame, groups, _chosen(groups, worst, pair, fewest)):
+        wider = _table(frame, title, [g for g in groups if g in {*shown, group}])
+        if _width(wider) <= WIDTH:  # the groups that matter first, then the least accurate
+            shown, table = [*shown, group], wider
+    legend = textwrap.wrap(
+        "acc: test accuracy, % (mean ± SE over seeds); cost gap: the largest gap in privacy "
+        "cost between groups (Esipova et al. 2023, Eq. 1); ε run: one training run; ε method: "
+        "its search + all seeds; none: no DP guarantee; run total: all composed"
+        + ("; ε test: the noisy test metrics'" if EPSILON_TEST in frame.columns else ""), WIDTH)
+    return table, legend + _group_legend(groups, shown, worst, pair, fewest) + _accountants(
+        frame)
+
+
+def _group_legend(groups: Sequence[str], shown: Sequence[str], worst: Mapping[str, str],
+                  pair: Sequence[str], fewest: str | None) -> list[str]:
+    """Which group is which (worst per method, the pair, the fewest test rows) and, when some
+    are left out, how many, which and where they are."""
+    parts = []
+    if worst:
+        by_group: dict[str, list[str]] = {}
+        for label, group in worst.items():
+            by_group.setdefault(group, []).append(label.split(" (")[0])
+        parts.append("worst " + ", ".join(
+            f"{g} ({'every method' if len(m) == len(worst) > 1 else ', '.join(m)})"
+            for g, m in by_group.items()))
+    if len(pair) == 2:
+        parts.append(f"pair {pair[0]} vs {pair[1]}")
+    if fewest:
+        parts.append(f"fewest test rows {fewest}")
+    left = [g for g in groups if g not in shown]
+    text = "groups: " + "; ".join(parts) if parts else ""
+    if left:
+        named = ", ".join(left[:_LEFT]) + (f" and {len(left) - _LEFT} more"
+                                            if len(left) > _LEFT else "")
+        text += (f"{'; ' if text else ''}{len(left)} of {len(groups)} left out here "
+                 f"({named}): {_FULL}")
+    return textwrap.wrap(text, WIDTH) if text else []
 
 
 def _accountants(frame: pd.DataFrame) -> list[str]:
@@ -85,5 +184,5 @@ def _accountants(frame: pd.DataFrame) -> list[str]:
         return []
     names = dict.fromkeys(name.split(": ", 1)[-1] for cell in frame[EPSILON_ACCOUNTANT]
                           for name in str(cell).split("; ") if name)
-    return textwrap.wrap("ε accountants (each row's in results.md): " + "; ".join(names),
-                         WIDTH)
+    names.pop(ACCOUNTANT_NONE, None)  # no ε: the table says none
+    return textwrap.wrap("ε by: " + "; ".join(names) + " (each row's: results.md)", WIDTH)

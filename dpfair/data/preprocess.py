@@ -208,7 +208,16 @@ class TablePreprocessor:
         return self
 
     def transform(self, frame: pd.DataFrame) -> np.ndarray:
-        """float32 array ``(n, d)`` of the raw rows ``frame`` (extra columns are ignored)."""
+        """float32 array ``(n, d)`` of the raw rows ``frame`` (extra columns are ignored),
+        held to training's rules first (:meth:`check_rows`: with ``unknown="error"`` a category
+        the model never saw is a DataError, not a row of zeros)."""
+        self.check_rows(frame)
+        return self.encode(frame)
+
+    def encode(self, frame: pd.DataFrame) -> np.ndarray:
+        """:meth:`transform` without the checks: the dataset's own splits, whose held-out rows
+        may hold a category the training rows lack (encoded as zeros, as ``unknown: ignore``
+        would)."""
         raw = self._raw(frame)
         num, num_declared, cat, cat_declared = self._groups()
         if num and not self.state.mean:

@@ -51,7 +51,11 @@ if TYPE_CHECKING:
 GROUP_SEPARATOR = " × "
 CODED_MAX_VALUES = 10  # an undeclared integer column with 3..this many values gets a warning
 _SHOWN = 5
+#: the words that YAML 1.1 (PyYAML) reads as booleans when unquoted
+_YAML_BOOLEANS = frozenset({"yes", "no", "on", "off", "true", "false"})
 _LOOKS_NUMERIC = 0.8  # an object column with this share of numbers holds typos, not categories
+#: a date (ISO 2024-01-31, 31.01.2024, 1/31/24), with an optional time after it
+_DATE = r"(\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./]\d{1,2}[./]\d{2,4})([ T]\d{1,2}:\d{2}.*)?"
 
 
 class TableOptions(HoldoutOptions):
@@ -181,6 +185,8 @@ def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
     numeric, categorical = [], []
     for col in features:
         values = frame[col]
+        if col not in {*opts.categorical, *opts.categories, *opts.numeric}:
+            _refuse_dates(values, col, where)
         if col in opts.categories:
             _check_declared(values, opts.categories[col], col, where)
         if col in {*opts.categorical, *opts.categories} or pd.api.types.is_bool_dtype(values):
@@ -208,6 +214,31 @@ def _feature_types(frame: pd.DataFrame, features: list[str], opts: TableOptions,
     return numeric, categorical
 
 
+def _refuse_dates(values: pd.Series, col: str, where: Where) -> None:
+    """A date or time column is no feature: as categories every day is its own, and nothing
+    says which number of it matters. Refused with the fix (leave it out, or derive numbers)."""
+    import pandas as pd
+
+    present = values.dropna()
+    if pd.api.types.is_datetime64_any_dtype(values):
+        dates = present
+    elif pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
+        text = present.astype(str).str.strip()
+        dates = text[text.str.fullmatch(_DATE)]
+        if not len(present) or len(dates) < _LOOKS_NUMERIC * len(present):
+            return
+    else:
+        return
+    if len(dates):
+        shown = ", ".join(repr(str(v)) for v in dates.unique()[:3])
+        raise DataError(
+            f"column {col!r} of {where.source} holds dates or times ({shown}): dpfair trains on "
+            "numbers and categories, and a date is neither (as a category every day is its "
+            f"own). Fix: leave it out of the features (list the others in "
+            f"{where.key('features')}), or derive numbers from it (a duration in days, the "
+            "month) in a column of their own")
+
+
 def _warn_if_coded(values: pd.Series, col: str, where: Where) -> None:
     """One warning for an undeclared integer column with few distinct values: often codes of
     categories (1 = single, 2 = married, ...), which a model would read as amounts."""
@@ -231,10 +262,13 @@ def _check_declared(values: pd.Series, declared: list[str], col: str, where: Whe
     other = values[values.notna() & ~values.isin(declared)]
     if len(other):
         shown = ", ".join(repr(v) for v in other.unique()[:_SHOWN])
+        words = sorted(v for v in values.dropna().unique() if str(v).lower() in _YAML_BOOLEANS)
+        fix = (f"YAML reads unquoted {', '.join(words)} as booleans: quote them: {words}"
+               if words and {"True", "False"} & set(declared) else
+               f"add them to {where.key('categories')}.{col}, or correct those values")
         raise DataError(
             f"column {col!r} of {where.source} holds {shown} ({where.rows(other.index)}), not "
-            f"among its declared categories {declared}. Fix: add them to "
-            f"{where.key('categories')}.{col}, or correct those values"
+            f"among its declared categories {declared}. Fix: {fix}"
         )
 
 
@@ -429,7 +463,7 @@ def build_dataset(frame: pd.DataFrame, opts: TableOptions, *, name: str, where: 
                  groups_from=f"columns {', '.join(opts.protected)}",
                  target=f"the target column {opts.target!r}", where=where)
     pre = transform().fit(frame.iloc[index["train"]])
-    splits = {key: make_split(pre.transform(frame.iloc[idx]), y[idx], g[idx])
+    splits = {key: make_split(pre.encode(frame.iloc[idx]), y[idx], g[idx])
               for key, idx in index.items()}
     return GroupedDataset(
         name=name, **splits, class_names=class_names, group_names=group_names,

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dpfair.errors import BudgetExceededError, ConfigError, PrivacyError, did_you_mean
+from dpfair.errors import BudgetExceededError, ConfigError, did_you_mean
 from dpfair.training import TrainConfig
 from dpfair.tuning.job import grid_points, make_config
 
@@ -196,7 +196,7 @@ def _check_one_run(params: Params, label: str, configs: list[TrainConfig], n_tra
            "smaller batch" + (", or search a cheaper space" if tuned else ""))
     calibrated = budget.calibrate_noise  # the noise will be scaled to meet budget.epsilon
     if budget.epsilon is not None and not calibrated and not cheapest <= budget.epsilon:
-        raise PrivacyError(
+        raise BudgetExceededError(  # a budget refusal (exit code 3), as any other
             f"budget.epsilon: {budget.epsilon:g} is too small for even one training run of "
             f"{label!r} (ε {cheapest:.4g} at δ {delta:g} for n_train = {n_train}): raise "
             f"budget.epsilon or {fix}. Nothing was trained."

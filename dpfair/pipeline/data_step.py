@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from dpfair.config.params import Params
 from dpfair.data import GroupedDataset, data_version, load_prepared, prepare
 from dpfair.data.prepared import file_md5
 from dpfair.errors import DataError
+from dpfair.settings import verbose
 from dpfair.tracking.run_log import log_data_input
 from dpfair.tracking.runs import TrackingConfig, log_params, log_text
 from dpfair.urls import mask_text
@@ -76,7 +80,7 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
             # the stage's command is `python -m dpfair.cli ...`: run it with this interpreter
             os.environ["PATH"] = (f"{Path(sys.executable).parent}{os.pathsep}"
                                   f"{os.environ['PATH']}")
-            with Repo(str(root)) as repo:
+            with _stage_output(), Repo(str(root)) as repo:
                 repo.reproduce(f"prepare@{name}")
             version = data_version(name, root / "dvc.lock")
         path = root / "data" / "prepared" / name
@@ -86,6 +90,32 @@ def prepare_data(params: Params, root: str | Path, params_path: str | Path) -> P
         version = None
     version = version or file_md5(path / "arrays.npz")
     return PreparedData(name=name, path=str(path), version=version)
+
+
+@contextmanager
+def _stage_output() -> Iterator[None]:
+    """What DVC and the stage's command print (the stage's name and command, the data's
+    table) kept back unless ``dpfair -v``, and shown on stderr if the stage fails. The file
+    descriptor itself: the command is another process."""
+    if verbose():
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 1)
+        try:
+            yield
+        except BaseException:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            kept.seek(0)
+            sys.stderr.write(kept.read().decode(errors="replace"))
+            raise
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def load_data(prepared: PreparedData) -> GroupedDataset:

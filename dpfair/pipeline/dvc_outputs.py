@@ -5,20 +5,22 @@ run's ``results.csv`` (:func:`dpfair.pipeline.summary.summarise`: one row per me
 ``"mean ± se"`` in the units of :func:`dpfair.fairness.format_table`, the two ε columns of
 :mod:`dpfair.release.plan` and a last row with the run's total ε) into
 
-- ``metrics.json``: a short, flat set (``dvc metrics show`` and ``dvc exp show`` columns
-  ``worst.<method>``): ``epsilon_total``; per metric, one number per method: ``worst`` (the
-  worst group's test accuracy), ``accuracy_gap`` (the largest accuracy gap between two
-  groups), ``cost_gap`` (the largest privacy-cost gap between groups; Esipova et al. 2023,
-  Eq. 1), all fractions (0.85, never 85: the percent of the results table divided by 100),
-  ``epsilon`` (released for the method) and ``epsilon_run`` (one training run); and
-  ``group_accuracy.<method>.<group>`` (every group by name, fractions). Only numbers that the
-  results table already publishes: no training-set counts, and no ε for a release without a
-  DP guarantee (the non-private reference, heuristic methods): such a method has its label in
-  ``privacy.<method>`` instead, and a replayable run its ``note.<method>``, as in MLflow. With
-  noisy test metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test
-  split's ε, a different set of rows); with exact ones, ``test_metrics`` says that no ε
-  covers them. ``epsilon_accountant.<method>`` and ``epsilon_total_accountant`` name the
-  accountant of each ε (the results table's accountant column).
+- ``metrics.json``, DVC's metrics: the short, flat set of :data:`SHORT`, which ``dvc metrics
+  show`` and ``dvc exp show`` fit in 120 columns: ``epsilon_total`` (with noisy test metrics
+  also ``epsilon_test_total``) and ``worst.<method>``, the worst group's test accuracy.
+- ``details.json`` (an output, not a DVC metric): every figure, per method: ``worst``,
+  ``accuracy_gap`` (the largest accuracy gap between two groups), ``cost_gap`` (the largest
+  privacy-cost gap between groups; Esipova et al. 2023, Eq. 1), all fractions (0.85, never
+  85: the percent of the results table divided by 100), ``epsilon`` (released for the
+  method) and ``epsilon_run`` (one training run); and ``group_accuracy.<method>.<group>``
+  (every group by name, fractions). Only numbers that the results table already publishes:
+  no training-set counts, and no ε for a release without a DP guarantee (the non-private
+  reference, heuristic methods): such a method has its label in ``privacy.<method>``
+  instead, and a replayable run its ``note.<method>``, as in MLflow. With noisy test
+  metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test split's ε,
+  a different set of rows); with exact ones, ``test_metrics`` says that no ε covers them.
+  ``epsilon_accountant.<method>`` and ``epsilon_total_accountant`` name the accountant of
+  each ε (the results table's accountant column).
 - ``group_accuracy.csv``: test accuracy (a fraction) per method and group (every group and
   the worst group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
@@ -43,6 +45,8 @@ WORST = "acc_worst_group"  # the table's worst-group column
 ACC_GAP = "acc_gap_max"  # the largest accuracy gap between two groups
 COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the pair's
 TOTAL_ROW = "run total"  # how the row of the run's total ε starts (ReleasePlan.total_label)
+#: DVC's metrics (metrics.json): what `dvc metrics show` and `dvc exp show` fit in 120 columns
+SHORT = ("epsilon_total", "epsilon_test_total", "worst")
 
 
 def number(cell: str) -> float | None:
@@ -160,15 +164,18 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
 
 
 def write_outputs(results_csv: str | Path, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``metrics.json``, ``group_accuracy.csv`` and ``epsilon_accuracy.csv`` under
-    ``out_dir`` from ``results_csv``; returns their paths."""
+    """Write ``metrics.json`` (:data:`SHORT`: DVC's metrics), ``details.json`` (every metric
+    of :func:`evaluate`), ``group_accuracy.csv`` and ``epsilon_accuracy.csv`` under ``out_dir``
+    from ``results_csv``; returns their paths."""
     metrics, groups, curve = evaluate(read_results(results_csv))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {name: out / name
-             for name in ("metrics.json", "group_accuracy.csv", "epsilon_accuracy.csv")}
-    paths["metrics.json"].write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n",
-                                     encoding="utf-8")
+    paths = {name: out / name for name in ("metrics.json", "details.json",
+                                           "group_accuracy.csv", "epsilon_accuracy.csv")}
+    for name, content in (("metrics.json", {k: metrics[k] for k in SHORT if k in metrics}),
+                          ("details.json", metrics)):
+        paths[name].write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n",
+                               encoding="utf-8")
     groups.to_csv(paths["group_accuracy.csv"], index=False)
     curve.to_csv(paths["epsilon_accuracy.csv"], index=False)
     return paths

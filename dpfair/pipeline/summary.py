@@ -10,7 +10,9 @@ every group of the dataset, ``epsilon_run/<method>`` and
 ``epsilon_released/<method>`` (the table's two ε columns; none for a release without
 guarantee), ``epsilon_total`` (and with noisy test metrics ``epsilon_test/<method>`` and
 ``epsilon_test_total``, the test split's line); the results table is an MLflow table artifact
-(``results/results_table.json``) beside ``results.md`` and ``results.csv``.
+(``results/results_table.json``) beside ``results.md``, ``results.csv`` and ``groups.json``;
+the figures are at the artifact root. A child run per method (:func:`log_comparison_runs`)
+holds the same comparison under one set of keys, which MLflow's charts plot side by side.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from dpfair.tracking.runs import (
     log_metrics,
     log_table,
     log_text,
+    run,
     set_tags,
     tag_number,
 )
@@ -62,19 +65,26 @@ from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE, TrainResult
 
 #: The per-method comparison on the pipeline run: the test headline metrics it averages.
 COMPARED = ("worst_group_accuracy", "largest_group_gap", "accuracy")
+#: Beside results.csv: the dataset's groups in order, ``experiment.pair`` and the group with
+#: the fewest test rows (:func:`group_facts`), what the terminal table chooses its columns by.
+GROUPS_JSON = "groups.json"
+#: The ``dpfair.stage`` of the per-method comparison runs (:func:`log_comparison_runs`).
+COMPARISON_STAGE = "comparison"
 
 
 @dataclass
 class Summary:
     """The results of a pipeline run: the table, the p-values, the figures' paths, the notes
     on what ε covers (:meth:`dpfair.release.plan.ReleasePlan.notes`) and the per-method metrics of
-    the pipeline run (``compared``: ``<metric>/<method>``, :data:`COMPARED`)."""
+    the pipeline run (``compared``: ``<metric>/<method>``, :data:`COMPARED`), and the same per
+    method (``by_method``: each method's comparison child run, :func:`log_comparison_runs`)."""
 
     table: pd.DataFrame
     significance: pd.DataFrame
     figures: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     compared: dict[str, float] = field(default_factory=dict)
+    by_method: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def markdown(self) -> str:
         parts = ["## Per-group results (mean ± SE over seeds)", "", self.table.to_markdown()]
@@ -167,24 +177,44 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     notes = plan.notes()
     (out / "results.md").write_text(Summary(table, significance, notes=notes).markdown())
     table.to_csv(out / "results.csv")
+    facts = group_facts(frame, list(dataset.group_names), pair)
+    (out / GROUPS_JSON).write_text(json.dumps(facts))
     return Summary(table=table, significance=significance,
                    figures={k: str(v) for k, v in figures.items()}, notes=notes,
-                   compared=_compared(runs, list(dataset.group_names)))
+                   by_method=(by_method := per_method(runs, list(dataset.group_names))),
+                   compared=_compared(by_method))
 
 
-def _compared(runs: list[RunRecord], groups: list[str]) -> dict[str, float]:
-    """``<metric>/<method>``: each :data:`COMPARED` test metric's mean over the method's seeds,
-    and ``group_accuracy/<group>/<method>`` for every group (released test metrics, averaged:
-    no new release)."""
-    labels = sorted({r.label for r in runs})
-    out = {f"{metric}/{label}": float(np.nanmean([r.headline[metric] for r in runs
-                                                  if r.label == label]))
-           for metric in COMPARED for label in labels}
+def group_facts(frame: pd.DataFrame, groups: list[str], pair: list[str] | None
+                ) -> dict[str, object]:
+    """``{"groups", "pair", "fewest_test_rows"}``: the group names in the dataset's order, the
+    named pair (or None) and the group with the fewest test rows, read from the released test
+    counts (None with noisy test metrics, which release no count: nothing new leaves)."""
+    counts = frame[(frame["metric"] == fairness.COUNT) & frame["group"].isin(groups)]
+    fewest = (str(counts.groupby("group")["value"].mean().idxmin()) if not counts.empty
+              else None)
+    return {"groups": [str(g) for g in groups], "pair": pair, "fewest_test_rows": fewest}
+
+
+def per_method(runs: list[RunRecord], groups: list[str]) -> dict[str, dict[str, float]]:
+    """Method -> ``{metric: mean over its seeds}``: each :data:`COMPARED` test metric and
+    ``acc_<group>`` for every group (released test metrics, averaged: no new release)."""
     frame = fairness.runs_frame([rec for r in runs for rec in r.records])
     acc = frame[(frame["metric"] == fairness.ACCURACY) & frame["group"].isin(groups)]
-    for (group, label), values in acc.groupby(["group", "method"])["value"]:
-        out[f"group_accuracy/{group}/{label}"] = float(np.nanmean(values.to_numpy()))
-    return out
+    means = acc.groupby(["method", "group"])["value"].mean()
+    return {label: {**{metric: float(np.nanmean([r.headline[metric] for r in runs
+                                                 if r.label == label])) for metric in COMPARED},
+                    **{f"acc_{g}": float(means[label, g]) for g in groups
+                       if (label, g) in means.index}}
+            for label in sorted({r.label for r in runs})}
+
+
+def _compared(by_method: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``<metric>/<method>`` of :func:`per_method` on the pipeline run (the runs table's
+    columns), ``acc_<group>`` as ``group_accuracy/<group>/<method>``."""
+    return {(f"group_accuracy/{key.removeprefix('acc_')}/{label}" if key.startswith("acc_")
+             else f"{key}/{label}"): value
+            for label, metrics in by_method.items() for key, value in metrics.items()}
 
 
 def _accountant_cell(m: MethodRelease) -> str:
@@ -224,14 +254,35 @@ def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary | None,
     out = Path(out_dir)
     if summary is not None:
         log_metrics(tracking, run_id, summary.compared)
-        for name in ("results.md", "results.csv"):
+        for name in ("results.md", "results.csv", GROUPS_JSON):
             log_file(tracking, run_id, out / name, "results")
         log_table(tracking, run_id, summary.table, "results/results_table.json")
-        for path in summary.figures.values():
-            log_file(tracking, run_id, path, "figures")
+        for path in summary.figures.values():  # the artifact root: the first thing one sees
+            log_file(tracking, run_id, path)
+        log_comparison_runs(tracking, run_id, summary.by_method)
     if failures:
         log_json(tracking, run_id, failures, "failures.json")
     set_tags(tracking, run_id, {"dpfair.failed_methods": ",".join(sorted(failures)) or "none"})
+
+
+def log_comparison_runs(tracking: TrackingConfig, parent: str,
+                        by_method: dict[str, dict[str, float]]) -> None:
+    """One child run of the pipeline run per method (``dpfair.stage = comparison``, named
+    ``<method> · mean over seeds``) holding :func:`per_method`'s metrics under the same keys
+    (``acc_<group>``, ``worst_group_accuracy``, ...): MLflow's chart view and *Compare* plot
+    one chart per metric with a bar per method. A resumed run's are reused, not repeated."""
+    mlf = client(tracking)
+    experiment = mlf.get_run(parent).info.experiment_id
+    existing = {r.data.tags.get("dpfair.method"): r.info.run_id for r in mlf.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{parent}' and "
+        f"tags.`dpfair.stage` = '{COMPARISON_STAGE}'")}
+    for label, metrics in by_method.items():
+        if label in existing:
+            log_metrics(tracking, existing[label], metrics)
+            continue
+        with run(tracking, experiment, f"{label} · mean over seeds", parent_run_id=parent,
+                 tags={"dpfair.stage": COMPARISON_STAGE, "dpfair.method": label}) as child:
+            log_metrics(tracking, child, metrics)
 
 
 # ------------------------------------------------------------------------ model registry

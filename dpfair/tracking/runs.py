@@ -353,16 +353,15 @@ def ui_command(cfg: TrackingConfig) -> str:
         uri = Path(uri).resolve().as_uri()
     mlflow = Path(sys.executable).parent / "mlflow"
     program = mlflow if mlflow.exists() else "mlflow"
-    return (f"{telemetry_off()} {program} ui --backend-store-uri {mask_url(uri)} "
+    # telemetry off for the UI's process too, on a line of its own (a shell continuation), so
+    # that neither line outgrows a 120-column terminal
+    return (f"{TELEMETRY_OFF} \\\n    {program} ui --backend-store-uri {mask_url(uri)} "
             f"--port {UI_PORT}")
 
 
-def telemetry_off() -> str:
-    """The environment that keeps a command dpfair prints (``mlflow ui``, ``mlflow server``)
-    from sending usage data, as ``NAME=value`` words (:data:`dpfair.NO_TELEMETRY`)."""
-    from dpfair import NO_TELEMETRY
-
-    return " ".join(f"{k}={v}" for k, v in NO_TELEMETRY.items())
+#: the switch a printed ``mlflow ui`` / ``mlflow server`` command carries: MLflow's own
+#: (:data:`dpfair.NO_TELEMETRY`)
+TELEMETRY_OFF = "MLFLOW_DISABLE_TELEMETRY=true"
 
 
 def ui_hint(cfg: TrackingConfig) -> str:

@@ -179,3 +179,50 @@ def test_weak_messages_are_short_and_name_the_problem(tmp_path: Path, change, ex
 
 def test_a_folder_given_as_the_data_file_says_so(tmp_path: Path):
     assert "is a folder; give the CSV or Parquet file in it" in _error(tmp_path)
+
+
+def test_yaml_booleans_where_strings_were_meant_say_quote_them(tmp_path: Path):
+    """Issue 43: `categories: {Buerge: [no, yes]}` reaches dpfair as [False, True]; the error
+    says so and how to write them."""
+    import yaml
+
+    frame = loans_frame(300)
+    frame["Buerge"] = np.where(np.arange(len(frame)) % 3, "yes", "no")
+    declared = yaml.safe_load("Buerge: [no, yes]")  # what params.yaml hands over
+    msg = _error(_csv(tmp_path, frame), categories=declared)
+    assert "quote them: ['no', 'yes']" in msg and "Buerge" in msg, msg
+
+
+def test_a_date_column_is_refused_with_the_fix(tmp_path: Path):
+    """A date column is neither a number nor a category: refused with the fix (leave it out of
+    features or derive numbers); without it in the features the table loads."""
+    frame = loans_frame(300)
+    frame["Antrag"] = pd.date_range("2024-01-01", periods=len(frame), freq="D").strftime(
+        "%Y-%m-%d")
+    path = _csv(tmp_path, frame)
+    msg = _error(path)
+    assert "'Antrag'" in msg and "dates" in msg and "features" in msg, msg
+    assert "derive numbers" in msg and "'2024-01-01'" in msg
+    features = ["Alter", "Einkommen", "Beruf"]
+    assert load_dataset("loans", table_options(path, features=features)).n_groups == 6
+    frame["Antrag"] = pd.to_datetime(frame["Antrag"])  # a Parquet file's datetime column
+    parquet = tmp_path / "loans.parquet"
+    frame.to_parquet(parquet)
+    assert "holds dates" in _error(parquet)
+
+
+def test_transform_honours_unknown(tmp_path: Path):
+    """`dataset.preprocessor.transform` (the Python API) refuses a category the model never
+    saw under `unknown: error` (the default), as prediction does; `ignore` encodes zeros."""
+    frame = loans_frame(300)
+    path = _csv(tmp_path, frame)
+    rows = frame.drop(columns=[TARGET]).head(3).copy()
+    rows["Beruf"] = ["Buero", "Astronaut", "Pflege"]
+    dataset = load_dataset("loans", table_options(path))
+    with pytest.raises(DataError, match=r"'Astronaut' in row 1.*never saw.*unknown: ignore"):
+        dataset.preprocessor.transform(rows)
+    ignoring = load_dataset("loans", table_options(path, unknown="ignore"))
+    x = ignoring.preprocessor.transform(rows)
+    names = ignoring.preprocessor.feature_names
+    beruf = [k for k, n in enumerate(names) if n.startswith("Beruf_")]
+    assert x.shape == (3, len(names)) and not x[1, beruf].any() and x[0, beruf].sum() == 1

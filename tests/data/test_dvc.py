@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -185,7 +187,10 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     assert '"prepare@synthetic" -> "run"' in dag and '"run" -> "evaluate"' in dag, dag
     shown = json.loads(_dvc(repo, "metrics", "show", "--json", quiet=True))
     [(_, files)] = shown.items()
-    metrics = files["data"]["evaluation/metrics.json"]["data"]
+    assert files["data"]["evaluation/metrics.json"]["data"] == {  # the short set
+        k: v for k, v in json.loads((repo / "evaluation" / "details.json").read_text()).items()
+        if k in ("epsilon_total", "worst")}
+    metrics = json.loads((repo / "evaluation" / "details.json").read_text())
     assert set(metrics) == {"epsilon_total", "epsilon_total_accountant", "test_metrics", "worst",
                             "accuracy_gap", "cost_gap", "epsilon", "epsilon_run",
                             "epsilon_accountant", "group_accuracy", "privacy"}
@@ -199,6 +204,8 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     assert set(metrics["epsilon"]) == {"dpsgd"}  # no ε without a DP guarantee: a label
     assert set(metrics["privacy"]) == {"nonprivate"}
     assert list(files["data"]) == ["evaluation/metrics.json"]  # no summary.json, no counts
+    shown = _dvc(repo, "metrics", "show", quiet=True)
+    assert max(map(len, shown.splitlines())) <= 120, shown
 
     plots = json.loads(_dvc(repo, "plots", "show", "--json", quiet=True))["data"]
     assert {"evaluation/group_accuracy.csv", "evaluation/epsilon_accuracy.csv"} <= set(plots)
@@ -224,6 +231,12 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
         pipelines = db.execute("select count(*) from tags where key = 'dpfair.stage' and "
                                "value = 'pipeline'").fetchone()[0]
     assert pipelines == 2
+    # the README's `dvc exp show` fits 120 columns: DVC collapses what does not fit into "…"
+    [command] = re.findall(r"\.venv/bin/dvc (exp show .*?)\s+#", (repo_root / "README.md")
+                           .read_text())
+    shown = _dvc(repo, *shlex.split(command), "--no-pager", quiet=True, COLUMNS="120")
+    assert "…" not in shown and max(map(len, shown.splitlines())) <= 120, shown
+    assert "epsilon_total " in shown and "worst.dpsgd" in shown and "accountant" not in shown
     _git(repo, "checkout", "--", "params.yaml")
 
     # over budget: refused before the orchestration starts, the error printed once, nothing
@@ -280,7 +293,7 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
                         "run total: private releases composed (...)"], name="method"))
     table.to_csv(tmp_path / "results.csv")
     paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
-    metrics = json.loads(paths["metrics.json"].read_text())
+    metrics = json.loads(paths["details.json"].read_text())
     # the labels MLflow shows travel with the numbers: no ε, replayable noise, exact tests
     assert metrics == {
         "epsilon_total": 5.62, "test_metrics": TEST_METRICS_LABEL,
@@ -295,6 +308,9 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
                            "fairlens": {"2": 0.91, "8": 0.7, "9": 0.695}},
         "privacy": {"nonprivate": NONPRIVATE_REFERENCE, "fairlens": HEURISTIC},
         "note": {"dpsgd": "replayable noise"}}
+    # DVC's metrics: the short set, flat (`dvc metrics show` fits 120 columns)
+    assert json.loads(paths["metrics.json"].read_text()) == {
+        "epsilon_total": 5.62, "worst": {"nonprivate": 0.895, "dpsgd": 0.605, "fairlens": 0.69}}
     groups = pd.read_csv(paths["group_accuracy.csv"], dtype={"group": str})
     assert len(groups) == 12 and set(groups["group"]) == {"2", "8", "9", "worst group"}
     curve = pd.read_csv(paths["epsilon_accuracy.csv"])
@@ -303,8 +319,9 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     # noisy test metrics: the test split's ε per method (every method: its own rows) and total
     table[EPSILON_TEST] = ["0.9", "0.9", "0.9", "1.6"]
     table.to_csv(tmp_path / "results.csv")
-    metrics = json.loads(write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")[
-        "metrics.json"].read_text())
+    paths = write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
+    metrics = json.loads(paths["details.json"].read_text())
+    assert json.loads(paths["metrics.json"].read_text())["epsilon_test_total"] == 1.6
     assert metrics["epsilon_test_total"] == 1.6 and metrics["epsilon_total"] == 5.62
     assert metrics["epsilon_test"] == {"nonprivate": 0.9, "dpsgd": 0.9, "fairlens": 0.9}
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
@@ -336,3 +353,33 @@ def test_a_declared_own_csv_gets_its_stage_and_reruns_when_the_file_changes(tmp_
     assert "prepare@loans" in _dvc(repo, "status", "prepare@loans")
     assert "Running stage 'prepare@loans'" in _dvc(repo, "repro", "prepare@loans")
     assert data_version("loans", repo / "dvc.lock") not in (None, first)
+
+
+def test_dvc_metrics_show_fits_120_columns_with_the_default_methods(tmp_path, repo_root):
+    """Issue 43: `dvc metrics show` was 2,037 columns wide; the metrics of the default
+    experiment's four methods (the long names included) fit 120, the rest is in details.json."""
+    from dpfair.pipeline.dvc_outputs import write_outputs
+    from dpfair.privacy.accounting import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
+    from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
+
+    methods = ["nonprivate", "dpsgd", "dpsgd_f", "dpsgd_global_adapt"]
+    cell = "84.1 ± 12.3"
+    table = pd.DataFrame(
+        {**{f"acc_{d}": [cell] * 4 + [""] for d in range(10)}, "acc_worst_group": [cell] * 4 + [""],
+         "acc_gap_max": [cell] * 4 + [""], "pi_gap_max": ["-"] + [cell] * 3 + [""],
+         EPSILON_RUN: ["non-private reference: no DP guarantee"] + ["7.04"] * 3 + [""],
+         EPSILON_METHOD: ["non-private reference: no DP guarantee"] + ["13.81"] * 3 + ["22.58"],
+         EPSILON_ACCOUNTANT: [""] + [ACCOUNTANT_PLD] * 3 + [ACCOUNTANT_PROFILE]},
+        index=pd.Index([*methods, "run total: private releases composed"], name="method"))
+    table.to_csv(tmp_path / "results.csv")
+    shutil.copytree(repo_root / ".dvc", tmp_path / ".dvc",
+                    ignore=shutil.ignore_patterns("tmp", "cache"))
+    (tmp_path / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n")
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"evaluate": {
+        **stages["evaluate"], "deps": ["results.csv"],
+        "cmd": "true"}}}))  # only what `metrics show` reads: the evaluate stage's outputs
+    write_outputs(tmp_path / "results.csv", tmp_path / "evaluation")
+    shown = _dvc(tmp_path, "metrics", "show", quiet=True)
+    assert max(map(len, shown.splitlines())) <= 120, shown
+    assert all(f"worst.{m}" in shown for m in methods) and "epsilon_total" in shown

@@ -191,11 +191,19 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     # artifacts: the DpEvent JSON of a private run, the table and figures of the parent
     event_path = client.download_artifacts(dpsgd[0].info.run_id, "dp_event.json", str(tmp_path))
     assert json.loads(Path(event_path).read_text())["type"] == "SelfComposedDpEvent"
-    listed = {a.path for a in client.list_artifacts(parent.info.run_id, "figures")}
-    assert "figures/group_accuracy.png" in listed
-    png = client.download_artifacts(parent.info.run_id, "figures/group_accuracy.png",
-                                    str(tmp_path))
+    listed = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"group_accuracy.png", "privacy_cost.png"} <= listed  # the root: one click
+    png = client.download_artifacts(parent.info.run_id, "group_accuracy.png", str(tmp_path))
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one comparison child run per method, the same keys on each: one chart per metric in
+    # MLflow's chart view and Compare, a bar per method (issue 43)
+    compared = {r.data.tags["dpfair.method"]: r.data.metrics for r in runs
+                if r.data.tags.get("dpfair.stage") == "comparison"}
+    assert set(compared) == {"nonprivate", "dpsgd", "dpsgd_global"}
+    for label, metrics in compared.items():
+        assert {"acc_majority", "acc_minority", "worst_group_accuracy"} <= set(metrics)
+        assert metrics["acc_minority"] == pytest.approx(
+            parent.data.metrics[f"group_accuracy/minority/{label}"])
     table = Path(client.download_artifacts(parent.info.run_id, "results/results.md",
                                            str(tmp_path))).read_text()
     assert "dpsgd_global" in table and TEST_METRICS_NOTE in table

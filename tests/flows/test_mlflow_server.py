@@ -4,10 +4,14 @@ client's disk, and the registered @champion loads through the server alone."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -73,6 +77,18 @@ def mlflow_server(tmp_path_factory):
         log.close()
 
 
+def _page_text(url: str) -> str:
+    """The text a fresh headless Chromium shows at ``url`` once MLflow's page has rendered."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium is not None
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,3000",
+         "--virtual-time-budget=20000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=240).stdout
+    text = re.sub(r"<style.*?</style>|<script.*?</script>", " ", dom, flags=re.S)
+    return " ".join(re.sub(r"<[^>]+>", " ", text).split())
+
+
 def test_pipeline_on_a_server_keeps_artifacts_there_and_serves_the_champion(
         prefect_harness, mlflow_server, tmp_path, repo_root, monkeypatch):
     from flows.experiment import run_experiment
@@ -123,3 +139,21 @@ def test_pipeline_on_a_server_keeps_artifacts_there_and_serves_the_champion(
     assert f"pipeline run {out['parent_run_id']} of dataset digits" in shown.output
     assert max(len(line) for line in shown.output.splitlines()) <= 120
     assert "acc worst" in shown.output or "acc " in shown.output
+
+    # issue 43, in a real browser: the printed link opens the pipeline run's own page, and
+    # its per-method comparison runs compare side by side, one acc_<group> row per group
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("Chromium is not installed (.ci/run may install Debian's chromium)")
+    parent = client.get_run(out["parent_run_id"])
+    assert out["tracking_url"] == (f"{url}/#/experiments/{out['experiment_id']}/runs/"
+                                   f"{out['parent_run_id']}")
+    page = _page_text(out["tracking_url"])
+    assert parent.info.run_name in page and "worst_group_accuracy/dpsgd" in page, page[:3000]
+    compared = client.search_runs([out["experiment_id"]],
+                                  "tags.`dpfair.stage` = 'comparison'")
+    assert {r.data.tags["dpfair.method"] for r in compared} == {"dpsgd", "nonprivate"}
+    ids = urllib.parse.quote(json.dumps([r.info.run_id for r in compared]))
+    experiments = urllib.parse.quote(json.dumps([out["experiment_id"]]))
+    page = _page_text(f"{url}/#/compare-runs?runs={ids}&experiments={experiments}")
+    assert "Comparing 2 Runs" in page and "dpsgd · mean over seeds" in page, page[:3000]
+    assert all(f"acc_{d}" in page for d in range(10)), page[:3000]  # every group by name

@@ -54,6 +54,14 @@ def test_own_csv_runs_registers_and_predicts_raw_rows(prefect_harness, tmp_path,
     dataset = load_dataset("loans", params.dataset("loans"))
     assert len(dataset.group_names) == 6 and "w × Ost" in dataset.group_names
     assert "dpsgd" in out["table"]
+    # the terminal's table (issue 43): each of the six groups has a column or is named
+    from typer.testing import CliRunner
+
+    from dpfair.cli.commands import app
+
+    shown = CliRunner().invoke(app, ["results", "--params", str(params_path)]).output
+    header, legend = "\n".join(shown.splitlines()[1:3]), shown.split("left out here")[-1]
+    assert all(g in header or g in legend for g in dataset.group_names), shown
     registered = out["registered_model"]
     assert registered is not None
 
@@ -141,8 +149,13 @@ def test_census_with_three_nationalities_and_integer_codes_end_to_end(
     assert {"acc_worst_group", "acc_gap_max", "pi_gap_max"} <= set(results.columns)
     shown = CliRunner().invoke(app, ["results", "--full", "--params", str(params_path)])
     assert shown.exit_code == 0 and all(f"acc_{g}" in shown.output for g in groups)
+    # the terminal's table (issue 43): every group a column of its own, the gap none
+    shown = CliRunner().invoke(app, ["results", "--params", str(params_path)])
+    header = shown.output.splitlines()[1:3]
+    assert shown.exit_code == 0 and "gap_max" not in shown.output, shown.output
+    assert header[1].split()[1:4] == groups, shown.output  # after "method"
     metrics = json.loads(write_outputs(Path(out["results_dir"]) / "results.csv",
-                                       tmp_path / "evaluation")["metrics.json"].read_text())
+                                       tmp_path / "evaluation")["details.json"].read_text())
     assert set(metrics["group_accuracy"]["dpsgd"]) == set(groups)
 
     params = load_params(params_path)
