@@ -23,6 +23,7 @@ from pydantic import (
 
 from dpfair.errors import TuningError, did_you_mean, format_validation_error
 from dpfair.models import ModelConfig
+from dpfair.models.config import MLPConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
 from dpfair.training import TrainConfig
 from dpfair.tuning.config import PARAMS_STORAGE, TuningConfig
@@ -51,7 +52,7 @@ class ExperimentSection(BaseModel):
     config_key_noun: ClassVar[str] = "key"
 
     dataset: str = "digits"
-    model: ModelConfig = Field(default_factory=lambda: {"name": "mlp", "hidden": [64]})
+    model: ModelConfig = Field(default_factory=lambda: MLPConfig(name="mlp", hidden=[64]))
     train: TrainSettings = Field(  # type: ignore[valid-type]
         default_factory=lambda: TrainSettings(
             epochs=20, batch_size=64, lr=0.5, sigma=1.0, delta=1e-5, progress="auto"

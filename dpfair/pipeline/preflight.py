@@ -16,9 +16,9 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from dpfair.errors import UnreachableError
+from dpfair.errors import ConfigError, UnreachableError
 from dpfair.settings import TrackingConfig
-from dpfair.urls import credentials, mask_url
+from dpfair.urls import TRACKING_SCHEMES, check_scheme, credentials, mask_url
 
 
 def check_writable(path: str | os.PathLike[str], what: str, fix: str) -> None:
@@ -69,6 +69,10 @@ def check_tracking(cfg: TrackingConfig, timeout: float = 5.0) -> None:
     its local file/folder can be written; a local artifact root can be written too. A server
     URL's ``user:password@`` is sent as basic auth; messages show the URL masked."""
     uri = cfg.resolved_uri()
+    try:  # MLFLOW_TRACKING_URI is not validated with params.yaml
+        check_scheme(uri, TRACKING_SCHEMES, "tracking URI (tracking.uri or MLFLOW_TRACKING_URI)")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     scheme = urlparse(uri).scheme
     fix = "start the server, or set tracking.uri (or MLFLOW_TRACKING_URI) to one that answers"
     if scheme in ("http", "https"):

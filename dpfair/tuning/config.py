@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from dpfair.errors import TuningError
-from dpfair.urls import mask_url
+from dpfair.urls import STORAGE_SCHEMES, check_scheme, mask_url
 
 __all__ = ["PARAMS_STORAGE", "Scalar", "ScoreName", "TuningConfig"]
 
@@ -155,11 +155,15 @@ def storage_file(url: str) -> Path | None:
 def check_storage(url: str) -> None:
     """Refuse, before any data is loaded, a storage whose local file cannot be created or
     written: the message names the file and the folder (the database's own error does not)."""
+    if "://" not in url and not url.startswith("journal:"):
+        raise TuningError(f"storage {mask_url(url)!r} is not a storage URL; give "
+                          f"{STORAGE_FORMS}")
+    try:
+        check_scheme(url, STORAGE_SCHEMES, "storage")
+    except ValueError as exc:
+        raise TuningError(str(exc)) from None
     path = storage_file(url)
     if path is None:
-        if "://" not in url:
-            raise TuningError(f"storage {mask_url(url)!r} is not a storage URL; give "
-                              f"{STORAGE_FORMS}")
         return
     folder = path.parent
     if not folder.is_dir():
