@@ -343,8 +343,10 @@ def evaluate(
         "evaluation"),
 ) -> None:
     """Write DVC metrics and plot tables from a results table (dvc.yaml's evaluate stage)."""
+    from dpfair.owned_dir import check_not_an_input
     from dpfair.pipeline.dvc_outputs import write_outputs
 
+    check_not_an_input(out, "--out", {"results": results_csv})
     for path in write_outputs(results_csv, out).values():
         console.print(f"wrote {path}")
 
@@ -365,6 +367,9 @@ def predict_cmd(
     from dpfair.data.table_file import read_rows
 
     with checking():  # the file, then its rows against the model's rules, before its network
+        from dpfair.owned_dir import check_not_an_input
+
+        check_not_an_input(out, "--output", {"--input": rows})
         p = resolve_params(params)
         frame, _ = read_rows(rows)  # a file that is no table is refused before MLflow loads
         from dpfair.tracking.model_export import checked_rows, write_predictions

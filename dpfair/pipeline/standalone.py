@@ -13,7 +13,12 @@ from typing import Any
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
 from dpfair.ledger import DataVersion, PrivacyGate
-from dpfair.pipeline.checks import check_model_space, check_preprocessing, check_trainable
+from dpfair.pipeline.checks import (
+    check_budget_delta,
+    check_model_space,
+    check_preprocessing,
+    check_trainable,
+)
 from dpfair.pipeline.experiment import RunRecord, log_search, train_logged
 from dpfair.pipeline.preflight import check_tracking
 from dpfair.privacy import accounting
@@ -73,6 +78,7 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     as a pipeline run's, and reserved against the lifetime budget of the people in the data."""
     config = params.experiment.train_config(label, seed, **overrides)
     check_preprocessing(params, dataset)
+    check_budget_delta(params, dataset)
     check_trainable(config, dataset)
     check_model_space(params, dataset, 1)
     delta = params.budget.delta or config.delta
@@ -101,6 +107,7 @@ def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: Grou
     budget. A resumed study continues a search the ledger holds already (recorded under the
     study's identity in its storage): nothing new is reserved."""
     base = params.experiment.train_config(label, params.experiment.seeds[0])
+    check_budget_delta(params, dataset)
     check_trainable(base, dataset)
     job = prepare_search(base.method, base, dataset, cfg)  # refuses bad settings first
     mode = params.tuning.release
