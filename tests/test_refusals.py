@@ -196,3 +196,33 @@ def test_train_without_experiment_model_trains_the_default_model(tmp_path: Path,
     out = CliRunner().invoke(app, ["train", "--method", "dpsgd"])
     assert out.exit_code == 0, out.output
     assert "epsilon" in out.output
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_database_is_exit_4_before_anything_is_charged(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """`train` with a postgresql:// tracking store and `tune` with a postgresql:// storage that
+    do not answer: exit 4 with the address (password masked), nothing recorded."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folder = _folder(tmp_path)
+    url = f"postgresql://bob:hunter2@127.0.0.1:{_closed_port()}/db"
+    params = copy.deepcopy(BASE)
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+    params["tracking"]["uri"] = url
+    (folder / "pg.yaml").write_text(yaml.safe_dump(params))
+    found, _ = cli_in_a_fresh_python(folder, {
+        "train": [*TRAIN, "--params", "pg.yaml"],
+        "tune": [*TUNE, "--storage", url, "--params", "params.yaml"]}, ())
+    for name, what in (("train", "tracking server"), ("tune", "Optuna storage")):
+        code, output = found[name]
+        assert code == 4, (name, output)
+        assert f"{what} postgresql://bob:***@127.0.0.1" in output, (name, output)
+        assert "hunter2" not in output and "Traceback" not in output, (name, output)
+    _nothing_charged(folder)

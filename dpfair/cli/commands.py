@@ -221,6 +221,7 @@ def _search_checked(params: Path | None, method: str, workers: int | None,
                     ) -> tuple[Params, str, TuningConfig, GroupedDataset]:
     """``dpfair tune``'s checks, then its data: ``(params, label, tuning config, dataset)``."""
     from dpfair.data import load_dataset
+    from dpfair.pipeline.preflight import check_storage_server
     from dpfair.tuning.config import PARAMS_STORAGE, check_storage
 
     p = resolve_params(params)
@@ -236,6 +237,7 @@ def _search_checked(params: Path | None, method: str, workers: int | None,
         raise ConfigError(f"{given}: "
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
     check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads
+    check_storage_server(cfg.storage or PARAMS_STORAGE)
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                            inspect=_model_check(p, label, p.experiment.seeds[0]))
     return p, label, cfg, dataset
@@ -268,8 +270,10 @@ def run(
         from dpfair.pipeline.experiment import check_release
 
         check_release(p, dataset)  # over budget: refused in seconds (outputs/ kept: dvc.yaml)
-        from dpfair.pipeline.preflight import check_tracking
+        from dpfair.pipeline.preflight import check_storage_server, check_tracking
         check_tracking(p.tracking)
+        for label in p.tuning.spaces:  # every search's storage (one, unless overridden)
+            check_storage_server(p.tuning.config(label, label).storage)
     from dpfair.tracking.runs import ui_hint
     from flows.experiment import run_experiment
 
