@@ -76,13 +76,14 @@ def _at_most(limit: float, why: str) -> AfterValidator:
 
 
 #: The bounded numbers of a training run (the one validator of each, shared by params.yaml,
-#: ``dpfair.fit``, the audit's options and every search-space value).
-LearningRate = Annotated[float, BeforeValidator(_number), Field(gt=0.0, allow_inf_nan=False),
+#: ``dpfair.fit``, the audit's options and every search-space value). ``Field`` comes first:
+#: non-finite values are then named as such.
+LearningRate = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidator(_number),
                          _at_most(MAX_LR, "a step of lr x gradient would overflow the weights")]
-WeightDecay = Annotated[float, BeforeValidator(_number), Field(ge=0.0, allow_inf_nan=False),
+WeightDecay = Annotated[float, Field(ge=0.0, allow_inf_nan=False), BeforeValidator(_number),
                         _at_most(MAX_LR, "the decay step would overflow the weights")]
-NoiseMultiplier = Annotated[float, BeforeValidator(_number), Field(ge=0.0)]
-TargetEpsilon = Annotated[float, BeforeValidator(_number), Field(gt=0.0, allow_inf_nan=False),
+NoiseMultiplier = Annotated[float, Field(ge=0.0), BeforeValidator(_number)]
+TargetEpsilon = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidator(_number),
                           _at_most(MAX_TARGET_EPSILON, "the accountants' range; an ε that "
                                    "large protects nothing")]
 
