@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import secrets
 import time
 import uuid
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import optuna
+import sqlalchemy.exc
 from optuna.distributions import CategoricalDistribution
 
 from dpfair.errors import TuningError
@@ -79,6 +81,8 @@ CONFIG_SEED = "dpfair.config_seed"
 STUDY_UID = "dpfair.study_uid"
 IN_MEMORY = "in memory (not kept: give storage= to keep or resume the study)"
 _IN_MEMORY: dict[str, optuna.storages.InMemoryStorage] = {}
+#: how often a storage is opened when its schema's creation raced with another process's
+_SCHEMA_ATTEMPTS = 5
 
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
@@ -96,15 +100,26 @@ def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
         path = os.path.abspath(url[len("journal:") :])
         return optuna.storages.JournalStorage(JournalFileBackend(path)), f"journal:{path}"
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=engine_kwargs,
-            heartbeat_interval=cfg.heartbeat_interval,
-            grace_period=cfg.grace,
-        )
-    return storage, mask_url(url)
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=cfg.heartbeat_interval,
+                    grace_period=cfg.grace,
+                )
+            return storage, mask_url(url)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            # the first use of a fresh database creates Optuna's schema; processes started
+            # together race on it (a duplicate table, type or alembic_version row): the
+            # loser opens the schema the winner made
+            if attempt >= _SCHEMA_ATTEMPTS:
+                raise
+            time.sleep(0.2 + random.random())  # jitter (no secret)
 
 
 class TrialSeededRandomSampler(optuna.samplers.RandomSampler):
