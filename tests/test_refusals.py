@@ -226,3 +226,31 @@ def test_an_unreachable_database_is_exit_4_before_anything_is_charged(tmp_path: 
         assert f"{what} postgresql://bob:***@127.0.0.1" in output, (name, output)
         assert "hunter2" not in output and "Traceback" not in output, (name, output)
     _nothing_charged(folder)
+
+
+def test_no_training_starts_once_the_process_was_told_to_stop(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """A training queued (a Prefect task in a thread) before a SIGTERM: when it would start,
+    the stop flag (set by the signal) ends it before any MLflow run opens or anything trains."""
+    import threading
+
+    from dpfair import processes
+    from dpfair.data import load_dataset
+    from dpfair.errors import Terminated
+    from dpfair.pipeline.experiment import train_logged
+    from dpfair.release.plan import method_release
+    from dpfair.settings import TrackingConfig
+    from dpfair.training import TrainConfig, make_plan
+
+    stopped = threading.Event()
+    stopped.set()  # what the SIGTERM handler of sigterm_raises does
+    monkeypatch.setattr(processes, "_STOP", stopped)
+    dataset = load_dataset("synthetic", {"n": 200})
+    config = TrainConfig(method={"name": "dpsgd", "C": 1.0}, model={"name": "logistic_regression"},
+                         epochs=1, batch_size=20, lr=0.5, sigma=1.0, delta=1e-5, progress=False)
+    plan = make_plan(config, len(dataset.train), dataset.n_groups)
+    release = method_release("dpsgd", "proven", [0], [plan.event], None, False, 1e-5, [plan.test])
+    tracking = TrackingConfig(uri=f"sqlite:///{tmp_path / 'm.db'}", artifact_root=str(tmp_path))
+    with pytest.raises(Terminated):
+        train_logged(config, "dpsgd", dataset, tracking, "0", None, {}, release)
+    assert not (tmp_path / "m.db").exists()

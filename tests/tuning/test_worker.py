@@ -180,9 +180,11 @@ def test_a_run_stopped_by_sigterm_is_failed_and_no_other_starts(tmp_path, monkey
 
     from optuna.trial import TrialState
 
+    from dpfair import processes
     from dpfair.errors import Terminated
     from dpfair.processes import sigterm_raises
 
+    monkeypatch.setattr(processes, "_STOP", threading.Event())  # the flag is this test's
     marker = tmp_path / "started"
     monkeypatch.setenv("DPFAIR_TEST_SLOW", "1")
     monkeypatch.setenv("DPFAIR_TEST_MARKER", str(marker))
