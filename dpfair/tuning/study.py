@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import secrets
 import time
 import uuid
@@ -44,7 +43,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import optuna
-import sqlalchemy.exc
 from optuna.distributions import CategoricalDistribution
 
 from dpfair.errors import TuningError
@@ -52,7 +50,7 @@ from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
 from dpfair.urls import mask_url
-from dpfair.workspace import durable_sqlite_uri
+from dpfair.workspace import durable_sqlite_uri, open_racing
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial, TrialState
@@ -81,8 +79,6 @@ CONFIG_SEED = "dpfair.config_seed"
 STUDY_UID = "dpfair.study_uid"
 IN_MEMORY = "in memory (not kept: give storage= to keep or resume the study)"
 _IN_MEMORY: dict[str, optuna.storages.InMemoryStorage] = {}
-#: how often a storage is opened when its schema's creation raced with another process's
-_SCHEMA_ATTEMPTS = 5
 
 
 def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
@@ -100,26 +96,17 @@ def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
         path = os.path.abspath(url[len("journal:") :])
         return optuna.storages.JournalStorage(JournalFileBackend(path)), f"journal:{path}"
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = optuna.storages.RDBStorage(
-                    url,
-                    engine_kwargs=engine_kwargs,
-                    heartbeat_interval=cfg.heartbeat_interval,
-                    grace_period=cfg.grace,
-                )
-            return storage, mask_url(url)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-            # the first use of a fresh database creates Optuna's schema; processes started
-            # together race on it (a duplicate table, type or alembic_version row): the
-            # loser opens the schema the winner made
-            if attempt >= _SCHEMA_ATTEMPTS:
-                raise
-            time.sleep(0.2 + random.random())  # jitter (no secret)
+
+    def open_storage() -> optuna.storages.RDBStorage:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                              heartbeat_interval=cfg.heartbeat_interval,
+                                              grace_period=cfg.grace)
+
+    # the first use of a fresh database creates Optuna's schema: processes started together
+    # race on it, and the loser opens the schema the winner made
+    return open_racing(open_storage, url), mask_url(url)
 
 
 class TrialSeededRandomSampler(optuna.samplers.RandomSampler):

@@ -1,0 +1,45 @@
+"""Two `dpfair tune` of one study started together (the README's multi-machine recipe, here on
+one machine with one SQLite storage and ledger): the search is reserved in the privacy ledger
+once, the later process joining it uncharged, and K runs are trained in all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import yaml
+
+from dpfair.ledger import SourceLedger
+from tests.test_refusals import BASE, _folder
+
+TUNE = """
+import sys, time
+from typer.testing import CliRunner
+from dpfair.cli import app
+time.sleep(max(0.0, float(sys.argv[1]) - time.time()))  # both at once
+out = CliRunner().invoke(app, ["tune", "--method", "dpsgd", "--study", "s"])
+print(out.output)
+sys.exit(out.exit_code)
+"""
+
+
+def test_two_processes_on_one_study_charge_it_once(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    (folder / "params.yaml").write_text(yaml.safe_dump(BASE))  # mode fixed, n_runs 2
+    start = time.time() + 8.0  # after both interpreters have imported dpfair's CLI
+    procs = [subprocess.Popen([sys.executable, "-c", TUNE, str(start)], cwd=folder,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-3000:]
+    searches = [r for r in SourceLedger(".dpfair/ledger.sqlite", folder).releases()
+                if r.counts and "study" in r.context]
+    assert len(searches) == 1, [r.context for r in searches]
+    trials = optuna.load_study(study_name="s", storage=f"sqlite:///{folder / 'optuna.db'}"
+                               ).get_trials(deepcopy=False)
+    runs = [t for t in trials if t.user_attrs.get("dpfair.ledger") == "run"]
+    assert len(runs) == 2 and all(t.state.name == "COMPLETE" for t in runs)
