@@ -43,3 +43,40 @@ def test_two_processes_on_one_study_charge_it_once(tmp_path: Path) -> None:
                                ).get_trials(deepcopy=False)
     runs = [t for t in trials if t.user_attrs.get("dpfair.ledger") == "run"]
     assert len(runs) == 2 and all(t.state.name == "COMPLETE" for t in runs)
+
+
+HOLD = """
+import sys, time
+from dpfair.ledger import SourceLedger
+SourceLedger(".dpfair/ledger.sqlite", sys.argv[1]).store.claim("search s1")
+print("claimed", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_search_reserved_by_a_live_process_is_waited_for(tmp_path: Path) -> None:
+    """While another live process holds the claim of a search (it is looking for, or making,
+    the search's reservation), `dpfair tune` waits for it, and refuses after its wait naming
+    the fix; once that process is gone (killed), the claim is taken over."""
+    import pytest
+
+    from dpfair.config.sections import BudgetSection
+    from dpfair.errors import PrivacyError
+    from dpfair.ledger import PrivacyGate
+    from dpfair.pipeline.standalone import _search_claimed
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=tmp_path,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+        gate = PrivacyGate(BudgetSection(), tmp_path)
+        with pytest.raises(PrivacyError, match="being reserved by another dpfair process"):
+            with _search_claimed(gate, "s1", wait=1.0):
+                raise AssertionError("entered while another process held the claim")
+    finally:
+        holder.kill()
+        holder.wait(30)
+    entered = []
+    with _search_claimed(gate, "s1", wait=10.0):
+        entered.append(True)
+    assert entered == [True]
