@@ -234,8 +234,8 @@ def test_tune_unknown_storage_scheme_is_a_storage_error_with_the_fix(tmp_path, m
     monkeypatch.chdir(tmp_path)
     _params(tmp_path)
     out = runner.invoke(app, ["tune", "--method", "dpsgd", "--storage", "bogus://x"])
-    _fails_cleanly(out, "tuning error: storage 'bogus://x': the scheme 'bogus' is not "
-                        "supported; give one of: sqlite:///FILE, journal:PATH, postgresql://")
+    _fails_cleanly(out, "--storage 'bogus://x'", "the storage 'bogus://x': the scheme 'bogus' "
+                        "is not supported; give one of: sqlite:///FILE, journal:PATH, postgresql://")
     assert not list(tmp_path.glob("*.ledger*"))
 
 

@@ -233,7 +233,9 @@ def _search_checked(params: Path | None, method: str, workers: int | None,
     try:
         cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
     except ValidationError as exc:
-        given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
+        from dpfair.urls import mask_url
+
+        given = " ".join(f"--{k} {mask_url(str(v))!r}" for k, v in overrides.items())
         raise ConfigError(f"{given}: "
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
     check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads

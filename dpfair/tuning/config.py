@@ -19,6 +19,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     SkipValidation,
+    field_validator,
     model_validator,
 )
 
@@ -90,6 +91,15 @@ class TuningConfig(BaseModel):
     heartbeat_interval: PositiveInt = Field(10, le=3600, description="seconds, at most an hour")
     grace_period: PositiveInt | None = Field(None, le=86400,
                                              description="None: 2 * heartbeat_interval")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_scheme(cls, url: str | None) -> str | None:
+        """A supported scheme whose client is installed, never a database in memory (the
+        files are checked before the data loads: :func:`check_storage`)."""
+        if url is not None and ("://" in url or url.startswith("journal:")):
+            check_scheme(url, STORAGE_SCHEMES, "the storage")
+        return url
 
     @model_validator(mode="after")
     def _check(self) -> TuningConfig:
