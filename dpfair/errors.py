@@ -73,6 +73,34 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+_ABSENT = object()
+
+
+def bools_as_numbers(raw: Any, value: Any, path: str = "") -> list[str]:
+    """Key paths where ``raw`` (as given) holds a boolean that validation made a number
+    (``value``: the validated model, mapping or list): pydantic reads ``true`` as 1, so
+    ``epochs: true`` would train one epoch. The one check of booleans where numbers are meant,
+    for params.yaml, the tuning settings and every search-space value."""
+    if isinstance(raw, bool):
+        return [path] if isinstance(value, int | float) and not isinstance(value, bool) else []
+    if isinstance(raw, Mapping):
+        found = []
+        for key, item in raw.items():
+            if isinstance(value, BaseModel):
+                sub = getattr(value, str(key), _ABSENT)
+            elif isinstance(value, Mapping):
+                sub = value.get(key, _ABSENT)
+            else:
+                sub = _ABSENT
+            if sub is not _ABSENT:
+                found += bools_as_numbers(item, sub, f"{path}.{key}" if path else str(key))
+        return found
+    if isinstance(raw, list) and isinstance(value, list | tuple) and len(raw) == len(value):
+        return [p for i, (r, v) in enumerate(zip(raw, value, strict=True))
+                for p in bools_as_numbers(r, v, f"{path}[{i}]")]
+    return []
+
+
 # ----------------------------------------------------------------- pydantic error messages
 
 

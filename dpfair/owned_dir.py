@@ -78,3 +78,16 @@ def replace_with_copy(source: str | Path, target: str | Path) -> None:
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_not_an_input(output: Path, option: str, inputs: dict[str, Path]) -> None:
+    """``ConfigError`` when the file ``output`` (given as ``option``) is one of ``inputs``
+    (by option), by path or as the same file through a link: writing it would destroy the
+    user's input. The one check of outputs that equal an input."""
+    for name, given in inputs.items():
+        same = output.absolute().resolve() == given.absolute().resolve()
+        if not same and output.exists() and given.exists():
+            same = os.path.samefile(output, given)
+        if same:
+            raise ConfigError(f"{option} {output} is the {name} file {given}: it would be "
+                              f"overwritten; give {option} another path (nothing ran)")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from dpfair.urls import ARTIFACT_SCHEMES, TRACKING_SCHEMES, check_scheme
 from dpfair.workspace import durable_sqlite_uri
 
 DEFAULT_PARAMS = "params.yaml"
@@ -40,6 +41,18 @@ class TrackingConfig(BaseModel):
     uri: str = DEFAULT_URI
     artifact_root: str = "mlartifacts"
     experiment_prefix: str = "dpfair"
+
+    @field_validator("uri")
+    @classmethod
+    def _tracking_scheme(cls, uri: str) -> str:
+        check_scheme(uri, TRACKING_SCHEMES, "the URL")
+        return uri
+
+    @field_validator("artifact_root")
+    @classmethod
+    def _artifact_scheme(cls, root: str) -> str:
+        check_scheme(root, ARTIFACT_SCHEMES, "the URL")
+        return root
 
     def resolved_uri(self) -> str:
         """The tracking URI; a relative SQLite file is the project's, also from a DVC

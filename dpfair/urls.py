@@ -50,3 +50,57 @@ def credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
+
+
+# --------------------------------------------------------------------------- supported schemes
+
+#: Where a tracking store, an artifact root and an Optuna storage may be: each scheme dpfair
+#: supports and the module its client needs (None: one of dpfair's own dependencies). A plain
+#: path is ``file``; ``postgresql+DRIVER://`` needs the module DRIVER instead.
+TRACKING_SCHEMES: dict[str, str | None] = {
+    "file": None, "sqlite": None, "http": None, "https": None, "postgresql": "psycopg2"}
+ARTIFACT_SCHEMES: dict[str, str | None] = {
+    "file": None, "mlflow-artifacts": None, "s3": "boto3", "gs": "google.cloud.storage"}
+STORAGE_SCHEMES: dict[str, str | None] = {"sqlite": None, "journal": None,
+                                          "postgresql": "psycopg2"}
+#: the package to install for a module whose distribution is named otherwise
+_PACKAGE = {"psycopg2": "psycopg2-binary", "google.cloud.storage": "google-cloud-storage"}
+_IN_MEMORY = ("sqlite://", "sqlite:///:memory:")
+_FORM = {"file": "a folder path", "journal": "journal:PATH", "sqlite": "sqlite:///FILE"}
+
+
+def scheme_of(url: str) -> str:
+    """The scheme of ``url`` (``file`` for a plain path), without a ``+driver`` part."""
+    if "://" not in url and not url.startswith("journal:"):
+        return "file"
+    return urlsplit(url).scheme.lower().partition("+")[0]
+
+
+def check_scheme(url: str, supported: dict[str, str | None], what: str) -> None:
+    """``ValueError`` naming ``what``, the URL (masked) and the fix unless ``url`` is of a
+    scheme in ``supported`` whose client module is installed, and not a database in memory
+    (lost when the command ends, and worker processes cannot share it). The one check of a
+    URL's scheme for the tracking store, the artifact root and the search storage."""
+    import importlib.util
+
+    shown = mask_url(url)
+    scheme = scheme_of(url)
+    if scheme not in supported:
+        forms = ", ".join(_FORM.get(s, f"{s}://...") for s in supported)
+        raise ValueError(f"{what} {shown!r}: the scheme {scheme!r} is not supported; give one "
+                         f"of: {forms}")
+    if url.strip() in _IN_MEMORY:
+        raise ValueError(f"{what} {shown!r} is a database in memory: it is lost when the "
+                         "command ends and other processes cannot reach it; give a file, "
+                         "e.g. sqlite:///FILE")
+    driver = urlsplit(url).scheme.partition("+")[2] or supported[scheme]
+    if driver is None:
+        return
+    try:
+        found = importlib.util.find_spec(driver) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ValueError(f"{what} {shown!r} needs the Python module {driver!r}, which is not "
+                         f"installed: pip install {_PACKAGE.get(driver, driver)}, or give "
+                         "another URL")

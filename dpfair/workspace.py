@@ -10,10 +10,20 @@ the copy. Outputs that DVC itself collects (``outputs/``, ``evaluation/``) stay 
 from __future__ import annotations
 
 import os
+import random
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["durable_path", "durable_sqlite_uri", "project_root"]
+try:
+    import fcntl
+except ImportError:  # Windows has none: there only the retry (for servers) applies
+    fcntl = None  # type: ignore[assignment]
 
+__all__ = ["durable_path", "durable_sqlite_uri", "open_racing", "project_root"]
+
+T = TypeVar("T")
 _DVC_WORKSPACES = (".dvc", "tmp", "exps")
 
 
@@ -41,3 +51,31 @@ def durable_sqlite_uri(uri: str, root: str | Path | None = None) -> str:
     if not uri.startswith(prefix) or uri.startswith(prefix + "/") or uri == prefix + ":memory:":
         return uri
     return prefix + str(durable_path(uri[len(prefix):], root))
+
+
+def open_racing(open_store: Callable[[], T], url: str, attempts: int = 6) -> T:
+    """``open_store()``: the first open of the MLflow store or Optuna storage at ``url``,
+    whose schema the first use of a fresh database creates. Processes started together (several
+    ``dpfair tune`` on one database) race on that creation, with varied errors (a duplicate
+    table, type or ``alembic_version`` row, a missing index). A SQLite file is therefore opened
+    under an exclusive ``flock`` of it (which SQLite's own locks ignore): one process creates
+    the schema, the others find it made. A database server is opened again after a growing
+    pause when an attempt fails, up to ``attempts`` times: the loser then opens the schema the
+    winner made (the preflight has checked that the server answers and logs in)."""
+    path = url.split(":///", 1)[1] if url.startswith("sqlite:///") else None
+    if path and path != ":memory:" and fcntl is not None:
+        with open(path, "ab") as handle:  # creates an empty file: SQLite takes it as new
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                return open_store()
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return open_store()
+        except Exception:
+            if attempt >= attempts or url.startswith("sqlite"):
+                raise
+            time.sleep(0.5 * attempt + random.random())  # jitter (no secret)

@@ -259,3 +259,25 @@ def test_a_header_only_input_is_a_clear_error(logged, tmp_path):
     rows.write_text(",".join(COLUMNS) + "\n")
     with pytest.raises(Exception, match=r"holds no data rows; give a file with a header and rows"):
         predict_csv(logged["tracking"], logged["uri"], rows, tmp_path / "out.csv")
+
+
+@pytest.mark.parametrize("state", [b"not a torch file", "tensor", "other keys"])
+def test_a_model_state_that_is_not_the_networks_weights_is_a_clear_error(logged, tmp_path,
+                                                                         state):
+    """A damaged or replaced model_state.pt is a DataError naming the file and the fix, never
+    "a bug in dpfair"."""
+    from dpfair.errors import DataError
+
+    local = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=model_location(logged["tracking"], logged["uri"]),
+        dst_path=str(tmp_path / "m")))
+    target = local / "artifacts" / "model_state.pt"
+    if state == "tensor":
+        torch.save(torch.zeros(3), target)
+    elif state == "other keys":
+        torch.save({"weight": torch.zeros(2, 2)}, target)
+    else:
+        target.write_bytes(state)
+    with pytest.raises(DataError, match="model_state.pt: not the weights of this model's "
+                                        "network"):
+        load(logged["tracking"], str(local))

@@ -147,3 +147,31 @@ def test_storage_and_params_never_show_a_password():
     assert flatten({"tuning": {"storage": "postgresql://bob:pw@db/x"}}) == {
         "tuning.storage": "postgresql://bob:***@db/x"}
     assert mask_text("a: mysql://u:pw@h/d\nb: 1\n") == "a: mysql://u:***@h/d\nb: 1\n"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{closed}", "10.255.255.1:5432"])
+def test_an_unreachable_database_server_is_refused_with_its_password_masked(monkeypatch,
+                                                                            tmp_path, host):
+    """A postgresql:// tracking store or Optuna storage that does not answer is refused
+    within the timeout (a refused port at once, a silent host after it), not retried for
+    minutes by its client library."""
+    from dpfair.pipeline.preflight import check_storage_server
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    url = f"postgresql://bob:hunter2@{host.format(closed=_closed_port())}/db"
+    cfg = TrackingConfig(uri=url, artifact_root=str(tmp_path / "art"))
+    with pytest.raises(UnreachableError, match="tracking server postgresql://bob:\\*\\*\\*@"
+                                               ) as err:
+        check_tracking(cfg, timeout=1)
+    assert "hunter2" not in str(err.value) and "could not be reached within 1 s" in str(err.value)
+    with pytest.raises(UnreachableError, match="Optuna storage postgresql://bob:\\*\\*\\*@"
+                                               ) as err:
+        check_storage_server(url, timeout=1)
+    assert "hunter2" not in str(err.value) and "--storage" in str(err.value)
+
+
+def test_a_database_server_that_answers_passes(postgres_url, tmp_path):
+    from dpfair.pipeline.preflight import check_storage_server
+
+    check_storage_server(postgres_url, timeout=5)
+    check_tracking(TrackingConfig(uri=postgres_url, artifact_root=str(tmp_path)), timeout=5)

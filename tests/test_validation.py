@@ -32,13 +32,13 @@ def _params(**train: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------- case 1: sigma, lr, floats
 
 
-@pytest.mark.parametrize("sigma", [0.0, math.inf])
+@pytest.mark.parametrize("sigma", [0.0, 1e-300, math.inf])
 def test_private_method_needs_finite_positive_sigma(sigma: float) -> None:
     with pytest.raises(ConfigError) as err:
         parse_params(_params(sigma=sigma))
     message = str(err.value)
     assert "train.sigma" in message and f"{sigma} is not a noise multiplier" in message
-    assert "set 0 < sigma < inf" in message and "'dpsgd'" in message
+    assert "set 1e-06 <= sigma < inf" in message and "'dpsgd'" in message
 
 
 def test_nonprivate_still_ignores_sigma() -> None:

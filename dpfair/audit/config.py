@@ -15,6 +15,8 @@ from pydantic import (
     model_validator,
 )
 
+from dpfair.training.config import NoiseMultiplier, TargetEpsilon
+
 CanaryKind = Literal["mislabel", "ood", "gradient"]
 KindSetting = Literal["auto", "mislabel", "ood", "gradient"]
 
@@ -71,8 +73,8 @@ class AuditSection(AuditSettings):
     (``dpfair audit`` options override these in turn)."""
 
     method: str = Field("dpsgd", description="a label of experiment.methods")
-    sigma: PositiveFloat | None = Field(None, description="None: experiment.train's")
-    target_epsilon: PositiveFloat | None = Field(None, description="replaces sigma when given")
+    sigma: NoiseMultiplier | None = Field(None, gt=0.0, description="None: experiment.train's")
+    target_epsilon: TargetEpsilon | None = Field(None, description="replaces sigma when given")
     epochs: PositiveInt | None = Field(None, description="None: experiment.train's")
     seed: int = Field(0, ge=0, description="initialisation seed (a public choice)")
     track: bool = Field(True, description="log the audit run to MLflow (tracking section)")

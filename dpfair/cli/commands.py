@@ -226,6 +226,7 @@ def _search_checked(params: Path | None, method: str, workers: int | None,
                     ) -> tuple[Params, str, TuningConfig, GroupedDataset]:
     """``dpfair tune``'s checks, then its data: ``(params, label, tuning config, dataset)``."""
     from dpfair.data import load_dataset
+    from dpfair.pipeline.preflight import check_storage_server
     from dpfair.tuning.config import PARAMS_STORAGE, check_storage
 
     p = resolve_params(params)
@@ -237,10 +238,13 @@ def _search_checked(params: Path | None, method: str, workers: int | None,
     try:
         cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
     except ValidationError as exc:
-        given = " ".join(f"--{k} {v!r}" for k, v in overrides.items())
+        from dpfair.urls import mask_url
+
+        given = " ".join(f"--{k} {mask_url(str(v))!r}" for k, v in overrides.items())
         raise ConfigError(f"{given}: "
                           + format_validation_error(exc, type(cfg), prefix=("tuning",))) from None
     check_storage(cfg.storage or PARAMS_STORAGE)  # before the data loads
+    check_storage_server(cfg.storage or PARAMS_STORAGE)
     dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                            inspect=_model_check(p, label, p.experiment.seeds[0]))
     return p, label, cfg, dataset
@@ -273,8 +277,10 @@ def run(
         from dpfair.pipeline.experiment import check_release
 
         check_release(p, dataset)  # over budget: refused in seconds (outputs/ kept: dvc.yaml)
-        from dpfair.pipeline.preflight import check_tracking
+        from dpfair.pipeline.preflight import check_storage_server, check_tracking
         check_tracking(p.tracking)
+        for label in p.tuning.spaces:  # every search's storage (one, unless overridden)
+            check_storage_server(p.tuning.config(label, label).storage)
     from dpfair.tracking.runs import remote, ui_command
     from flows.experiment import run_experiment
 
@@ -360,8 +366,10 @@ def evaluate(
         "evaluation"),
 ) -> None:
     """Write DVC metrics and plot tables from a results table (dvc.yaml's evaluate stage)."""
+    from dpfair.owned_dir import check_not_an_input
     from dpfair.pipeline.dvc_outputs import write_outputs
 
+    check_not_an_input(out, "--out", {"results": results_csv})
     for path in write_outputs(results_csv, out).values():
         console.print(f"wrote {path}")
 
@@ -382,6 +390,9 @@ def predict_cmd(
     from dpfair.data.table_file import read_rows
 
     with checking():  # the file, then its rows against the model's rules, before its network
+        from dpfair.owned_dir import check_not_an_input
+
+        check_not_an_input(out, "--output", {"--input": rows})
         p = resolve_params(params)
         frame, _ = read_rows(rows)  # a file that is no table is refused before MLflow loads
         from dpfair.tracking.model_export import checked_rows, write_predictions

@@ -42,6 +42,7 @@ from dpfair.data.registry import get_spec, kind_spec, kinds, specs
 from dpfair.errors import (  # ConfigError and format_validation_error re-exported
     ConfigError,
     TuningError,
+    bools_as_numbers,
     did_you_mean,
     format_validation_error,
 )
@@ -195,35 +196,10 @@ class Params(Section):
 # loading
 
 
-_ABSENT = object()
-
-
-def _bools_as_numbers(raw: Any, value: Any, path: str) -> list[str]:
-    """Key paths where ``raw`` (as parsed) holds a boolean that validation made a number."""
-    if isinstance(raw, bool):
-        return [path] if isinstance(value, int | float) and not isinstance(value, bool) else []
-    if isinstance(raw, Mapping):
-        found = []
-        for key, item in raw.items():
-            if isinstance(value, BaseModel):
-                sub = getattr(value, str(key), _ABSENT)
-            elif isinstance(value, Mapping):
-                sub = value.get(key, _ABSENT)
-            else:
-                sub = _ABSENT
-            if sub is not _ABSENT:
-                found += _bools_as_numbers(item, sub, f"{path}.{key}" if path else str(key))
-        return found
-    if isinstance(raw, list) and isinstance(value, list | tuple) and len(raw) == len(value):
-        return [p for i, (r, v) in enumerate(zip(raw, value, strict=True))
-                for p in _bools_as_numbers(r, v, f"{path}[{i}]")]
-    return []
-
-
 def _refuse_bools_as_numbers(data: Mapping[str, Any], params: Params, source: str) -> None:
     """pydantic reads ``true`` as 1 where a number is expected (``epochs: true`` would train one
     epoch): refuse that, naming the keys."""
-    if found := _bools_as_numbers(data, params, ""):
+    if found := bools_as_numbers(data, params):
         raise ConfigError(f"invalid {source}: {', '.join(found)}: a boolean (true/false) where "
                           "a number is expected; write the number")
 

@@ -22,8 +22,9 @@ from pydantic import (
     model_validator,
 )
 
-from dpfair.errors import TuningError, did_you_mean, format_validation_error
+from dpfair.errors import TuningError, bools_as_numbers, did_you_mean, format_validation_error
 from dpfair.models import ModelConfig
+from dpfair.models.config import MLPConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
 from dpfair.training import TrainConfig
 from dpfair.tuning.config import PARAMS_STORAGE, TuningConfig
@@ -56,7 +57,7 @@ class ExperimentSection(BaseModel):
     _rows_per_unit: int = PrivateAttr(1)
 
     dataset: str = "digits"
-    model: ModelConfig = Field(default_factory=lambda: {"name": "mlp", "hidden": [64]})
+    model: ModelConfig = Field(default_factory=lambda: MLPConfig(name="mlp", hidden=[64]))
     train: TrainSettings = Field(  # type: ignore[valid-type]
         default_factory=lambda: TrainSettings(
             epochs=20, batch_size=64, lr=0.5, sigma=1.0, delta=1e-5, progress="auto"
@@ -170,11 +171,18 @@ class TuningSection(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TuningSection:
         for label, space in {"": {}, **self.spaces}.items():
+            if label and not space:
+                raise ValueError(f"spaces.{label} is empty: a search needs at least one "
+                                 "hyperparameter and its values (e.g. lr: [0.1, 0.5]); list "
+                                 "them, or remove the space to train with fixed settings")
             try:
-                TuningConfig(**self.settings, space=space)
+                cfg = TuningConfig(**self.settings, space=space)
             except ValidationError as exc:
                 prefix = ("spaces", label) if label else ()
                 raise ValueError(format_validation_error(exc, TuningConfig, prefix)) from None
+            if found := bools_as_numbers(self.settings, cfg):
+                raise ValueError(f"{', '.join(found)}: a boolean (true/false) where a number "
+                                 "is expected; write the number")
         return self
 
     def config(self, label: str, study_name: str) -> TuningConfig:

@@ -59,6 +59,13 @@ class TableFileOptions(TableOptions):
                              "person of each row; set it, or use unit: row")
         return self
 
+    def column_roles(self) -> list[tuple[str, list[str]]]:
+        """The columns' roles, the person id with the row ids (it may be one of them)."""
+        roles = super().column_roles()
+        if self.id_column is None:
+            return roles
+        return [*roles[:2], ("id_columns or id_column", [*self.id_columns, self.id_column])]
+
 
 def source_path(opts: TableFileOptions) -> Path:
     """The file, which must exist (SourceMissingError naming where it was looked for)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import DatasetPreview, GroupedDataset, Inspect
@@ -109,6 +109,27 @@ class TableOptions(HoldoutOptions):
         if isinstance(value, str):
             return [value]
         return list(value) if isinstance(value, tuple) else value
+
+    def column_roles(self) -> list[tuple[str, list[str]]]:
+        """The options that give columns a role, each with its columns; no column may have
+        two of these roles (a subclass with another role adds it)."""
+        return [("target", [self.target]), ("protected", self.protected),
+                ("id_columns", self.id_columns)]
+
+    @model_validator(mode="after")
+    def _one_role_per_column(self) -> TableOptions:
+        """A column is the label, a group column or a row id, never two of these: a target
+        that is also protected makes the groups the labels; an id that is the target or a
+        group column would be dropped from what it is meant to be."""
+        seen: dict[str, str] = {}
+        for option, columns in self.column_roles():
+            for col in dict.fromkeys(columns):
+                if col in seen and seen[col] != option:
+                    raise ValueError(
+                        f"the column {col!r} is both {seen[col]} and {option}; a column has "
+                        f"one role: give {option} another column or remove it there")
+                seen.setdefault(col, option)
+        return self
 
 
 @dataclass(frozen=True)

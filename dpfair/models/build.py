@@ -186,8 +186,15 @@ def _import_model(
 def check_output_shape(
     model: nn.Module, input_shape: tuple[int, ...], n_classes: int, what: str = "the model"
 ) -> None:
-    """``ConfigError`` unless ``model`` maps a dummy batch ``(2, *input_shape)`` to logits of
-    shape ``(2, n_classes)`` (evaluated in eval mode, without gradients; the mode is restored)."""
+    """``ConfigError`` unless ``model`` has trainable parameters and maps a dummy batch
+    ``(2, *input_shape)`` to floating-point logits of shape ``(2, n_classes)`` (evaluated in
+    eval mode, without gradients; the mode is restored): the one check of a model's contract,
+    so a model that cannot be trained is refused before anything is charged."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(
+            f"{what} has no trainable parameters (nothing to train, so a training run would "
+            "release nothing useful and fail in the optimiser): give a model with layers that "
+            "have weights (e.g. nn.Linear), their requires_grad left on")
     was_training = model.training
     device = next(model.parameters(), torch.empty(0)).device
     failed = (f"{what}: the forward pass failed on a dummy batch of shape {(2, *input_shape)} "
@@ -205,3 +212,8 @@ def check_output_shape(
             f"of shape (2, {n_classes}) = (batch, n_classes) for this dataset's {n_classes} "
             "classes"
         )
+    if not out.is_floating_point():
+        raise ConfigError(
+            f"{what}: its output has dtype {out.dtype}, not floating-point logits (the loss "
+            "needs real-valued scores per class): return the last layer's output unrounded, "
+            "without .long(), .int() or argmax")

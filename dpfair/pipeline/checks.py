@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from dpfair.data import GroupedDataset
     from dpfair.data.dataset import DatasetPreview
 
-__all__ = ["check_against_data", "check_model_space", "check_preprocessing", "check_preview",
-           "check_run", "check_trainable"]
+__all__ = ["check_against_data", "check_budget_delta", "check_model_space",
+           "check_preprocessing", "check_preview", "check_run", "check_trainable"]
 
 #: What an MLflow model adds to its weights (MLmodel, environment files, input example).
 MODEL_OVERHEAD_BYTES = 1 << 20
@@ -72,9 +72,7 @@ def check_against_data(params: Params, dataset: GroupedDataset,
     check_model_space(params, dataset, len(labels) * len(exp.seeds))
     from dpfair.training.plan import check_batch_size, check_delta
 
-    if params.budget.delta is not None:
-        check_delta(params.budget.delta, n_train, allowed=params.budget.allow_large_delta,
-                    key="budget.delta", opt_out="budget.allow_large_delta")
+    check_budget_delta(params, dataset)
     for label in labels:
         base = exp.train_config(label, exp.seeds[0])
         space = params.tuning.spaces.get(label, {})
@@ -92,6 +90,18 @@ def check_against_data(params: Params, dataset: GroupedDataset,
         configs = [make_config(base.method, base, point, seed=0, reproducible=False)
                    for point in grid_points(space)]
         _check_one_run(params, label, configs, n_train, dataset.n_groups)
+
+
+def check_budget_delta(params: Params, dataset: GroupedDataset) -> None:
+    """``budget.delta``, the δ of every reported ε, is below 1/n_train unless
+    ``budget.allow_large_delta`` (:func:`~dpfair.training.plan.check_delta`): for ``dpfair
+    run``, ``train`` and ``tune`` alike."""
+    from dpfair.training.plan import check_delta
+
+    if params.budget.delta is not None:
+        check_delta(params.budget.delta, len(dataset.train),
+                    allowed=params.budget.allow_large_delta, key="budget.delta",
+                    opt_out="budget.allow_large_delta")
 
 
 def check_model_space(params: Params, dataset: GroupedDataset, n_models: int) -> None:

@@ -62,7 +62,11 @@ def number(cell: str) -> float | None:
 def read_results(path: str | Path) -> pd.DataFrame:
     """The results table as strings, indexed by its row labels (a DataError when it is not a
     results table)."""
-    table = pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
+    try:
+        table = pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise DataError(f"cannot read {path} as a CSV table ({type(exc).__name__}: {exc}); "
+                        "give the results.csv of a pipeline run's results directory") from None
     missing = [c for c in (EPSILON_RUN, EPSILON_METHOD) if c not in table.columns]
     if missing or not any(str(c).startswith("acc_") for c in table.columns):
         raise DataError(f"{path} is not a results table of `dpfair run` (no accuracy or ε "

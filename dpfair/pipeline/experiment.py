@@ -25,10 +25,11 @@ from dp_accounting import dp_event
 from dpfair.config.params import Params
 from dpfair.config.sections import ReleaseMode
 from dpfair.data import GroupedDataset
-from dpfair.errors import ConfigError, PrivacyError, did_you_mean
+from dpfair.errors import ConfigError, PrivacyError, Terminated, did_you_mean
 from dpfair.fairness import metric_records
 from dpfair.pipeline.checks import check_against_data
 from dpfair.privacy import accounting
+from dpfair.processes import stop_requested
 from dpfair.release.allowed import check_budget
 from dpfair.release.budget import budget_first
 from dpfair.release.plan import (
@@ -415,6 +416,8 @@ def train_logged(
     (:mod:`dpfair.tracking.model_export`)."""
     from dpfair.tracking.model_export import log_model
 
+    if stop_requested():  # a training queued before a SIGTERM never starts after it
+        raise Terminated(143)
     tuning_privacy = tuned.tuning_privacy if tuned else "not_tuned"
     noise = (NO_NOISE if config.method.privacy_guarantee == "none"
              else REPLAYABLE_NOISE if config.reproducible else SECRET_NOISE)

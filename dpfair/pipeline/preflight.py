@@ -3,22 +3,35 @@
 A tracking server that does not answer, or an artifact folder that cannot be written, used to
 surface after the trainings had spent their privacy budget (MLflow retries an unreachable
 server for minutes). :func:`check_tracking` and :func:`check_writable` fail in seconds with the
-place and the fix. Only the standard library: no mlflow import, so the check is fast.
+place and the fix. Only the standard library (and psycopg2 for a PostgreSQL server's login):
+no mlflow import, so the check is fast.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import os
 import shutil
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
-from dpfair.errors import UnreachableError
+from dpfair.errors import ConfigError, UnreachableError
 from dpfair.settings import TrackingConfig
-from dpfair.urls import credentials, mask_url
+from dpfair.urls import (
+    TRACKING_SCHEMES,
+    check_scheme,
+    credentials,
+    mask_text,
+    mask_url,
+    scheme_of,
+)
+
+#: The port of a database server whose URL names none.
+DEFAULT_PORTS = {"postgresql": 5432}
 
 
 def check_writable(path: str | os.PathLike[str], what: str, fix: str) -> None:
@@ -69,6 +82,10 @@ def check_tracking(cfg: TrackingConfig, timeout: float = 5.0) -> None:
     its local file/folder can be written; a local artifact root can be written too. A server
     URL's ``user:password@`` is sent as basic auth; messages show the URL masked."""
     uri = cfg.resolved_uri()
+    try:  # MLFLOW_TRACKING_URI is not validated with params.yaml
+        check_scheme(uri, TRACKING_SCHEMES, "tracking URI (tracking.uri or MLFLOW_TRACKING_URI)")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     scheme = urlparse(uri).scheme
     fix = "start the server, or set tracking.uri (or MLFLOW_TRACKING_URI) to one that answers"
     if scheme in ("http", "https"):
@@ -86,6 +103,8 @@ def check_tracking(cfg: TrackingConfig, timeout: float = 5.0) -> None:
             reason = getattr(exc, "reason", exc)
             raise UnreachableError(f"tracking server {mask_url(uri)} could not be reached within "
                                    f"{timeout:g} s ({reason}); {fix}") from None
+    elif scheme_of(uri) in DEFAULT_PORTS:
+        check_server(uri, "tracking server", fix, timeout)
     elif scheme.startswith("sqlite"):
         db = uri.split(":///", 1)[-1]
         if db and db != ":memory:":
@@ -99,3 +118,47 @@ def check_tracking(cfg: TrackingConfig, timeout: float = 5.0) -> None:
     if artifacts is not None:
         check_writable(artifacts, "artifact folder",
                        "set tracking.artifact_root to a writable folder")
+
+
+def check_server(url: str, what: str, fix: str, timeout: float = 5.0) -> None:
+    """The database server of ``url`` accepts a connection within ``timeout`` seconds, or an
+    ``UnreachableError`` naming it (password masked) and ``fix``: its client library would
+    retry for minutes. A URL without a host (a local socket) is left to the client."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or DEFAULT_PORTS.get(scheme_of(url))
+    except ValueError as exc:
+        raise UnreachableError(f"{what} {mask_url(url)}: {exc}; {fix}") from None
+    if not host or port is None:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+        _handshake(url, timeout)
+    except OSError as exc:
+        raise UnreachableError(f"{what} {mask_url(url)} could not be reached within "
+                               f"{timeout:g} s ({mask_text(str(exc)).strip()}); {fix}") from None
+
+
+def _handshake(url: str, timeout: float) -> None:
+    """A PostgreSQL login with psycopg2 (the default driver) bounded by ``timeout``: a port
+    that accepts connections may still not be a database that answers. Its errors as
+    ``OSError``; another driver is left to its client."""
+    scheme, _, rest = url.partition("://")
+    if scheme_of(url) != "postgresql" or scheme not in ("postgresql", "postgresql+psycopg2"):
+        return
+    import psycopg2
+
+    try:
+        psycopg2.connect(f"postgresql://{rest}", connect_timeout=max(1, math.ceil(timeout))
+                         ).close()
+    except psycopg2.Error as exc:
+        raise OSError(str(exc)) from None
+
+
+def check_storage_server(url: str | None, timeout: float = 5.0) -> None:
+    """An Optuna storage on a database server answers (:func:`check_server`); a local file
+    or none (a study in memory) passes."""
+    if url is not None and scheme_of(url) in DEFAULT_PORTS:
+        check_server(url, "Optuna storage", "start the database, or give --storage (or "
+                     "tuning.storage) one that answers", timeout)

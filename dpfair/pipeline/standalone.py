@@ -5,6 +5,7 @@ lifetime budget of the people in the data, before anything trains."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -12,8 +13,14 @@ from typing import Any
 
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
+from dpfair.errors import PrivacyError
 from dpfair.ledger import DataVersion, PrivacyGate
-from dpfair.pipeline.checks import check_model_space, check_preprocessing, check_trainable
+from dpfair.pipeline.checks import (
+    check_budget_delta,
+    check_model_space,
+    check_preprocessing,
+    check_trainable,
+)
 from dpfair.pipeline.experiment import RunRecord, log_search, train_logged
 from dpfair.pipeline.preflight import check_tracking
 from dpfair.privacy import accounting
@@ -73,6 +80,7 @@ def train_standalone(params: Params, label: str, seed: int, dataset: GroupedData
     as a pipeline run's, and reserved against the lifetime budget of the people in the data."""
     config = params.experiment.train_config(label, seed, **overrides)
     check_preprocessing(params, dataset)
+    check_budget_delta(params, dataset)
     check_trainable(config, dataset)
     check_model_space(params, dataset, 1)
     delta = params.budget.delta or config.delta
@@ -101,6 +109,7 @@ def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: Grou
     budget. A resumed study continues a search the ledger holds already (recorded under the
     study's identity in its storage): nothing new is reserved."""
     base = params.experiment.train_config(label, params.experiment.seeds[0])
+    check_budget_delta(params, dataset)
     check_trainable(base, dataset)
     job = prepare_search(base.method, base, dataset, cfg)  # refuses bad settings first
     mode = params.tuning.release
@@ -114,12 +123,39 @@ def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: Grou
     # trials after the selected one) is another release, charged through the gate
     study = f"{study_identity(job)}::release={mode}"
     with _command(params, dataset):
-        if any(r.counts and r.context.get("study") == study for r in gate.ledger.releases()):
-            gate.check(plan)  # the same search, resumed: its reservation counts already
-            spending: Any = nullcontext(None)
-        else:
-            spending = gate.admit(plan, data, command="dpfair tune", method=label, study=study)
+        with _search_claimed(gate, study):
+            if any(r.counts and r.context.get("study") == study
+                   for r in gate.ledger.releases()):
+                gate.check(plan)  # the same search, resumed or joined: its reservation counts
+                spending: Any = nullcontext(None)
+            else:
+                spending = gate.admit(plan, data, command="dpfair tune", method=label,
+                                      study=study)
         return _tune_logged(params, label, cfg, dataset, data, base, release, spending)
+
+
+@contextmanager
+def _search_claimed(gate: PrivacyGate, study: str, wait: float = 120.0) -> Iterator[None]:
+    """Hold the ledger's claim of the search ``study`` while the block looks for its
+    reservation and makes it: two ``dpfair tune`` of one study started together (several
+    machines on one storage) reserve it once, the later one joining the search uncharged. A
+    claim held by a live process is waited for, up to ``wait`` seconds."""
+    key = f"search {study}"
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            gate.ledger.store.claim(key)
+            break
+        except PrivacyError:
+            if time.monotonic() > deadline:
+                raise PrivacyError(
+                    f"the search {study} is being reserved by another dpfair process for more "
+                    f"than {wait:g} s; wait for it, or stop it, then run again") from None
+            time.sleep(0.2)
+    try:
+        yield
+    finally:
+        gate.ledger.store.unclaim(key)
 
 
 def _tune_logged(params: Params, label: str, cfg: TuningConfig, dataset: GroupedDataset,

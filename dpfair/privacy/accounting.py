@@ -77,6 +77,10 @@ ACCOUNTANT_RDP = "RDP (dp_accounting)"
 ACCOUNTANT_NONE = "none (no DP guarantee)"
 #: every accountant name a report can show
 ACCOUNTANTS = (ACCOUNTANT_PLD, ACCOUNTANT_PROFILE, ACCOUNTANT_RDP, ACCOUNTANT_NONE)
+#: Above this RDP ε the PLD is not built: its grid grows with the privacy loss (σ = 0.02 at
+#: q = 0.04 over 1000 steps took 10 GiB and 90 s; σ = 0.15, RDP ε 2660, 0.3 GiB), and an ε
+#: that large protects nothing, so RDP's figure, a valid bound too, is reported.
+PLD_MAX_RDP_EPSILON = 2000.0
 
 __all__ = [
     "ACCOUNTANTS",
@@ -211,7 +215,8 @@ def _spend(key: str, delta: float) -> Spend:
     except PrivacyError:
         rdp = math.inf
     try:
-        via_pld = pld.pld_epsilon(event, delta)
+        bounded = math.isinf(rdp) or rdp <= PLD_MAX_RDP_EPSILON
+        via_pld = pld.pld_epsilon(event, delta) if bounded else math.inf
     except pld.UnsupportedEvent:
         via_pld = math.inf
     if via_pld < rdp:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -100,10 +101,16 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         from dpfair.models import build_model
 
-        state = torch.load(context.artifacts[_STATE], map_location="cpu", weights_only=True)
         net = build_model(parse_model_config(self.model_config), self.input_shape,
                           len(self.class_names))
-        net.load_state_dict(state)
+        path = Path(context.artifacts[_STATE])
+        try:  # weights_only: a planted pickle runs nothing
+            net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except (OSError, EOFError, RuntimeError, ValueError, TypeError, AttributeError,
+                pickle.UnpicklingError) as exc:
+            raise DataError(f"{path.name}: not the weights of this model's network "
+                            f"({type(exc).__name__}: {str(exc)[:200]}); the model folder is "
+                            "damaged or was changed: log the model again with dpfair") from None
         self._net = net.eval()
         if _PREPROCESSOR in context.artifacts:  # JSON: loading it runs no code
             path = Path(context.artifacts[_PREPROCESSOR])

@@ -58,7 +58,7 @@ from dpfair.metric_keys import clean_key
 from dpfair.processes import alive, host, uninterrupted
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
 from dpfair.urls import mask_text, mask_url
-from dpfair.workspace import durable_path
+from dpfair.workspace import durable_path, open_racing
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a parameter value
 #: The experiment tag MLflow 3's UI reads to open an experiment on its runs (model training),
@@ -74,7 +74,19 @@ def client(cfg: TrackingConfig) -> MlflowClient:
     """The client of ``cfg``'s store. A SIGTERM never cuts one of its calls: it is raised when
     the call ends (:func:`dpfair.processes.uninterrupted`), so the store is left consistent and
     unlocked, and the run can be ended FAILED."""
-    return cast(MlflowClient, _Uninterrupted(MlflowClient(tracking_uri=cfg.resolved_uri())))
+    uri = cfg.resolved_uri()
+    _schema_ready(uri)
+    return cast(MlflowClient, _Uninterrupted(MlflowClient(tracking_uri=uri)))
+
+
+@functools.cache  # once per store and process (an error is not cached: tried again)
+def _schema_ready(uri: str) -> None:
+    """Open the database store ``uri`` once: its first use creates MLflow's schema, which
+    processes started together race on (:func:`dpfair.workspace.open_racing`)."""
+    if uri.startswith(("sqlite", "postgresql")):
+        with uninterrupted():
+            open_racing(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1),
+                        uri)
 
 
 class _Uninterrupted:
@@ -333,8 +345,14 @@ def log_dataset(cfg: TrackingConfig, run_id: str, *, name: str, digest: str, sou
     dataset = Dataset(name=name, digest=digest[:36], source_type="local",
                       source=json.dumps({"uri": source}),
                       schema=json.dumps(dict(schema or {}), default=str))
-    client(cfg).log_inputs(run_id, datasets=[
-        DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+    inputs = [DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+    try:
+        client(cfg).log_inputs(run_id, datasets=inputs)
+    except Exception as exc:  # the store's get-or-create of the dataset is not atomic:
+        text = str(exc).lower()  # another process (a concurrent tune) made it meanwhile
+        if "unique constraint" not in text and "duplicate key" not in text:
+            raise
+        client(cfg).log_inputs(run_id, datasets=inputs)  # now found, not created
 
 
 def run_url(cfg: TrackingConfig, experiment_id: str, run_id: str) -> str:

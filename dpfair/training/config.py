@@ -6,6 +6,7 @@ import math
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -29,6 +30,15 @@ MAX_STEPS = 100_000_000
 MAX_BATCH = 10_000_000
 #: The largest engine memory cap (MiB): 1 PiB, far above any device.
 MAX_MIB = 1 << 30
+#: The largest learning rate and weight decay: a step of lr x gradient stays far inside float32
+#: (about 3.4e38), so a typo such as ``lr: 1e300`` is refused, never trained (and charged).
+MAX_LR = 1e4
+#: The smallest noise multiplier: sigma**2 stays a normal float for every accountant (1e-300
+#: underflowed to 0 there) and the noise a float32 (ε at such a σ is beyond any meaning anyway).
+MIN_SIGMA = 1e-6
+#: The largest target ε: the accountants' range. Calibrating σ to a larger ε asked the PLD
+#: accountant for hundreds of GiB (``target_epsilon: 1e9``); ε above it protects nothing.
+MAX_TARGET_EPSILON = 1000.0
 
 
 def _mebibytes(value: object) -> object:
@@ -44,6 +54,38 @@ def _mebibytes(value: object) -> object:
 
 #: A memory size in MiB, strictly (``BeforeValidator``: travels with the field's type).
 Mebibytes = Annotated[int, BeforeValidator(_mebibytes)]
+
+
+def _number(value: object) -> object:
+    """A number, never a boolean (pydantic reads ``true`` as 1: ``lr: true`` would train)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is a boolean where a number is expected; write the number")
+    return value
+
+
+def _at_most(limit: float, why: str) -> AfterValidator:
+    """Refuse a value over ``limit``, saying ``why`` it is the limit and what to write."""
+
+    def check(value: float) -> float:
+        if value > limit:
+            raise ValueError(f"{value:g} is over the maximum {limit:g} ({why}); write a value "
+                             f"of at most {limit:g}")
+        return value
+
+    return AfterValidator(check)
+
+
+#: The bounded numbers of a training run (the one validator of each, shared by params.yaml,
+#: ``dpfair.fit``, the audit's options and every search-space value). ``Field`` comes first:
+#: non-finite values are then named as such.
+LearningRate = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidator(_number),
+                         _at_most(MAX_LR, "a step of lr x gradient would overflow the weights")]
+WeightDecay = Annotated[float, Field(ge=0.0, allow_inf_nan=False), BeforeValidator(_number),
+                        _at_most(MAX_LR, "the decay step would overflow the weights")]
+NoiseMultiplier = Annotated[float, Field(ge=0.0), BeforeValidator(_number)]
+TargetEpsilon = Annotated[float, Field(gt=0.0, allow_inf_nan=False), BeforeValidator(_number),
+                          _at_most(MAX_TARGET_EPSILON, "the accountants' range; an ε that "
+                                   "large protects nothing")]
 
 
 class MetricsReleaseConfig(BaseModel):
@@ -101,14 +143,15 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
                                       "also as epochs x steps per epoch")
     batch_size: PositiveInt = Field(256, le=MAX_BATCH,
                                     description="expected batch size; q = batch_size / n")
-    lr: PositiveFloat = Field(0.01, allow_inf_nan=False)
+    lr: LearningRate = 0.01
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
-    weight_decay: float = Field(0.0, ge=0.0, allow_inf_nan=False)
-    sigma: float | None = Field(
-        None, ge=0.0, description="noise multiplier; a private method needs 0 < sigma < inf"
+    weight_decay: WeightDecay = 0.0
+    sigma: NoiseMultiplier | None = Field(
+        None, description=f"noise multiplier; a private method needs {MIN_SIGMA:g} <= sigma < inf"
     )
-    target_epsilon: PositiveFloat | None = Field(None, allow_inf_nan=False)
+    target_epsilon: TargetEpsilon | None = Field(
+        None, description=f"at most {MAX_TARGET_EPSILON:g}, the accountants' range")
     delta: float = Field(1e-6, gt=0.0, lt=1.0)
     allow_large_delta: bool = Field(
         False,
@@ -171,11 +214,12 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
     def _noise_multiplier(cls, sigma: float | None, info: ValidationInfo) -> float | None:
         method = info.data.get("method")
         if sigma is not None and method is not None and method.is_private:
-            if not 0 < sigma < math.inf:
+            if not MIN_SIGMA <= sigma < math.inf:
                 raise ValueError(
                     f"{sigma} is not a noise multiplier for the private method {method.name!r} "
-                    "(0 adds no noise, inf destroys the model): set 0 < sigma < inf, or give "
-                    "target_epsilon instead"
+                    f"(0 adds no noise, below {MIN_SIGMA:g} its square underflows the "
+                    f"accountants, inf destroys the model): set {MIN_SIGMA:g} <= sigma < inf, "
+                    "or give target_epsilon instead"
                 )
         return sigma
 

@@ -19,11 +19,12 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     SkipValidation,
+    field_validator,
     model_validator,
 )
 
 from dpfair.errors import TuningError
-from dpfair.urls import mask_url
+from dpfair.urls import STORAGE_SCHEMES, check_scheme, mask_url
 
 __all__ = ["PARAMS_STORAGE", "Scalar", "ScoreName", "TuningConfig"]
 
@@ -91,6 +92,15 @@ class TuningConfig(BaseModel):
     grace_period: PositiveInt | None = Field(None, le=86400,
                                              description="None: 2 * heartbeat_interval")
 
+    @field_validator("storage")
+    @classmethod
+    def _storage_scheme(cls, url: str | None) -> str | None:
+        """A supported scheme whose client is installed, never a database in memory (the
+        files are checked before the data loads: :func:`check_storage`)."""
+        if url is not None and ("://" in url or url.startswith("journal:")):
+            check_scheme(url, STORAGE_SCHEMES, "the storage")
+        return url
+
     @model_validator(mode="after")
     def _check(self) -> TuningConfig:
         if not math.isfinite(self.eta) or self.eta <= -1:
@@ -155,11 +165,15 @@ def storage_file(url: str) -> Path | None:
 def check_storage(url: str) -> None:
     """Refuse, before any data is loaded, a storage whose local file cannot be created or
     written: the message names the file and the folder (the database's own error does not)."""
+    if "://" not in url and not url.startswith("journal:"):
+        raise TuningError(f"storage {mask_url(url)!r} is not a storage URL; give "
+                          f"{STORAGE_FORMS}")
+    try:
+        check_scheme(url, STORAGE_SCHEMES, "storage")
+    except ValueError as exc:
+        raise TuningError(str(exc)) from None
     path = storage_file(url)
     if path is None:
-        if "://" not in url:
-            raise TuningError(f"storage {mask_url(url)!r} is not a storage URL; give "
-                              f"{STORAGE_FORMS}")
         return
     folder = path.parent
     if not folder.is_dir():

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from dpfair.errors import TuningError, did_you_mean
+from dpfair.errors import TuningError, bools_as_numbers, did_you_mean
 from dpfair.tuning.config import Scalar, TuningConfig
 
 if TYPE_CHECKING:
@@ -173,8 +173,11 @@ def check_space_values(
     for name, values in space.items():
         for value in values:
             try:
-                make_config(method_cfg, train_cfg_base, {name: value}, seed=0,
-                            reproducible=False)
+                made = make_config(method_cfg, train_cfg_base, {name: value}, seed=0,
+                                   reproducible=False)
+                if bools_as_numbers({name: value}, _values(made)):
+                    raise TuningError(f"{key}.{name}: the value {value!r} is a boolean where a "
+                                      "number is expected; list numbers only")
             except ValidationError as exc:
                 reasons = "; ".join(
                     str(e["msg"]).removeprefix("Value error, ")
@@ -184,6 +187,13 @@ def check_space_values(
                     f"{key}.{name}: the value {value!r} is invalid ({reasons}); list only "
                     f"values that {name} accepts"
                 ) from None
+
+
+def _values(config: RunConfig) -> dict[str, object]:
+    """A run config's values with its method's on top (where :func:`make_config` sets them)."""
+    values = dump(config)
+    method = values.get("method")
+    return {**values, **(dump(method) if isinstance(method, BaseModel | Mapping) else {})}
 
 
 def make_config(

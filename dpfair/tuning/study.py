@@ -50,7 +50,7 @@ from dpfair.tuning.config import check_storage
 from dpfair.tuning.job import TuningJob, fingerprint
 from dpfair.tuning.k_draw import draw_k
 from dpfair.urls import mask_url
-from dpfair.workspace import durable_sqlite_uri
+from dpfair.workspace import durable_sqlite_uri, open_racing
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial, TrialState
@@ -96,15 +96,17 @@ def make_storage(cfg: TuningConfig) -> tuple[optuna.storages.BaseStorage, str]:
         path = os.path.abspath(url[len("journal:") :])
         return optuna.storages.JournalStorage(JournalFileBackend(path)), f"journal:{path}"
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=engine_kwargs,
-            heartbeat_interval=cfg.heartbeat_interval,
-            grace_period=cfg.grace,
-        )
-    return storage, mask_url(url)
+
+    def open_storage() -> optuna.storages.RDBStorage:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                              heartbeat_interval=cfg.heartbeat_interval,
+                                              grace_period=cfg.grace)
+
+    # the first use of a fresh database creates Optuna's schema: processes started together
+    # race on it, and the loser opens the schema the winner made
+    return open_racing(open_storage, url), mask_url(url)
 
 
 class TrialSeededRandomSampler(optuna.samplers.RandomSampler):

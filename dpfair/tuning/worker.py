@@ -38,6 +38,7 @@ from dpfair.processes import (
     remove_stale_job_dirs,
     sigterm_raises,
     stop_requested,
+    uninterrupted,
 )
 from dpfair.tuning.events import result_event
 from dpfair.tuning.job import TuningJob, config_json, make_config, params_key, resolve, seed_of_run
@@ -48,6 +49,7 @@ from dpfair.tuning.study import distributions, load_study, sampler_for, search_s
 if TYPE_CHECKING:
     from dpfair.data.dataset import GroupedDataset
     from dpfair.training import TrainConfig, TrainResult
+    from dpfair.tuning.config import Scalar
     from dpfair.tuning.protocols import PredictionsLike, RunOutcome, TrainFn
 
 __all__ = ["remove_stale_job_dirs", "run_worker", "spawn_workers", "write_spec"]
@@ -124,52 +126,68 @@ def _run(
     cfg = job.cfg
     params = {k: v for k, v in trial.params.items() if k != "_"}
     seed = seed_of_run(cfg.seed, trial.number)
-    trial.set_user_attr("dpfair.ledger", "run")
-    trial.set_user_attr("dpfair.tuning_privacy", cfg.tuning_privacy)
-    trial.set_user_attr("dpfair.seed", seed)
-    trial.set_user_attr("dpfair.worker", index)
-    trial.set_user_attr("dpfair.host", socket.gethostname())
-    trial.set_user_attr("dpfair.pid", os.getpid())
-    with Heartbeat(study._storage, trial._trial_id, cfg.heartbeat_interval):
-        try:
-            config = make_config(
-                job.method_cfg, job.train_cfg_base, params, seed, reproducible=cfg.reproducible
-            )
-            trial.set_user_attr("dpfair.config", config_json(config))
-            result = train_fn(config, job.dataset)
-            event_json = accounting.event_to_json(result_event(result))
-            trial.set_user_attr("dpfair.event", event_json)
-            guarantee = getattr(result, "privacy_guarantee", None)
-            if guarantee is not None:
-                trial.set_user_attr("dpfair.privacy_guarantee", str(guarantee))
-            planned = job.planned.get(params_key(params))
-            if event_json != planned:
-                raise _AccountingMismatch(
-                    f"trial {trial.number}: the run reports event {event_json} but the "
-                    f"search was accounted with {planned}"
-                )
-            pred = _val_predictions(result)
-            n_classes, n_groups = n_classes_groups(job.dataset, pred)
-            value = release_score(
-                pred,
-                cfg.score,
-                n_classes,
-                n_groups,
-                cfg.sigma_score if cfg.score_privacy == "noisy" else None,
-                cfg.loss_clip,
-                score_rng(cfg, trial.number),
-            )
-            trial.set_user_attr("dpfair.score", value)
-            return value, result
-        except Exception as exc:
-            _log.warning("tuning trial %d failed (it counts as a run): %r", trial.number, exc)
-            with contextlib.suppress(Exception):
-                trial.set_user_attr("dpfair.error", f"{type(exc).__name__}: {exc}"[:2000])
-            with contextlib.suppress(Exception):  # already failed as stale: it stays FAIL
-                study.tell(trial, state=TrialState.FAIL)
-            if isinstance(exc, _AccountingMismatch):
-                raise
-            return None
+    try:
+        trial.set_user_attr("dpfair.ledger", "run")
+        trial.set_user_attr("dpfair.tuning_privacy", cfg.tuning_privacy)
+        trial.set_user_attr("dpfair.seed", seed)
+        trial.set_user_attr("dpfair.worker", index)
+        trial.set_user_attr("dpfair.host", socket.gethostname())
+        trial.set_user_attr("dpfair.pid", os.getpid())
+        with Heartbeat(study._storage, trial._trial_id, cfg.heartbeat_interval):
+            return _train_and_score(trial, job, params, seed, train_fn)
+    except Exception as exc:
+        _log.warning("tuning trial %d failed (it counts as a run): %r", trial.number, exc)
+        _fail(study, trial, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, _AccountingMismatch):
+            raise
+        return None
+    except BaseException as exc:  # stopped mid-run (SIGTERM, Ctrl-C): FAIL, never RUNNING
+        _fail(study, trial, f"stopped ({type(exc).__name__}) before the run ended")
+        raise
+
+
+def _fail(study: optuna.Study, trial: optuna.Trial, error: str) -> None:
+    """Tell ``trial`` FAIL (it counts as a run) with ``error`` in its ``dpfair.error``."""
+    with uninterrupted():  # a second SIGTERM does not cut the write
+        with contextlib.suppress(Exception):
+            trial.set_user_attr("dpfair.error", error[:2000])
+        with contextlib.suppress(Exception):  # already failed as stale: it stays FAIL
+            study.tell(trial, state=TrialState.FAIL)
+
+
+def _train_and_score(trial: optuna.Trial, job: TuningJob, params: dict[str, Scalar],
+                     seed: int, train_fn: TrainFn) -> tuple[float, RunOutcome]:
+    """Train the run of ``trial`` and release its score (the accounted event checked)."""
+    cfg = job.cfg
+    config = make_config(
+        job.method_cfg, job.train_cfg_base, params, seed, reproducible=cfg.reproducible
+    )
+    trial.set_user_attr("dpfair.config", config_json(config))
+    result = train_fn(config, job.dataset)
+    event_json = accounting.event_to_json(result_event(result))
+    trial.set_user_attr("dpfair.event", event_json)
+    guarantee = getattr(result, "privacy_guarantee", None)
+    if guarantee is not None:
+        trial.set_user_attr("dpfair.privacy_guarantee", str(guarantee))
+    planned = job.planned.get(params_key(params))
+    if event_json != planned:
+        raise _AccountingMismatch(
+            f"trial {trial.number}: the run reports event {event_json} but the "
+            f"search was accounted with {planned}"
+        )
+    pred = _val_predictions(result)
+    n_classes, n_groups = n_classes_groups(job.dataset, pred)
+    value = release_score(
+        pred,
+        cfg.score,
+        n_classes,
+        n_groups,
+        cfg.sigma_score if cfg.score_privacy == "noisy" else None,
+        cfg.loss_clip,
+        score_rng(cfg, trial.number),
+    )
+    trial.set_user_attr("dpfair.score", value)
+    return value, result
 
 
 def _val_predictions(result: RunOutcome | Mapping[str, PredictionsLike]) -> PredictionsLike:

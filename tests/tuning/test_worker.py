@@ -170,3 +170,37 @@ def test_readme_postgresql_url_serves_an_mlflow_store(postgres_url):
     client = MlflowClient(postgres_url.rsplit("/", 1)[0] + "/mlflow_store")
     exp = client.create_experiment("pg-store")
     assert client.get_experiment(exp).name == "pg-store"
+
+
+def test_a_run_stopped_by_sigterm_is_failed_and_no_other_starts(tmp_path, monkeypatch):
+    """SIGTERM mid-run in `dpfair tune`'s own process (sigterm_raises turns it into
+    Terminated): the run in flight is told FAIL (it counts, with the reason), never left
+    RUNNING, and no other trial is claimed."""
+    import threading
+
+    from optuna.trial import TrialState
+
+    from dpfair import processes
+    from dpfair.errors import Terminated
+    from dpfair.processes import sigterm_raises
+
+    monkeypatch.setattr(processes, "_STOP", threading.Event())  # the flag is this test's
+    marker = tmp_path / "started"
+    monkeypatch.setenv("DPFAIR_TEST_SLOW", "1")
+    monkeypatch.setenv("DPFAIR_TEST_MARKER", str(marker))
+    c = cfg(tmp_path, mode="fixed", n_runs=3, study_name="stop")
+    job = tuning.prepare(METHOD, {**BASE, "sleep": 60}, make_dataset(), c, TRAIN,
+                         event_fn=fast_event)
+
+    def stop_when_started() -> None:
+        deadline = time.time() + 60
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_when_started, daemon=True).start()
+    with pytest.raises(Terminated), sigterm_raises():
+        tuning.run_worker(job)
+    trials = optuna.load_study(study_name="stop", storage=c["storage"]).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL]
+    assert trials[0].user_attrs["dpfair.error"].startswith("stopped (Terminated)")
