@@ -89,9 +89,15 @@ def ledger_url(location: str, root: str | Path | None = None) -> str:
 class Store:
     """The ledger database at ``url`` (tables created on first use)."""
 
-    def __init__(self, url: str) -> None:
+    #: seconds a claim (:meth:`claim`) lives without renewal
+    lease: float = 120.0
+
+    def __init__(self, url: str, lease: float | None = None) -> None:
         self.url = url
         self.display = mask_url(url)
+        if lease is not None:
+            self.lease = lease
+        self._renewing: dict[str, Any] = {}  # claim key -> the Event that stops its renewal
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
             self.engine = sa.create_engine(url, connect_args={"timeout": 120})
@@ -213,8 +219,12 @@ class Store:
 
     def claim(self, key: str) -> None:
         """Claim ``key`` for this process in one locked transaction (e.g. the resumption of a
-        crashed pipeline run); a ``PrivacyError`` names the live process that holds it. A
-        claim whose process on this host is gone is taken over."""
+        crashed pipeline run); a ``PrivacyError`` names the live process that holds it.
+
+        A claim is a lease: while it is held a daemon thread renews its time (``since``) every
+        quarter of :attr:`lease` seconds. A claim is taken over when its process on this host
+        is gone, or when it was not renewed for :attr:`lease` seconds (its machine died or
+        lost the database), so a dead machine's claim expires instead of blocking forever."""
         import os
         import time
 
@@ -225,22 +235,51 @@ class Store:
             if row is not None:
                 held = row._mapping
                 mine = held["host"] == host() and held["pid"] == os.getpid()
-                stale = held["host"] == host() and not alive(held["pid"], held["since"])
-                if not (mine or stale):
+                dead = held["host"] == host() and not alive(held["pid"], held["since"])
+                expired = time.time() - held["since"] > self.lease
+                if not (mine or dead or expired):
                     raise PrivacyError(
                         f"{key} is claimed by process {held['pid']} on {held['host']}: another "
                         "dpfair command is resuming it. Wait for it to end (or stop it), then "
-                        "run again; two resumptions would release the same trainings twice")
+                        f"run again (a claim nobody renews expires after {self.lease:g} s); two "
+                        "resumptions would release the same trainings twice")
                 conn.execute(sa.delete(CLAIMS).where(CLAIMS.c.key == key))
             conn.execute(sa.insert(CLAIMS).values(key=key, host=host(), pid=os.getpid(),
                                                   since=time.time()))
+        self._renew(key)
+
+    def _renew(self, key: str) -> None:
+        """Renew this process's claim of ``key`` until :meth:`unclaim` (a daemon thread)."""
+        import os
+        import threading
+        import time
+
+        from dpfair.processes import host
+
+        stop = self._renewing.setdefault(key, threading.Event())
+        stop.clear()
+        me = (host(), os.getpid())
+
+        def beat() -> None:
+            while not stop.wait(self.lease / 4):
+                try:
+                    with self.locked() as conn:
+                        conn.execute(sa.update(CLAIMS).where(
+                            CLAIMS.c.key == key, CLAIMS.c.host == me[0],
+                            CLAIMS.c.pid == me[1]).values(since=time.time()))
+                except sa.exc.SQLAlchemyError:
+                    continue  # the database is away: the lease runs out unless it returns
+
+        threading.Thread(target=beat, name=f"dpfair-claim-{key[:40]}", daemon=True).start()
 
     def unclaim(self, key: str) -> None:
-        """Give back this process's claim of ``key``."""
+        """Give back this process's claim of ``key`` (its renewal stops)."""
         import os
 
         from dpfair.processes import host
 
+        if (stop := self._renewing.pop(key, None)) is not None:
+            stop.set()
         with self.locked() as conn:
             conn.execute(sa.delete(CLAIMS).where(CLAIMS.c.key == key, CLAIMS.c.pid == os.getpid(),
                                                  CLAIMS.c.host == host()))

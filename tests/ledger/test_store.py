@@ -153,3 +153,43 @@ def test_a_crashed_run_is_resumed_by_one_process_only(tmp_path):
         gate.admit(plan, data, event=EVENT, resumes="run-1")
     statuses = [r.status for r in gate.ledger.releases()]
     assert statuses == ["pending", "released"]
+
+
+_HOLDER = """
+import sys, time
+from dpfair.ledger.store import Store
+Store(sys.argv[1], lease=2.0).claim("resume of pipeline run r1")
+print("claimed", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_dead_machines_claim_expires_and_a_live_ones_is_renewed(tmp_path, monkeypatch):
+    """The first process claims a resumption and keeps renewing it; another machine is
+    refused while it lives, and takes the claim over once its renewals stopped (SIGKILL: as
+    a machine that died) for longer than the lease."""
+    import signal
+    import time
+
+    import dpfair.processes
+    from dpfair.errors import PrivacyError
+    from dpfair.ledger.store import Store
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, url], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        monkeypatch.setattr(dpfair.processes, "host", lambda: "another-machine")
+        other = Store(url, lease=2.0)
+        for _ in range(3):  # renewed: still held after more than one lease
+            with pytest.raises(PrivacyError, match="claimed by process .* expires after 2 s"):
+                other.claim("resume of pipeline run r1")
+            time.sleep(1.5)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+        time.sleep(2.5)
+        other.claim("resume of pipeline run r1")  # expired: taken over
+        other.unclaim("resume of pipeline run r1")
+    finally:
+        holder.kill()
