@@ -1,0 +1,93 @@
+"""The release test's commands, run once per module in two lanes (flows one after another, so
+each Prefect scan sees only its own flow runs; the other commands beside them), and their
+scans, read once per command and place."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.flows.conftest import prefect_harness  # noqa: F401  (the session's Prefect server)
+from tests.release import commands, private_table, scan
+from tests.release.commands import BY_NAME, Outcome
+
+#: commands that start flows: one at a time (a Prefect scan reads a time window)
+FLOW_LANE = ("run", "retrain", "dvc exp run")
+
+
+class Release:
+    """The outcomes of the selected commands and their scans (cached)."""
+
+    def __init__(self, base: Path, repo_root: Path, env: dict[str, str]) -> None:
+        self.base, self.repo_root, self.env = base, repo_root, env
+        self.outcomes: dict[str, Outcome] = {}
+        self.scans: dict[tuple[str, str], scan.Scan] = {}
+        self.markers = private_table.markers(private_table.frame())
+        self._done = {name: threading.Event() for name in BY_NAME}
+
+    def _run(self, name: str) -> None:
+        command = BY_NAME[name]
+        if command.project is not None:
+            self._done[command.project].wait()
+            root = self.outcomes[command.project].root
+        else:
+            root = commands.make_project(self.base / name.replace(" ", "_"), self.repo_root,
+                                         command)
+        try:
+            self.outcomes[name] = commands.finish(*commands.start(command, root, self.env))
+        finally:
+            self._done[name].set()
+
+    def run_all(self, names: set[str]) -> None:
+        needed = names | {BY_NAME[n].project for n in names if BY_NAME[n].project}
+        flows = [n for n in FLOW_LANE if n in needed]
+        others = [n for n in BY_NAME if n in needed and n not in FLOW_LANE]
+        lanes = [threading.Thread(target=lambda lane=lane: [self._run(n) for n in lane])
+                 for lane in (flows, others)]
+        for lane in lanes:
+            lane.start()
+        for lane in lanes:
+            lane.join()
+
+    def scan(self, name: str, place: str) -> scan.Scan:
+        if (name, place) not in self.scans:
+            self.scans[name, place] = self._scan(name, place)
+        return self.scans[name, place]
+
+    def _scan(self, name: str, place: str) -> scan.Scan:
+        outcome, markers = self.outcomes[name], self.markers
+        if place == "mlflow":
+            found = scan.scan_mlflow(outcome.tracking_uri, markers)
+        elif place == "files":
+            found = scan.scan_files(outcome.root, markers, outcome.before)
+        elif place == "prefect":
+            found = scan.scan_prefect(outcome.since, outcome.until, markers)
+        elif place in ("stdout", "stderr"):
+            found = scan.scan_stream(place, getattr(outcome, place), markers)
+        else:
+            found = scan.scan_returned(name, outcome.returned or b"", markers)
+        project = outcome.command.project
+        if project is not None and place == "mlflow":  # what the project's command left
+            earlier = {(f.where, f.marker) for f in self.scan(project, place).findings}
+            found.findings = [f for f in found.findings if (f.where, f.marker) not in earlier]
+        return found
+
+
+def _selected(session: pytest.Session, module: str) -> set[str]:
+    return {item.callspec.params["command"] for item in session.items
+            if item.path.name == module and hasattr(item, "callspec")
+            and "command" in item.callspec.params}
+
+
+@pytest.fixture(scope="module")
+def release(request, prefect_harness, tmp_path_factory, repo_root):  # noqa: F811
+    """Every command this module's selected tests name, run once."""
+    from prefect.settings import get_current_settings
+
+    env = commands.environment(str(get_current_settings().api.url),
+                               tmp_path_factory.mktemp("prefect-home"))
+    found = Release(tmp_path_factory.mktemp("release"), repo_root, env)
+    found.run_all(_selected(request.session, request.path.name))
+    return found

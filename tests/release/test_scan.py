@@ -1,0 +1,85 @@
+"""The release test's scanner (:mod:`tests.release.scan`) on planted bytes, and its markers:
+each form a leak can take is found, other numbers and ids are not."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.release import private_table
+from tests.release.private_table import Markers
+from tests.release.scan import Scan, allowed
+
+MEAN = 52298.54132080926
+PLANTED_MARKERS = Markers({"id": "zqxmarker"}, {"mean": MEAN}, {"count": 575})
+
+
+def _found(text: str | bytes) -> set[str]:
+    scan = Scan("test")
+    if isinstance(text, str):
+        scan.text("planted", text, PLANTED_MARKERS)
+    else:
+        scan.data("planted", text, PLANTED_MARKERS)
+    return {f.marker.split(" ")[0] for f in scan.findings}
+
+
+@pytest.mark.parametrize("text", [
+    repr(MEAN), f"{MEAN:.6g}", f"{MEAN:.8g}", f"{MEAN:.2f}", f"{MEAN:.5e}", f"{MEAN:E}",
+    json.dumps({"mean_": [MEAN]}), str(np.float32(MEAN)), f"mean={MEAN:.1f}.",
+], ids=lambda t: t[:24])
+def test_a_float_marker_is_found_printed_at_any_precision(text):
+    assert _found(f"scaler: {text}, done") == {"mean"}
+
+
+@pytest.mark.parametrize("text", [
+    f"{MEAN:.5g}", f"{MEAN + 1:.2f}", f"{MEAN:.0f}", "run 52298541320809263aa", "v52298.54",
+    "b7d3a575f" + "0" * 23, "12c4a575-aaaa-bbbb-cccc-000000000575", "0.575", "5750", "id575",
+], ids=lambda t: t[:24])
+def test_other_numbers_and_ids_are_not_markers(text):
+    assert _found(f"x {text} y") == set()
+
+
+def test_each_form_of_marker_is_found_in_binary_files():
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, stats=np.array([MEAN], np.float32))  # zip, deflated
+    assert _found(buffer.getvalue()) == {"mean"}
+    assert _found(pickle.dumps({"mean": MEAN})) == {"mean"}  # pickle: big-endian float64
+    assert _found(b"\x00\xff" + "ZQXMarker".encode("utf-16-le") + b"\x00") == {"id"}
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        zipped.writestr("inner/log.txt", "rows of group f: 575\n")
+    assert _found(archive.getvalue()) == {"count"}
+    assert _found(b"\x00\x9c\xff" * 40 + b" count 575 in a printable run \x00") == {"count"}
+    assert _found(np.arange(1000, dtype=np.float64).tobytes()) == set()
+
+
+def test_the_allowlist_is_readmes_private_working_state():
+    assert allowed(".dpfair/ledger.sqlite") and allowed("optuna.db")
+    assert allowed("loans-dpsgd-0a1b.ledger.PRIVATE.json")
+    for published in ("outputs/pipeline/results.csv", "evaluation/metrics.json", "dvc.lock",
+                      "data/prepared/loans/summary.json", "mlflow.db", "predictions.csv"):
+        assert allowed(published) is None, published
+
+
+def test_public_counts_are_not_markers():
+    table = private_table.frame()
+    counts = set(private_table.markers(table).counts.values())
+    assert counts and not counts & set(private_table.public_counts(table).values())
+    assert min(counts) >= 100
+
+
+def test_the_markers_training_rows_are_the_loaders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    table = private_table.frame()
+    table.to_csv("loans.csv", index=False)
+    Path("params.yaml").write_text(yaml.safe_dump({
+        "datasets": {"loans": {**private_table.OPTIONS, "path": "loans.csv"}},
+        "experiment": {"dataset": "loans"}}))
+    private_table.check_split_matches(table, Path("params.yaml"))
