@@ -60,12 +60,16 @@ with open(sys.argv[1], "wb") as out:
 
 RETRAIN = """
 import pickle, sys
+from pathlib import Path
 from flows.schedule import retrain_flow
-first = retrain_flow(params_path="params.yaml", root=".")    # a new version: retrains
-again = retrain_flow(params_path="params.yaml", root=".")    # unchanged: skips
-print(first, again)
+states = [retrain_flow(params_path="params.yaml", root=".", return_state=True)  # retrains,
+          for _ in range(2)]                                                     # then skips
+returned = [state.result() for state in states]
+print(*returned)
 with open(sys.argv[1], "wb") as out:
-    pickle.dump([first, again], out)
+    pickle.dump(returned, out)
+Path(sys.argv[1] + ".flow_runs").write_text(
+    "\\n".join(str(state.state_details.flow_run_id) for state in states))
 """
 
 #: ``dpfair train`` with a planted leak (tests that the release test can fail): the training
@@ -154,6 +158,11 @@ class Outcome:
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
     until: datetime | None = None
     returned: bytes | None = None
+    flow_runs: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return (self.until - self.since).total_seconds() if self.until else float("nan")
 
     @property
     def tracking_uri(self) -> str:
@@ -166,6 +175,7 @@ def params(root: Path, tuning_release: str = "selected") -> dict:
         "experiment": EXPERIMENT,
         "tuning": {**TUNING, "release": tuning_release},
         "audit": {"method": "dpsgd"},
+        "budget": {},
         "pipeline": {"use_dvc": False, "max_workers": 1},
         "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}",
                      "artifact_root": str(root / "mlartifacts")},
@@ -235,4 +245,6 @@ def finish(outcome: Outcome, process: subprocess.Popen, timeout: float = 300) ->
     returned = outcome.root.parent / f"{outcome.root.name}-returned.pickle"
     if returned.exists():
         outcome.returned = returned.read_bytes()
+    if (ids := Path(f"{returned}.flow_runs")).exists():
+        outcome.flow_runs = ids.read_text().split()
     return outcome

@@ -13,8 +13,15 @@ from tests.flows.conftest import prefect_harness  # noqa: F401  (the session's P
 from tests.release import commands, private_table, scan
 from tests.release.commands import BY_NAME, Outcome
 
-#: commands that start flows: one at a time (a Prefect scan reads a time window)
-FLOW_LANE = ("run", "retrain", "dvc exp run")
+#: README "Where the results are": the MLflow parent run's tag naming its Prefect flow run
+PREFECT_RUN_TAG = "dpfair.prefect_flow_run_id"
+#: two lanes in parallel (2 cores; more only makes them wait on each other), each one command
+#: after another, balanced by their times; a lane's later commands may use an earlier one's
+#: project (predict and results read what run logged)
+LANES = (("run", "predict", "results", "results --full", "retrain", "tune all_trials", "fit"),
+         ("dvc exp run", "train", "tune selected", "audit", "fit undeclared",
+          "train with a planted leak"))
+_RELEASES: list[Release] = []
 
 
 class Release:
@@ -26,35 +33,54 @@ class Release:
         self.scans: dict[tuple[str, str], scan.Scan] = {}
         self.markers = private_table.markers(private_table.frame())
         self._done = {name: threading.Event() for name in BY_NAME}
+        self._errors: list[BaseException] = []
 
     def _run(self, name: str) -> None:
         command = BY_NAME[name]
-        if command.project is not None:
-            self._done[command.project].wait()
-            root = self.outcomes[command.project].root
-        else:
-            root = commands.make_project(self.base / name.replace(" ", "_"), self.repo_root,
-                                         command)
         try:
+            if command.project is not None:
+                self._done[command.project].wait()
+                root = self.outcomes[command.project].root
+            else:
+                root = commands.make_project(self.base / name.replace(" ", "_"),
+                                             self.repo_root, command)
             self.outcomes[name] = commands.finish(*commands.start(command, root, self.env))
+        except BaseException as exc:  # raised by run_all, in the test's thread
+            self._errors.append(exc)
         finally:
             self._done[name].set()
 
     def run_all(self, names: set[str]) -> None:
         needed = names | {BY_NAME[n].project for n in names if BY_NAME[n].project}
-        flows = [n for n in FLOW_LANE if n in needed]
-        others = [n for n in BY_NAME if n in needed and n not in FLOW_LANE]
-        lanes = [threading.Thread(target=lambda lane=lane: [self._run(n) for n in lane])
-                 for lane in (flows, others)]
+        assert {n for lane in LANES for n in lane} == set(BY_NAME), "every command in a lane"
+        lanes = [threading.Thread(target=lambda lane=lane: [self._run(n) for n in lane
+                                                            if n in needed])
+                 for lane in LANES]
         for lane in lanes:
             lane.start()
         for lane in lanes:
             lane.join()
+        if self._errors:
+            raise self._errors[0]
 
     def scan(self, name: str, place: str) -> scan.Scan:
         if (name, place) not in self.scans:
             self.scans[name, place] = self._scan(name, place)
         return self.scans[name, place]
+
+    def flow_runs(self, name: str) -> list:
+        """The flow runs of command ``name``: those its MLflow runs name (README: the parent
+        run's ``dpfair.prefect_flow_run_id``) and its script reported, their parents and
+        subflows."""
+        from mlflow import MlflowClient
+
+        outcome = self.outcomes[name]
+        client = MlflowClient(outcome.tracking_uri)
+        tagged = [run.data.tags[PREFECT_RUN_TAG]
+                  for exp in client.search_experiments()
+                  for run in client.search_runs([exp.experiment_id])
+                  if PREFECT_RUN_TAG in run.data.tags]
+        return scan.flow_runs([*tagged, *outcome.flow_runs])
 
     def _scan(self, name: str, place: str) -> scan.Scan:
         outcome, markers = self.outcomes[name], self.markers
@@ -63,7 +89,7 @@ class Release:
         elif place == "files":
             found = scan.scan_files(outcome.root, markers, outcome.before)
         elif place == "prefect":
-            found = scan.scan_prefect(outcome.since, outcome.until, markers)
+            found = scan.scan_prefect(self.flow_runs(name), markers)
         elif place in ("stdout", "stderr"):
             found = scan.scan_stream(place, getattr(outcome, place), markers)
         else:
@@ -90,4 +116,12 @@ def release(request, prefect_harness, tmp_path_factory, repo_root):  # noqa: F81
                                tmp_path_factory.mktemp("prefect-home"))
     found = Release(tmp_path_factory.mktemp("release"), repo_root, env)
     found.run_all(_selected(request.session, request.path.name))
+    _RELEASES.append(found)
     return found
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How long each command ran (the suite's cost, for whoever adds one)."""
+    if _RELEASES:
+        lines = [f"{name}: {o.seconds:.0f} s" for r in _RELEASES for name, o in r.outcomes.items()]
+        terminalreporter.write_line("release test commands: " + "; ".join(lines))

@@ -57,20 +57,21 @@ class Markers:
         return Markers(self.strings, {**self.floats, name: value}, self.counts)
 
 
-def frame(n: int = N_ROWS, seed: int = 7) -> pd.DataFrame:
+def frame(n: int = N_ROWS, seed: int = 7, planted: bool = True) -> pd.DataFrame:
     """The private table: ids, three features, the protected ``sex``, the target ``default``
-    and an undeclared free-text column ``note``."""
+    and an undeclared free-text column ``note`` (``planted``: with the markers)."""
     rng = np.random.default_rng(seed)
     income = rng.normal(52000, 9000, n).round(2)
-    income[17], income[400] = MARKER_VALUE, EXTREME
+    if planted:
+        income[17], income[400] = MARKER_VALUE, EXTREME
     age = rng.integers(18, 80, n)
     job = rng.choice(["office", "craft", "care"], n)
     sex = rng.choice(["f", "m"], n, p=[0.35, 0.65])
     risk = (income < 50000) + (age < 30) + rng.normal(0, 0.5, n)
     ids = [f"c{i:05d}" for i in range(n)]
-    ids[33] = MARKER_ID
     note = ["" for _ in range(n)]
-    note[58] = MARKER_NOTE
+    if planted:
+        ids[33], note[58] = MARKER_ID, MARKER_NOTE
     return pd.DataFrame({"customer_id": ids, "income": income, "age": age, "job": job,
                          "sex": sex, "default": np.where(risk > 1.0, "yes", "no"),
                          "note": note})
@@ -78,7 +79,7 @@ def frame(n: int = N_ROWS, seed: int = 7) -> pd.DataFrame:
 
 def new_rows(n: int = 40) -> pd.DataFrame:
     """Rows to predict on: other people (no marker), the model's input columns and an id."""
-    rows = frame(n, seed=99).drop(columns=["default", "note"])
+    rows = frame(n, seed=99, planted=False).drop(columns=["default", "note"])
     rows["customer_id"] = [f"new{i:03d}" for i in range(n)]
     return rows
 

@@ -278,31 +278,65 @@ def scan_mlflow(uri: str, markers: Markers) -> Scan:
     return scan
 
 
-def scan_prefect(since: datetime, until: datetime, markers: Markers) -> Scan:
-    """Prefect's flow runs started between ``since`` and ``until`` (their subflows too), their
-    task runs, logs and artifacts, through the API of the current Prefect settings."""
+def flow_runs(seeds: Iterable[str]) -> list:
+    """The flow runs ``seeds`` (ids), their parents and their subflows, through Prefect's API."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+    )
+
+    with get_client(sync_client=True) as client:
+        runs = {r.id: r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[UUID(s) for s in seeds])))} if seeds else {}
+        while True:
+            parents = {client.read_task_run(r.parent_task_run_id).flow_run_id
+                       for r in runs.values() if r.parent_task_run_id} - runs.keys()
+            found = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=list(parents)))) if parents else []
+            found += client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=list(runs))))
+            new = {r.id: r for r in found if r.id not in runs}
+            if not new:
+                return list(runs.values())
+            runs.update(new)
+
+
+def flow_runs_between(since: datetime, until: datetime) -> list:
+    """Every flow run that started between ``since`` and ``until``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            start_time=FlowRunFilterStartTime(after_=since, before_=until)))
+
+
+def scan_prefect(runs: list, markers: Markers) -> Scan:
+    """Flow runs ``runs`` (:func:`flow_runs`): names, parameters, tags and states, their task
+    runs, logs and artifacts, through the API of the current Prefect settings."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
         FlowRunFilter,
         FlowRunFilterId,
-        FlowRunFilterStartTime,
         LogFilter,
         LogFilterFlowRunId,
     )
 
     scan = Scan("prefect")
+    ids = [r.id for r in runs]
+    for r in runs:
+        scan.text(f"flow run {r.name!r}", "\n".join(
+            [r.name, _lines(r.parameters), " ".join(r.tags),
+             (r.state.message or "") if r.state else ""]), markers)
+    if not ids:
+        return scan
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            start_time=FlowRunFilterStartTime(after_=since, before_=until)))
-        ids = [r.id for r in runs]
-        for r in runs:
-            scan.text(f"flow run {r.name!r}", "\n".join(
-                [r.name, _lines(r.parameters), " ".join(r.tags),
-                 (r.state.message or "") if r.state else ""]), markers)
-        if not ids:
-            return scan
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
         for t in tasks:
             scan.text(f"task run {t.name!r}", "\n".join(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.release.commands import COMMANDS, PLANTED
-from tests.release.scan import report
+from tests.release.scan import flow_runs_between, report
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +70,21 @@ def test_a_planted_leak_fails_the_release_test(release, command):
     deviation printed and both saved as float32 in a compressed file: each found, by place."""
     outcome = release.outcomes[command]
     assert outcome.returncode == 0, outcome.stderr
-    named = {place: {f.marker.split(" (")[0] for f in release.scan(command, place).findings}
-             for place in ("mlflow", "stdout", "files")}
-    assert "mean of income, training rows" in named["mlflow"], named
-    assert "std (ddof 0) of income, training rows" in named["stdout"], named
-    assert {"mean of income, training rows",
-            "std (ddof 0) of income, training rows"} <= named["files"], named
+    mean, std = "mean of income, training rows", "std (ddof 0) of income, training rows"
+    for place, planted in (("mlflow", [mean]), ("stdout", [std]), ("files", [mean, std])):
+        found = release.scan(command, place).findings
+        for name in planted:
+            assert any(f.marker.startswith(f"{name} (") for f in found), (place, name, found)
+
+
+@pytest.mark.parametrize("command", [c.name for c in COMMANDS if "prefect" in c.places])
+def test_every_flow_run_started_meanwhile_was_scanned(release, command):
+    """The Prefect scans read the flow runs the commands name (and their parents and
+    subflows): no flow run started while ``command`` ran is missing from them."""
+    outcome = release.outcomes[command]
+    scanned = {r.id for name, o in release.outcomes.items() if "prefect" in o.command.places
+               for r in release.flow_runs(name)}
+    started = {r.id: r.name for r in flow_runs_between(outcome.since, outcome.until)}
+    assert {r.id for r in release.flow_runs(command)} <= started.keys()
+    assert started and started.keys() <= scanned, {
+        started[i] for i in started.keys() - scanned}
