@@ -165,6 +165,11 @@ class Outcome:
         return (self.until - self.since).total_seconds() if self.until else float("nan")
 
     @property
+    def prefect_home(self) -> Path:
+        """The command's own PREFECT_HOME (Prefect's local result storage, its settings)."""
+        return self.root.parent / f"{self.root.name}-prefect-home"
+
+    @property
     def tracking_uri(self) -> str:
         return f"sqlite:///{self.root / 'mlflow.db'}"
 
@@ -204,21 +209,21 @@ def make_project(root: Path, repo_root: Path, command: Command) -> Path:
         settings["pipeline"]["use_dvc"] = True
         settings["tracking"] = {"uri": "sqlite:///mlflow.db", "artifact_root": "mlartifacts"}
     (root / "params.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
-    if command.dvc:
-        for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "private table")):
-            subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t",
-                            *args], cwd=root, check=True, capture_output=True)
+    if command.dvc:  # README "Your own data": the file tracked by DVC, its pointer by git
+        git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+        for args in (git + ["init", "-q"], [sys.executable, "-m", "dvc", "add", DATA],
+                     git + ["add", "-A"], git + ["commit", "-qm", "private table"]):
+            subprocess.run(args, cwd=root, check=True, capture_output=True)
     return root
 
 
-def environment(prefect_api: str, prefect_home: Path) -> dict[str, str]:
+def environment(prefect_api: str) -> dict[str, str]:
     """This session's environment without dpfair's, MLflow's and Prefect's settings, with
     Prefect's server and INFO logs (every log line reaches the server's store)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DPFAIR_", "MLFLOW_", "PREFECT_", "PYTEST_"))}
     repo = str(Path(__file__).resolve().parents[2])
-    env.update(PREFECT_API_URL=prefect_api, PREFECT_HOME=str(prefect_home),
-               PREFECT_LOGGING_LEVEL="INFO", COLUMNS="120",
+    env.update(PREFECT_API_URL=prefect_api, PREFECT_LOGGING_LEVEL="INFO", COLUMNS="120",
                PYTHONPATH=os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")])))
     return env
 
@@ -226,6 +231,7 @@ def environment(prefect_api: str, prefect_home: Path) -> dict[str, str]:
 def start(command: Command, root: Path, env: dict[str, str]) -> tuple[Outcome, subprocess.Popen]:
     """Start ``command`` in project ``root`` (its outcome is complete after :func:`finish`)."""
     outcome = Outcome(command, root, snapshot(root))
+    env = {**env, "PREFECT_HOME": str(outcome.prefect_home)}
     returned = root.parent / f"{root.name}-returned.pickle"
     if command.dvc:
         args = [sys.executable, "-m", "dvc", "exp", "run", "evaluate"]

@@ -5,6 +5,7 @@ scans, read once per command and place."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,10 @@ class Release:
             found = scan.scan_files(outcome.root, markers, outcome.before)
         elif place == "prefect":
             found = scan.scan_prefect(self.flow_runs(name), markers)
+            home = scan.scan_files(outcome.prefect_home, markers, {})
+            found.findings += [replace(f, where=f"PREFECT_HOME/{f.where}", place="prefect")
+                               for f in home.findings]
+            found.items += home.items
         elif place in ("stdout", "stderr"):
             found = scan.scan_stream(place, getattr(outcome, place), markers)
         else:
@@ -112,8 +117,7 @@ def release(request, prefect_harness, tmp_path_factory, repo_root):  # noqa: F81
     """Every command this module's selected tests name, run once."""
     from prefect.settings import get_current_settings
 
-    env = commands.environment(str(get_current_settings().api.url),
-                               tmp_path_factory.mktemp("prefect-home"))
+    env = commands.environment(str(get_current_settings().api.url))
     found = Release(tmp_path_factory.mktemp("release"), repo_root, env)
     found.run_all(_selected(request.session, request.path.name))
     _RELEASES.append(found)

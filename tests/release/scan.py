@@ -52,9 +52,8 @@ ALLOWLIST = {
     "optuna.db": "the Optuna storage: private working state (K, every trial and score)",
     "*.ledger.PRIVATE.json": "the search's private ledger beside the Optuna storage",
     "data/prepared/*/arrays.npz": "the private data itself, prepared (DVC output, an input)",
-    ".dvc/cache/*": "DVC's cache: copies of the private data and of every output",
-    ".git/*": "the git repository (its objects: the data's .dvc pointer and the outputs "
-              "searched in the work tree)",
+    ".dvc/cache/*": "DVC's cache: copies of the private data and of the outputs searched "
+                    "in the work tree",
 }
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?!\w)")
 #: run ids, uuids and digests: hex, never numbers (masked before numbers are read)
