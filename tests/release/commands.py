@@ -70,6 +70,8 @@ with open(sys.argv[1], "wb") as out:
     pickle.dump(returned, out)
 Path(sys.argv[1] + ".flow_runs").write_text(
     "\\n".join(str(state.state_details.flow_run_id) for state in states))
+from prefect.logging.handlers import APILogWorker
+APILogWorker.drain_all()  # every log line on the server before it is read back
 """
 
 #: ``dpfair train`` with a planted leak (tests that the release test can fail): the training

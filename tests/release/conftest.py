@@ -4,14 +4,19 @@ scans, read once per command and place."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import prefect_harness  # noqa: F401  (the session's Prefect server)
 from tests.release import commands, private_table, scan
+
+# as tests/flows/conftest.py: Prefect's home in a temp dir (kept if that conftest set it)
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="dpfair-prefect-home-"))
 from tests.release.commands import BY_NAME, Outcome
 
 #: README "Where the results are": the MLflow parent run's tag naming its Prefect flow run
@@ -112,12 +117,24 @@ def _selected(session: pytest.Session, module: str) -> set[str]:
             and "command" in item.callspec.params}
 
 
-@pytest.fixture(scope="module")
-def release(request, prefect_harness, tmp_path_factory, repo_root):  # noqa: F811
-    """Every command this module's selected tests name, run once."""
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """The session's Prefect server: tests/flows' (its session fixture, still running when
+    this directory's tests run after it), else a temporary one of our own."""
     from prefect.settings import get_current_settings
+    from prefect.testing.utilities import prefect_test_harness
 
-    env = commands.environment(str(get_current_settings().api.url))
+    if (url := get_current_settings().api.url) is not None:
+        yield str(url)
+        return
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(get_current_settings().api.url)
+
+
+@pytest.fixture(scope="module")
+def release(request, prefect_api, tmp_path_factory, repo_root):
+    """Every command this module's selected tests name, run once."""
+    env = commands.environment(prefect_api)
     found = Release(tmp_path_factory.mktemp("release"), repo_root, env)
     found.run_all(_selected(request.session, request.path.name))
     _RELEASES.append(found)
