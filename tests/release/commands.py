@@ -116,6 +116,8 @@ class Command:
     project: str | None = None
     tuning_release: str = "selected"
     dvc: bool = False
+    #: files of :data:`tests.release.scan.ALLOWLIST` this command releases (searched)
+    releases: tuple[str, ...] = ()
 
 
 COMMANDS = [
@@ -125,9 +127,11 @@ COMMANDS = [
     Command("tune selected", ("mlflow", "files", "stdout", "stderr"),
             ("tune", "--method", "dpsgd")),
     Command("tune all_trials", ("mlflow", "files", "stdout", "stderr"),
-            ("tune", "--method", "dpsgd"), tuning_release="all_trials"),
+            ("tune", "--method", "dpsgd"), tuning_release="all_trials",
+            releases=("*.ledger.PRIVATE.json",)),  # README: K and every trial released
     Command("audit", ("mlflow", "files", "stdout", "stderr"),
             ("audit", "--method", "dpsgd", "--canaries", "20")),
+    Command("data prepare", ("files", "stdout", "stderr"), ("data", "prepare", "loans")),
     Command("fit", ("files", "stdout", "stderr", "returned"), script=FIT,
             script_arg="declared"),
     Command("fit undeclared", ("files", "stdout", "stderr", "returned"), script=FIT,

@@ -25,7 +25,7 @@ PREFECT_RUN_TAG = "dpfair.prefect_flow_run_id"
 #: after another, balanced by their times; a lane's later commands may use an earlier one's
 #: project (predict and results read what run logged)
 LANES = (("run", "predict", "results", "results --full", "retrain", "tune all_trials", "fit"),
-         ("dvc exp run", "train", "tune selected", "audit", "fit undeclared",
+         ("dvc exp run", "train", "tune selected", "audit", "fit undeclared", "data prepare",
           "train with a planted leak"))
 _RELEASES: list[Release] = []
 
@@ -93,7 +93,8 @@ class Release:
         if place == "mlflow":
             found = scan.scan_mlflow(outcome.tracking_uri, markers)
         elif place == "files":
-            found = scan.scan_files(outcome.root, markers, outcome.before)
+            found = scan.scan_files(outcome.root, markers, outcome.before,
+                                    outcome.command.releases)
         elif place == "prefect":
             found = scan.scan_prefect(self.flow_runs(name), markers)
             home = scan.scan_files(outcome.prefect_home, markers, {})

@@ -204,14 +204,16 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
             for p in root.rglob("*") if p.is_file()}
 
 
-def scan_files(root: Path, markers: Markers, before: dict[str, tuple[int, int]]) -> Scan:
-    """Every file the command created or changed under its project ``root`` (not the
-    :data:`ALLOWLIST`)."""
+def scan_files(root: Path, markers: Markers, before: dict[str, tuple[int, int]],
+               released: tuple[str, ...] = ()) -> Scan:
+    """Every file the command created or changed under its project ``root``: not the
+    :data:`ALLOWLIST`, except the files matching ``released`` (what the command publishes)."""
     scan = Scan("files")
     for relative, stamp in sorted(snapshot(root).items()):
         if before.get(relative) == stamp:
             continue
-        if (reason := allowed(relative)) is not None:
+        released_here = any(fnmatch.fnmatch(relative, p) for p in released)
+        if not released_here and (reason := allowed(relative)) is not None:
             scan.skipped.append(f"{relative} ({reason})")
             continue
         scan.data(relative, (root / relative).read_bytes(), markers)

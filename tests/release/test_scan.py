@@ -15,7 +15,7 @@ import yaml
 
 from tests.release import private_table
 from tests.release.private_table import Markers
-from tests.release.scan import Scan, allowed
+from tests.release.scan import Scan, allowed, scan_files
 
 MEAN = 52298.54132080926
 PLANTED_MARKERS = Markers({"id": "zqxmarker"}, {"mean": MEAN}, {"count": 575})
@@ -66,6 +66,17 @@ def test_the_allowlist_is_readmes_private_working_state():
     for published in ("outputs/pipeline/results.csv", "evaluation/metrics.json", "dvc.lock",
                       "data/prepared/loans/summary.json", "mlflow.db", "predictions.csv"):
         assert allowed(published) is None, published
+
+
+def test_a_file_the_command_releases_is_searched_despite_the_allowlist(tmp_path):
+    (tmp_path / "s.ledger.PRIVATE.json").write_text(json.dumps({"best": MEAN}))
+    (tmp_path / "old.txt").write_text(f"{MEAN}")
+    before = {"old.txt": ((tmp_path / "old.txt").stat().st_size,
+                          (tmp_path / "old.txt").stat().st_mtime_ns)}
+    private = scan_files(tmp_path, PLANTED_MARKERS, before)
+    assert (private.findings, private.items, len(private.skipped)) == ([], 0, 1)
+    released = scan_files(tmp_path, PLANTED_MARKERS, before, ("*.ledger.PRIVATE.json",))
+    assert [f.where for f in released.findings] == ["s.ledger.PRIVATE.json"]
 
 
 def test_public_counts_are_not_markers():
