@@ -118,12 +118,22 @@ class Command:
     dvc: bool = False
     #: files of :data:`tests.release.scan.ALLOWLIST` this command releases (searched)
     releases: tuple[str, ...] = ()
+    #: globs of files the command must have written (and the scan read)
+    writes: tuple[str, ...] = ()
+    #: kinds of MLflow entry the command must have logged (words of the scan's item names)
+    logs: tuple[str, ...] = ("params", "tags", "metrics", "artifact")
 
+
+#: what a training command logs: a run with its data as an input, a model, a registered version
+TRAINED = ("params", "metrics", "dataset input", "artifact", "logged model", "registered model")
 
 COMMANDS = [
-    Command("run", ("mlflow", "files", "prefect", "stdout", "stderr"), ("run",)),
+    Command("run", ("mlflow", "files", "prefect", "stdout", "stderr"), ("run",),
+            writes=("outputs/*/results.md", "outputs/*/results.csv",
+                    "data/prepared/loans/summary.json", "mlflow.db", "mlartifacts/*.pt"),
+            logs=TRAINED),
     Command("train", ("mlflow", "files", "stdout", "stderr"),
-            ("train", "--method", "dpsgd_f", "--register")),
+            ("train", "--method", "dpsgd_f", "--register"), logs=TRAINED),
     Command("tune selected", ("mlflow", "files", "stdout", "stderr"),
             ("tune", "--method", "dpsgd")),
     Command("tune all_trials", ("mlflow", "files", "stdout", "stderr"),
@@ -131,20 +141,24 @@ COMMANDS = [
             releases=("*.ledger.PRIVATE.json",)),  # README: K and every trial released
     Command("audit", ("mlflow", "files", "stdout", "stderr"),
             ("audit", "--method", "dpsgd", "--canaries", "20")),
-    Command("data prepare", ("files", "stdout", "stderr"), ("data", "prepare", "loans")),
+    Command("data prepare", ("files", "stdout", "stderr"), ("data", "prepare", "loans"),
+            writes=("data/prepared/loans/summary.json",)),
     Command("fit", ("files", "stdout", "stderr", "returned"), script=FIT,
             script_arg="declared"),
     Command("fit undeclared", ("files", "stdout", "stderr", "returned"), script=FIT,
             script_arg="fitted"),
     Command("predict", ("mlflow", "files", "stdout", "stderr"),
             ("predict", "--model", "dpfair-loans", "--input", "new_rows.csv", "--output",
-             "predictions.csv"), project="run"),
+             "predictions.csv"), project="run", writes=("predictions.csv",)),
     Command("results", ("mlflow", "files", "stdout", "stderr"), ("results",), project="run"),
     Command("results --full", ("mlflow", "files", "stdout", "stderr"), ("results", "--full"),
             project="run"),
     Command("retrain", ("mlflow", "files", "prefect", "stdout", "stderr", "returned"),
-            script=RETRAIN),
-    Command("dvc exp run", ("mlflow", "files", "prefect", "stdout", "stderr"), dvc=True),
+            script=RETRAIN, logs=TRAINED),
+    Command("dvc exp run", ("mlflow", "files", "prefect", "stdout", "stderr"), dvc=True,
+            writes=("dvc.lock", "evaluation/metrics.json", "evaluation/group_accuracy.csv",
+                    "evaluation/epsilon_accuracy.csv", "outputs/pipeline/results.md",
+                    "data/prepared/loans/summary.json", ".git/objects/*"), logs=TRAINED),
 ]
 PLANTED = Command("train with a planted leak", ("mlflow", "files", "stdout"),
                   script=LEAKY_TRAIN)

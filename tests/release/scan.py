@@ -82,13 +82,16 @@ class Scan:
     findings: list[Finding] = field(default_factory=list)
     items: int = 0
     skipped: list[str] = field(default_factory=list)
+    read: list[str] = field(default_factory=list)
 
     def text(self, where: str, text: str, markers: Markers) -> None:
         self.items += 1
+        self.read.append(where)
         self.findings += _in_text(self.place, where, text, markers)
 
     def data(self, where: str, data: bytes, markers: Markers) -> None:
         self.items += 1
+        self.read.append(where)
         self.findings += _in_bytes(self.place, where, data, markers)
 
 
@@ -347,7 +350,9 @@ def scan_prefect(runs: list, markers: Markers) -> Scan:
                 flow_run_id=LogFilterFlowRunId(any_=ids)), limit=200, offset=offset):
             logs += batch
             offset += len(batch)
-        scan.text("logs", "\n".join(log.message for log in logs), markers)
+        if logs:
+            scan.text(f"logs ({len(logs)} lines)", "\n".join(log.message for log in logs),
+                      markers)
         for artifact in client.read_artifacts(artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=ids))):
             scan.text(f"artifact {artifact.key!r}", "\n".join(

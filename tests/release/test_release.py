@@ -11,6 +11,8 @@ things go"): a :class:`tests.release.commands.Command` and, for a new place, its
 
 from __future__ import annotations
 
+import fnmatch
+
 import pytest
 
 from tests.release.commands import COMMANDS, PLANTED
@@ -54,10 +56,16 @@ def test_no_marker_of_the_private_table_leaves_through(release, command, place):
     # a scan that read nothing proves nothing
     if place == "stdout" and not _refused(outcome):
         assert outcome.stdout.strip(), f"{command} printed nothing"
-    elif place in ("mlflow", "prefect"):
-        assert found.items > 0, f"{command}: nothing read from {place}"
+    elif place == "mlflow":
+        for kind in outcome.command.logs:
+            assert any(kind in where for where in found.read), f"{command}: no {kind} read"
+    elif place == "prefect":
+        for kind in ("flow run", "task run", "logs", "artifact"):
+            assert any(kind in where for where in found.read), f"{command}: no {kind} read"
     elif place == "files" and command not in READ_ONLY:
         assert found.items + len(found.skipped) > 0, f"{command} wrote no file"
+        for pattern in outcome.command.writes:
+            assert fnmatch.filter(found.read, pattern), f"{command}: no {pattern} read"
     elif place == "returned" and not _refused(outcome):
         assert outcome.returned, f"{command} returned nothing"
     assert not found.findings, (
