@@ -24,7 +24,8 @@ PREFECT_RUN_TAG = "dpfair.prefect_flow_run_id"
 #: two lanes in parallel (2 cores; more only makes them wait on each other), each one command
 #: after another, balanced by their times; a lane's later commands may use an earlier one's
 #: project (predict and results read what run logged)
-LANES = (("run", "predict", "results", "results --full", "retrain", "tune all_trials", "fit"),
+LANES = (("run", "predict", "results", "results --full", "retrain", "tune all_trials", "fit",
+          "train fitted"),
          ("dvc exp run", "train", "tune selected", "audit", "fit undeclared", "data prepare",
           "train with a planted leak"))
 _RELEASES: list[Release] = []

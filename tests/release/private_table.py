@@ -1,6 +1,6 @@
 """The private table the release test plants its markers in, and the markers themselves.
 
-A practitioner's CSV (``kind: table``, README "Your own data") of 1,203 loan applicants whose
+A practitioner's CSV (``kind: table``, README "Your own data") of 3,607 loan applicants whose
 every column a model may see is declared public (``numeric_ranges``, ``categories``), so no
 documented release holds a statistic of the rows. Planted in it:
 
@@ -26,7 +26,7 @@ import pandas as pd
 from dpfair.data.options import HoldoutOptions
 from dpfair.data.tabular_frame import split_index
 
-N_ROWS = 1203
+N_ROWS = 3607
 MARKER_VALUE = 73519.0625  # exact in float32 and float64
 MARKER_ID = "zqxmarker"
 MARKER_NOTE = "zqxnotemarker"
@@ -66,7 +66,7 @@ def frame(n: int = N_ROWS, seed: int = 7, planted: bool = True) -> pd.DataFrame:
         income[17], income[400] = MARKER_VALUE, EXTREME
     age = rng.integers(18, 80, n)
     job = rng.choice(["office", "craft", "care"], n)
-    sex = rng.choice(["f", "m"], n, p=[0.35, 0.65])
+    sex = rng.choice(["f", "m"], n, p=[0.4, 0.6])
     risk = (income < 50000) + (age < 30) + rng.normal(0, 0.5, n)
     ids = [f"c{i:05d}" for i in range(n)]
     note = ["" for _ in range(n)]
