@@ -136,6 +136,7 @@ def prefect_api() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def release(request, prefect_api, tmp_path_factory, repo_root):
     """Every command this module's selected tests name, run once."""
+    scan.know_code(repo_root)
     env = commands.environment(prefect_api)
     found = Release(tmp_path_factory.mktemp("release"), repo_root, env)
     found.run_all(_selected(request.session, request.path.name))

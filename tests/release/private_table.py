@@ -11,7 +11,7 @@ documented release holds a statistic of the rows. Planted in it:
   the markers are those statistics of the training rows (and of all rows, raw and clipped to
   the declared range), exactly as a fitted transform or a careless log would compute them;
 - exact row counts that README does not list as public: per group and per class of the
-  training and validation splits (split sizes and the test split's exact metrics are public:
+  training split (split sizes and the test split's exact metrics are public:
   README "What dpfair releases and what ε covers"; they are :func:`public_counts`).
 """
 
@@ -32,6 +32,8 @@ MARKER_ID = "zqxmarker"
 MARKER_NOTE = "zqxnotemarker"
 EXTREME = 987654.25
 INCOME_RANGE = (0.0, 200000.0)
+#: the smallest count that is a marker (the training split's per-group and per-class counts)
+MIN_COUNT = 1000
 NAME = "loans"
 #: the declaration (params.yaml's ``datasets.loans`` without its path): every feature public
 OPTIONS = {
@@ -106,7 +108,8 @@ def public_counts(table: pd.DataFrame) -> dict[str, int]:
 
 def markers(table: pd.DataFrame) -> Markers:
     """The markers of ``table`` (see the module docstring); counts equal to a public count or
-    below 100 are left out (a public number, or too common a token to be evidence)."""
+    below :data:`MIN_COUNT` are left out (a public number, or too common a token to be
+    evidence: a three-digit count met "126 bits" in dpfair's own docstrings)."""
     index = _index(table)
     income = table["income"].to_numpy(np.float64)
     clipped = np.clip(income, *INCOME_RANGE)
@@ -126,7 +129,7 @@ def markers(table: pd.DataFrame) -> Markers:
                 counts[f"{split} rows with {column}={value}"] = int(n)
         for (sex, label), n in part.groupby(["sex", "default"]).size().items():
             counts[f"{split} rows with sex={sex}, default={label}"] = int(n)
-    counts = {k: n for k, n in counts.items() if n >= 100 and n not in public}
+    counts = {k: n for k, n in counts.items() if n >= MIN_COUNT and n not in public}
     return Markers({"row id": MARKER_ID, "undeclared column's text": MARKER_NOTE}, floats,
                    counts)
 

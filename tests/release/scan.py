@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fnmatch
 import gzip
+import hashlib
 import io
 import os
 import re
@@ -52,9 +53,13 @@ ALLOWLIST = {
     "optuna.db": "the Optuna storage: private working state (K, every trial and score)",
     "*.ledger.PRIVATE.json": "the search's private ledger beside the Optuna storage",
     "data/prepared/*/arrays.npz": "the private data itself, prepared (DVC output, an input)",
+    "*__pycache__/*.pyc": "Python's bytecode of the project's code (its code, not a result)",
     ".dvc/cache/*": "DVC's cache: copies of the private data and of the outputs searched "
                     "in the work tree",
 }
+#: sha256 of every file of the project's code (dpfair, flows, tasks): a copy of one (a model's
+#: ``code_paths``, a git object of the code) is code, not a result (:func:`know_code`)
+CODE: set[str] = set()
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?!\w)")
 #: run ids, uuids and digests: hex, never numbers (masked before numbers are read)
 _HEX_ID = re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b"
@@ -90,6 +95,9 @@ class Scan:
         self.findings += _in_text(self.place, where, text, markers)
 
     def data(self, where: str, data: bytes, markers: Markers) -> None:
+        if hashlib.sha256(data).hexdigest() in CODE:
+            self.skipped.append(f"{where} (a copy of the project's code)")
+            return
         self.items += 1
         self.read.append(where)
         self.findings += _in_bytes(self.place, where, data, markers)
@@ -164,9 +172,14 @@ def _opened(data: bytes) -> Iterator[tuple[str, bytes]]:
             return
     elif data[:1] == b"\x78" and data[1:2] in (b"\x01", b"\x5e", b"\x9c", b"\xda"):
         try:
-            yield "!inflate", zlib.decompress(data)
+            inflated = zlib.decompress(data)
         except zlib.error:
             return
+        if inflated.startswith(b"blob "):  # a git object: its header, then the file
+            inflated = inflated[inflated.index(b"\0") + 1:]
+            if hashlib.sha256(inflated).hexdigest() in CODE:
+                return
+        yield "!inflate", inflated
 
 
 def _in_bytes(place: str, where: str, data: bytes, markers: Markers) -> list[Finding]:
@@ -192,6 +205,14 @@ def _in_bytes(place: str, where: str, data: bytes, markers: Markers) -> list[Fin
 
 
 # -- the places ---------------------------------------------------------------------------
+
+def know_code(repo_root: Path) -> None:
+    """Record the project's code (:data:`CODE`): its copies are skipped, by content."""
+    for package in ("dpfair", "flows", "tasks"):
+        CODE.update(hashlib.sha256(p.read_bytes()).hexdigest()
+                    for p in (repo_root / package).rglob("*")
+                    if p.is_file() and "__pycache__" not in p.parts)
+
 
 def allowed(relative: str) -> str | None:
     """The README reason a project file is private working state (None: search it)."""

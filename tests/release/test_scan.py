@@ -7,18 +7,19 @@ import io
 import json
 import pickle
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from tests.release import private_table
+from tests.release import private_table, scan
 from tests.release.private_table import Markers
 from tests.release.scan import Scan, allowed, scan_files
 
 MEAN = 52298.54132080926
-PLANTED_MARKERS = Markers({"id": "zqxmarker"}, {"mean": MEAN}, {"count": 575})
+PLANTED_MARKERS = Markers({"id": "zqxmarker"}, {"mean": MEAN}, {"count": 1575})
 
 
 def _found(text: str | bytes) -> set[str]:
@@ -40,7 +41,8 @@ def test_a_float_marker_is_found_printed_at_any_precision(text):
 
 @pytest.mark.parametrize("text", [
     f"{MEAN:.5g}", f"{MEAN + 1:.2f}", f"{MEAN:.0f}", "run 52298541320809263aa", "v52298.54",
-    "b7d3a575f" + "0" * 23, "12c4a575-aaaa-bbbb-cccc-000000000575", "0.575", "5750", "id575",
+    "b7d3a1575" + "0" * 23, "12c41575-aaaa-bbbb-cccc-000000001575", "0.1575", "15750",
+    "id1575",
 ], ids=lambda t: t[:24])
 def test_other_numbers_and_ids_are_not_markers(text):
     assert _found(f"x {text} y") == set()
@@ -54,9 +56,9 @@ def test_each_form_of_marker_is_found_in_binary_files():
     assert _found(b"\x00\xff" + "ZQXMarker".encode("utf-16-le") + b"\x00") == {"id"}
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
-        zipped.writestr("inner/log.txt", "rows of group f: 575\n")
+        zipped.writestr("inner/log.txt", "rows of group f: 1575\n")
     assert _found(archive.getvalue()) == {"count"}
-    assert _found(b"\x00\x9c\xff" * 40 + b" count 575 in a printable run \x00") == {"count"}
+    assert _found(b"\x00\x9c\xff" * 40 + b" count 1575 in a printable run \x00") == {"count"}
     assert _found(np.arange(1000, dtype=np.float64).tobytes()) == set()
 
 
@@ -79,11 +81,22 @@ def test_a_file_the_command_releases_is_searched_despite_the_allowlist(tmp_path)
     assert [f.where for f in released.findings] == ["s.ledger.PRIVATE.json"]
 
 
+def test_a_copy_of_the_projects_code_is_not_searched(tmp_path, repo_root, monkeypatch):
+    code = (repo_root / "dpfair" / "training" / "entropy.py").read_bytes()
+    monkeypatch.setattr(scan, "CODE", set())
+    scan.know_code(repo_root)
+    copied = Scan("test")
+    copied.data("model/code/entropy.py", code, PLANTED_MARKERS)
+    blob = zlib.compress(b"blob %d\0" % len(code) + code)
+    assert _found(blob + b"") == set() and copied.items == 0 and copied.skipped
+    assert _found(b"\x00" + code) == set()  # not a copy: searched (and holds no marker)
+
+
 def test_public_counts_are_not_markers():
     table = private_table.frame()
     counts = set(private_table.markers(table).counts.values())
     assert counts and not counts & set(private_table.public_counts(table).values())
-    assert min(counts) >= 100
+    assert min(counts) >= private_table.MIN_COUNT
 
 
 def test_the_markers_training_rows_are_the_loaders(tmp_path, monkeypatch):
