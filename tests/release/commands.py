@@ -144,8 +144,8 @@ COMMANDS = [
     # deviations (not covered by ε); nowhere else
     Command("train fitted", ("mlflow", "files", "stdout", "stderr"),
             ("train", "--method", "dpsgd", "--register"), logs=TRAINED, fitted=True,
-            documented=("mlflow:logged model * file/artifacts/preprocessor.json",
-                        "files:mlartifacts/*/artifacts/preprocessor.json")),
+            documented=("mlflow:logged model *preprocessor.json",
+                        "files:mlartifacts/*/preprocessor.json")),
     Command("tune selected", ("mlflow", "files", "stdout", "stderr"),
             ("tune", "--method", "dpsgd")),
     Command("tune all_trials", ("mlflow", "files", "stdout", "stderr"),

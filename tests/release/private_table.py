@@ -61,11 +61,12 @@ class Markers:
 
 def frame(n: int = N_ROWS, seed: int = 7, planted: bool = True) -> pd.DataFrame:
     """The private table: ids, three features, the protected ``sex``, the target ``default``
-    and an undeclared free-text column ``note`` (``planted``: with the markers)."""
+    and an undeclared free-text column ``note`` (``planted``: with the markers; the extreme
+    row is a training row whose label it leaves unchanged, so the split stays as it was)."""
     rng = np.random.default_rng(seed)
     income = rng.normal(52000, 9000, n).round(2)
     if planted:
-        income[17], income[400] = MARKER_VALUE, EXTREME
+        income[17] = MARKER_VALUE
     age = rng.integers(18, 80, n)
     job = rng.choice(["office", "craft", "care"], n)
     sex = rng.choice(["f", "m"], n, p=[0.4, 0.6])
@@ -74,9 +75,13 @@ def frame(n: int = N_ROWS, seed: int = 7, planted: bool = True) -> pd.DataFrame:
     note = ["" for _ in range(n)]
     if planted:
         ids[33], note[58] = MARKER_ID, MARKER_NOTE
-    return pd.DataFrame({"customer_id": ids, "income": income, "age": age, "job": job,
-                         "sex": sex, "default": np.where(risk > 1.0, "yes", "no"),
-                         "note": note})
+    table = pd.DataFrame({"customer_id": ids, "income": income, "age": age, "job": job,
+                          "sex": sex, "default": np.where(risk > 1.0, "yes", "no"),
+                          "note": note})
+    if planted:
+        extreme = next(i for i in _index(table)["train"] if i != 17 and income[i] >= 50000)
+        table.loc[extreme, "income"] = EXTREME
+    return table
 
 
 def new_rows(n: int = 40) -> pd.DataFrame:

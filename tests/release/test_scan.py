@@ -92,6 +92,14 @@ def test_a_copy_of_the_projects_code_is_not_searched(tmp_path, repo_root, monkey
     assert _found(b"\x00" + code) == set()  # not a copy: searched (and holds no marker)
 
 
+def test_the_extreme_row_is_a_training_row_that_moves_mean_and_deviation():
+    floats = private_table.markers(private_table.frame()).floats
+    raw, clipped = (floats[f"mean of income{w}, training rows"] for w in ("", " clipped"))
+    assert raw - clipped > 200  # the one row clipped to the range moves the mean by > 200
+    assert floats["std (ddof 0) of income, training rows"] > 2 * floats[
+        "std (ddof 0) of income clipped, training rows"]
+
+
 def test_public_counts_are_not_markers():
     table = private_table.frame()
     counts = set(private_table.markers(table).counts.values())
