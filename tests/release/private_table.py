@@ -55,9 +55,6 @@ class Markers:
     floats: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
 
-    def with_float(self, name: str, value: float) -> Markers:
-        return Markers(self.strings, {**self.floats, name: value}, self.counts)
-
 
 def frame(n: int = N_ROWS, seed: int = 7, planted: bool = True) -> pd.DataFrame:
     """The private table: ids, three features, the protected ``sex``, the target ``default``

@@ -16,7 +16,7 @@ import fnmatch
 import pytest
 
 from tests.release.commands import COMMANDS, PLANTED
-from tests.release.scan import flow_runs_between, report
+from tests.release.scan import PLACES, flow_runs_between, report
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,7 @@ READ_ONLY = {"results", "results --full"}
 def _cases() -> list:
     cases = []
     for command in COMMANDS:
+        assert set(command.places) <= set(PLACES), f"{command.name}: a place scan.py reads"
         for place in command.places:
             reason = KNOWN_LEAKS.get((command.name, place))
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
