@@ -57,7 +57,7 @@ def test_no_marker_of_the_private_table_leaves_through(release, command, place):
     elif place == "prefect":
         for kind in ("flow run", "task run", "logs", "artifact"):
             assert any(kind in where for where in found.read), f"{command}: no {kind} read"
-    elif place == "files" and command not in READ_ONLY:
+    elif place == "files" and command not in READ_ONLY and not _refused(outcome):
         assert found.items + len(found.skipped) > 0, f"{command} wrote no file"
         for pattern in outcome.command.writes:
             assert fnmatch.filter(found.read, pattern), f"{command}: no {pattern} read"
