@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from dpfair.cli.commands import app
 from dpfair.ledger import SourceLedger
 from tests.conftest import cli_in_a_fresh_python
+from tests.test_fail_fast import BASE as FAIL_FAST
 from tests.test_strict_predictions import census_frame
 
 MODELS = """
@@ -52,16 +53,9 @@ def no_parameters(input_shape, n_classes):
     return Constant(n_classes)
 """
 
+#: the census set-up of test_fail_fast, with a search space and a local tracking store
 BASE: dict[str, Any] = {
-    "datasets": {"census": {"kind": "table", "path": "census.csv", "target": "Income",
-                            "protected": "Nationality", "id_columns": ["person"],
-                            "categories": {"Activity": [1, 2, 3], "Gender": ["F", "M"]},
-                            "numeric_ranges": {"Hours": [0, 100]}}},
-    "experiment": {"dataset": "census", "model": {"name": "logistic_regression"},
-                   "train": {"epochs": 1, "batch_size": 16, "lr": 0.5, "sigma": 1.0,
-                             "delta": 1e-5, "progress": False},
-                   "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0],
-                   "nonprivate_reference": False},
+    **FAIL_FAST,
     "tuning": {"mode": "fixed", "n_runs": 2, "spaces": {"dpsgd": {"lr": [0.1, 0.5]}}},
     "tracking": {"uri": "sqlite:///mlflow.db", "artifact_root": "art"},
 }
