@@ -25,12 +25,13 @@ later log, tag or registry entry can publish the md5, which would be a membershi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event
 
+from dpfair.data.privacy_unit import PrivacyUnit
 from dpfair.errors import PrivacyError
 from dpfair.ledger.accounts import PROJECT_ACCOUNT, Account, account_of
 from dpfair.ledger.book import Release, SourceLedger, Spending
@@ -77,16 +78,19 @@ class DataVersion:
     public_id: str
     fingerprints: Fingerprints
     account: Account = PROJECT_ACCOUNT
-    unit: str = "one row"
+    unit: PrivacyUnit = field(default_factory=PrivacyUnit)
+    id_column: str | None = None
 
     def describe(self) -> str:
-        """What every ε of this data protects and who pays, as the commands print it."""
-        return f"every ε protects {self.unit}; charged to {self.account.describe()}"
+        """What every ε of this data protects and who pays, in words."""
+        return (f"every ε protects {self.unit.describe(self.id_column)}; charged to "
+                f"{self.account.describe()}")
 
     def tags(self) -> dict[str, str]:
-        """The data version, its privacy unit and account as the runs are tagged."""
-        return {"dpfair.data_version": self.public_id, "dpfair.privacy_unit": self.unit,
-                "dpfair.account": self.account.name}
+        """The data version, its privacy unit (``row`` or ``person``, and the rows one unit
+        may hold) and its account, as the runs are tagged (one token each)."""
+        return {"dpfair.data_version": self.public_id, "dpfair.privacy_unit": self.unit.unit,
+                "dpfair.rows_per_unit": str(self.unit.rows), "dpfair.account": self.account.name}
 
 
 class PrivacyGate:
@@ -115,9 +119,9 @@ class PrivacyGate:
         people = {} if known else dataset_fingerprints(secret, dataset, options)
         account = account_of(name, options, public, disjoint=self.budget.disjoint_from_previous,
                              command=command)
-        unit = getattr(options, "privacy_unit", None)
-        words = unit.describe(getattr(options, "id_column", None)) if unit else "one row"
-        return DataVersion(name, md5, public, people, account, words)
+        unit = getattr(options, "privacy_unit", None) or PrivacyUnit()
+        return DataVersion(name, md5, public, people, account, unit,
+                           getattr(options, "id_column", None))
 
     def public_id(self, source_md5: str) -> str:
         """The published id of the data version whose source md5 is ``source_md5``."""
