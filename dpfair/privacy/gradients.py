@@ -57,9 +57,9 @@ from dpfair.privacy.factors import cast_float, engine_budget, in_dtype, mask_row
 from dpfair.privacy.layer_dots import layer_dots
 from dpfair.privacy.layer_fallback import (
     LayerPlan,
-    batch_free_calls,
     output_tensors,
     plan_layers,
+    probe_calls,
     vmap_layer_grads,
 )
 from dpfair.privacy.layer_grads import LayerGrads, check_weight_factors, model_layer_grads
@@ -133,8 +133,15 @@ class PerSampleGradients(ABC):
         then takes a double backward)."""
         return None
 
-    def observe(self, private_grad: list[Tensor]) -> None:  # noqa: B027 - optional hook
-        """Told each step's released (noised) gradient; only DP-SAT's former uses it."""
+    def observe(self, private_grad: list[Tensor]) -> None:
+        """Told each step's released (noised) gradient as the step ends (only DP-SAT's former
+        keeps something of it); the step's per-sample state is let go (:meth:`release`), so
+        nothing but the parameters and their gradients is held between steps."""
+        self.release()
+
+    def release(self) -> None:  # noqa: B027 - engines holding no state need nothing here
+        """Drops what :meth:`compute` kept for :meth:`weighted_grad`; that needs
+        :meth:`compute` again."""
 
 
 # --------------------------------------------------------------------------- fast path
@@ -170,7 +177,8 @@ class GhostClipping(PerSampleGradients):
 
     def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
         self.clone_outputs, self.low_memory = clone_outputs, low_memory
-        self._held = 0  # bytes of the last step's layer output gradients
+        # bytes of layer output gradients per input element, from the plan's probe forward
+        self._held_per_input = 0.0
         self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
         self._normal = False  # whether the last factor path's overflow check passed
         self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
@@ -192,7 +200,8 @@ class GhostClipping(PerSampleGradients):
             every = list(model.parameters())
             self._plan_params = (every, [p.requires_grad for p in every])
             plan = plan_layers(model)
-            shared = batch_free_calls(model, plan, x)
+            shared, held = probe_calls(model, plan, x)
+            self._held_per_input = held / max(x[:1].numel(), 1)
             if shared:
                 log_once(
                     "per-sample gradients: materialised path, because "
@@ -250,7 +259,6 @@ class GhostClipping(PerSampleGradients):
         losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
-        self._held = sum(o.numel() * o.element_size() for o in targets)
         if sink is not None and len({id(c[0]) for c in calls}) == len(calls):
             del targets  # the outputs: held no longer than autograd holds them
             norms = sink.norms(losses, x.shape[0])
@@ -309,20 +317,32 @@ class GhostClipping(PerSampleGradients):
     def _low_memory(self, plan: LayerPlan, x: Tensor) -> bool:
         """Whether this step forms its norms inside the backward pass and its weighted sum by a
         second one (:mod:`dpfair.privacy.low_memory`): where ``low_memory`` says so, or
-        (``None``) where the last step's layer output gradients took more than
-        :func:`engine_budget`; never for a model with fallback layers, in-place activations or a
-        subclass's second pass, nor under autocast (the second backward would run in bfloat16,
-        not at the norms' precision)."""
+        (``None``) where the layers' output gradients would take more than
+        :func:`engine_budget`, as the plan's one-sample probe forward measured them
+        (:func:`probe_calls`) scaled to this batch: decided from the model and the batch shape
+        before the forward, so a run's first step takes the path its later steps take; never
+        for a model with fallback layers, in-place activations or a subclass's second pass, nor
+        under autocast (the second backward would run in bfloat16, not at the norms'
+        precision)."""
         if self.low_memory is False or self.keeps_calls or self.clone_outputs or plan.slow:
             return False
         if torch.is_autocast_enabled(x.device.type):
             return False
-        return bool(self.low_memory) or self._held > engine_budget(x.device)
+        held = self._held_per_input * x.numel()
+        return bool(self.low_memory) or held > engine_budget(x.device)
 
     def _whole_model(self) -> Materialized | None:
         """The materialised engine serving the whole model, where some layer runs without the
-        batch axis (found once per model by :func:`batch_free_calls`)."""
+        batch axis (found once per model by :func:`probe_calls`)."""
         return None if self._plan is None else self._plan[2]
+
+    def release(self) -> None:
+        """Drops the step's per-sample state: the layers' factors, the retained graph of the
+        low-memory path and the captured calls."""
+        self._layers, self._graph, self._calls = [], None, {}
+        whole = self._whole_model()
+        if whole is not None:
+            whole.release()
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         summed = [torch.zeros_like(p) for p in self._params]
@@ -415,6 +435,9 @@ class Materialized(PerSampleGradients):
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         keep = weights != 0
         return [torch.tensordot(weights.to(g.dtype), mask_rows(g, keep), 1) for g in self._grads]
+
+    def release(self) -> None:
+        self._grads = []
 
     def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
         return torch.stack(
