@@ -437,11 +437,11 @@ def kernel_count(events: list) -> int:
     return sum(count(e) for e in events if e.cpu_parent is None)
 
 
-def allocator_records(prof: profile) -> tuple[int, int]:
-    """(peak, end): the bytes allocated above the profiled block's start at their peak and at
-    its end, from the CPU allocator's own records (``profile_memory``: each allocation and
-    free with the allocator's running total, in order; a tensor allocated before the block and
-    freed in it is not in the total, so the figures are an upper bound, alike for every arm)."""
+def allocator_records(prof: profile) -> tuple[int, int, int]:
+    """(start, peak, end): the bytes allocated at the profiled block's start, at their peak
+    and at its end, from the CPU allocator's own records (``profile_memory``: each allocation
+    and free with the allocator's running total, in order). The total is the allocator's
+    over the process, so blocks profiled one after the other share one scale."""
     from torch._C._profiler import _EventType
 
     records: list[tuple[int, int, int]] = []
@@ -456,10 +456,9 @@ def allocator_records(prof: profile) -> tuple[int, int]:
     for root in prof.profiler.kineto_results.experimental_event_tree():
         walk(root)
     if not records:
-        return 0, 0
+        return 0, 0, 0
     records.sort()
-    base = records[0][2] - records[0][1]
-    return max(r[2] for r in records) - base, records[-1][2] - base
+    return records[0][2] - records[0][1], max(r[2] for r in records), records[-1][2]
 
 
 def measure_memory(setting: Setting, label: str, device: torch.device, seed: int) -> dict:
@@ -469,12 +468,14 @@ def measure_memory(setting: Setting, label: str, device: torch.device, seed: int
     :func:`allocator_records` from each profiled step, and the peak resident set of the
     second (VmHWM, reset through /proc/self/clear_refs just before; ``ru_maxrss`` would carry
     the parent's peak across exec) with its rise over the set before. ``allocated_mb`` is the
-    larger of the two steps' peaks (the first step included); ``held_mb`` what the first step
-    leaves allocated (gradients, optimizer state and whatever the arm keeps between steps)."""
+    larger of the two steps' peaks (the first step included), both above the allocation at
+    the first step's start; ``held_mb`` what the first step leaves allocated (gradients,
+    optimizer state and whatever the arm keeps between steps)."""
     setting = dataclasses.replace(setting, batch=setting.memory_batch or setting.batch)
     arm = dict(arm_factories(setting, device, seed)[0])[label]()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     got: list[dict[str, float]] = []
+    start: float | None = None  # MB allocated when the first step starts
     for _ in range(2):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -488,18 +489,20 @@ def measure_memory(setting: Setting, label: str, device: torch.device, seed: int
             _sync(device)
         events = list(prof.events())
         if device.type == "cuda":
+            start = before if start is None else start
             peak = torch.cuda.max_memory_allocated(device) / 2**20
             end = torch.cuda.memory_allocated(device) / 2**20
             got.append({
                 "kernels": sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events),
-                "allocated_mb": peak - before, "held_mb": end - before,
+                "allocated_mb": peak - start, "held_mb": end - start,
                 "peak_mb": peak, "rise_mb": peak - before,
             })
         else:
-            top, end_bytes = allocator_records(prof)
+            began, top, end_bytes = (b / 2**20 for b in allocator_records(prof))
+            start = began if start is None else start
             rss = _status_mb("VmHWM")
-            got.append({"kernels": kernel_count(events), "allocated_mb": top / 2**20,
-                         "held_mb": end_bytes / 2**20, "peak_mb": rss, "rise_mb": rss - before})
+            got.append({"kernels": kernel_count(events), "allocated_mb": top - start,
+                         "held_mb": end_bytes - start, "peak_mb": rss, "rise_mb": rss - before})
     first, later = got
     return {**later, "first_mb": first["allocated_mb"], "later_mb": later["allocated_mb"],
             "allocated_mb": max(first["allocated_mb"], later["allocated_mb"]),

@@ -18,9 +18,12 @@ Two implementations of one interface:
   gradients are materialised from the same captured input and output gradient. Any other
   layer with trainable parameters is materialised alone, by vmap of that layer
   (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer. Where the
-  layers' output gradients would not fit the memory budget, the norms are formed inside the
-  backward pass, one layer's output gradient at a time, and the weighted sum by a second
-  backward (:mod:`dpfair.privacy.low_memory`).
+  layers' output gradients would not fit the memory budget (known before the first step from
+  a one-sample probe forward), the norms are formed inside the backward pass, one layer's
+  output gradient at a time; the layers nearest the input keep their factors within the
+  budget, and the others' share of the weighted sum takes a second backward
+  (:mod:`dpfair.privacy.low_memory`). The step's state is released as the step ends
+  (:meth:`PerSampleGradients.release`).
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
   every per-sample gradient; it serves BAM where its fast ascent does not
   (:mod:`dpfair.privacy.ascent`), models whose parameters are shared between modules, and
@@ -180,6 +183,7 @@ class GhostClipping(PerSampleGradients):
         # bytes of layer output gradients per input element, from the plan's probe forward
         self._held_per_input = 0.0
         self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
+        self._rest: list[int] = []  # the parameters (indices) whose sum takes that graph
         self._normal = False  # whether the last factor path's overflow check passed
         self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers: list[LayerGrads] = []
@@ -231,8 +235,9 @@ class GhostClipping(PerSampleGradients):
         self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
-        sink = NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
-            plan, x) else None
+        budget = engine_budget(x.device)
+        sink = NormSink(calls, self._params[0].dtype, x.device, budget) if self._low_memory(
+            plan, x, budget) else None
         rng = rng_state(x.device) if sink is not None else None
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -263,7 +268,10 @@ class GhostClipping(PerSampleGradients):
             del targets  # the outputs: held no longer than autograd holds them
             norms = sink.norms(losses, x.shape[0])
             if norms is not None:
-                self._graph, self._all_finite = losses, True
+                self._layers, self._all_finite = sink.kept, True
+                kept = sink.kept_params
+                self._rest = [i for i, p in enumerate(self._params) if id(p) not in kept]
+                self._graph = losses if sink.second and self._rest else None
                 return norms
             with torch.random.fork_rng(devices=cuda_devices(x.device)):  # as the first forward drew
                 set_rng_state(rng, x.device)  # type: ignore[arg-type]
@@ -314,11 +322,11 @@ class GhostClipping(PerSampleGradients):
         self._all_finite = math.isfinite(norms.sum())
         return norms
 
-    def _low_memory(self, plan: LayerPlan, x: Tensor) -> bool:
+    def _low_memory(self, plan: LayerPlan, x: Tensor, budget: int) -> bool:
         """Whether this step forms its norms inside the backward pass and its weighted sum by a
         second one (:mod:`dpfair.privacy.low_memory`): where ``low_memory`` says so, or
         (``None``) where the layers' output gradients would take more than
-        :func:`engine_budget`, as the plan's one-sample probe forward measured them
+        ``budget`` (:func:`engine_budget`), as the plan's one-sample probe forward measured them
         (:func:`probe_calls`) scaled to this batch: decided from the model and the batch shape
         before the forward, so a run's first step takes the path its later steps take; never
         for a model with fallback layers, in-place activations or a subclass's second pass, nor
@@ -329,7 +337,7 @@ class GhostClipping(PerSampleGradients):
         if torch.is_autocast_enabled(x.device.type):
             return False
         held = self._held_per_input * x.numel()
-        return bool(self.low_memory) or held > engine_budget(x.device)
+        return bool(self.low_memory) or held > budget
 
     def _whole_model(self) -> Materialized | None:
         """The materialised engine serving the whole model, where some layer runs without the
@@ -354,15 +362,14 @@ class GhostClipping(PerSampleGradients):
         if whole is not None:
             whole.add_weighted_grad(weights, into)
             return
-        if self._graph is not None:  # one more backward, through the retained graph
+        if self._graph is not None:  # the layers without factors: through the retained graph
             grads = torch.autograd.grad(
-                self._graph, self._params, in_dtype(weights, self._graph.dtype),
-                retain_graph=True, allow_unused=True,
+                self._graph, [self._params[i] for i in self._rest],
+                in_dtype(weights, self._graph.dtype), retain_graph=True, allow_unused=True,
             )
-            pairs = [(o, g) for o, g in zip(into, grads, strict=True) if g is not None]
+            pairs = [(into[i], g) for i, g in zip(self._rest, grads, strict=True) if g is not None]
             if pairs:
                 torch._foreach_add_([o for o, _ in pairs], [g for _, g in pairs])
-            return
         keep = None if self._all_finite else weights != 0
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:

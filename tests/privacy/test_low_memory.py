@@ -70,28 +70,44 @@ def _agree(engine, model, x, y) -> None:
         torch.testing.assert_close(g, s + w, atol=TOL, rtol=TOL)
 
 
-def test_low_memory_path_agrees_with_the_materialised_one(nets):
-    for model, shape, classes in _models(nets):
-        x, y, _ = nets.batch(shape, classes, b=5)
-        engine = GhostClipping(low_memory=True)
-        _agree(engine, model, x, y)
-        assert engine._graph is not None  # it took the low-memory path
+@pytest.mark.parametrize("kept", ["none", "some", "all"])
+def test_low_memory_path_agrees_with_the_materialised_one(kept, nets, monkeypatch):
+    """The layers nearest the input whose output gradients fit the budget keep their factors
+    (book-keeping); the others' share of the sum comes from a second backward for their
+    parameters alone; every split gives the reference's norms and sum."""
     torch.manual_seed(0)
     tokens = nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 2))
     ids = torch.randint(0, 10, (5, 3), generator=torch.Generator().manual_seed(2))
-    _agree(GhostClipping(low_memory=True), tokens.to(DTYPE), ids, ids[:, 0] % 2)
+    cases = [(model, *nets.batch(shape, classes, b=5)[:2]) for model, shape, classes in
+             _models(nets)] + [(tokens.to(DTYPE), ids, ids[:, 0] % 2)]
+    for model, x, y in cases:
+        plan = plan_layers(model)
+        out = plan.fast[0](x)  # the first layer's output: its gradient's bytes
+        first = out.numel() * out.element_size()
+        budget = {"none": 0, "some": first, "all": 1 << 40}[kept]  # "some": that layer alone
+        monkeypatch.setattr(gradients_module, "engine_budget", lambda device, b=budget: b)
+        engine = GhostClipping(low_memory=True)
+        _agree(engine, model, x, y)
+        n_kept, n_layers = len(engine._layers), len(plan.fast)
+        if kept == "all":
+            assert engine._graph is None and n_kept == n_layers  # no second backward
+        else:  # a second backward, for the other layers' parameters only
+            assert engine._graph is not None
+            assert (n_kept == 0) if kept == "none" else (0 < n_kept < n_layers)
+            assert len(engine._rest) < len(engine._params) or kept == "none"
 
 
 @pytest.mark.parametrize("kind", ["nan", "huge"])
-def test_low_memory_path_replays_on_the_factor_path(kind, nets):
+def test_low_memory_path_replays_on_the_factor_path(kind, nets, monkeypatch):
     """A NaN input (a non-finite norm) or a factor whose square overflows (the Linear's
     input 1e200 with a zero output gradient) sends the step to the factor path."""
     model = nets.mlp(width=16)
     x, y, _ = nets.batch((12,), 2, b=4)
     x[1, 0] = float("nan") if kind == "nan" else 1e200
+    monkeypatch.setattr(gradients_module, "engine_budget", lambda device: 0)  # nothing kept
     engine = GhostClipping(low_memory=True)
     _agree(engine, model, x, y)
-    assert engine._graph is None
+    assert engine._graph is None  # the factor path
 
 
 def test_the_replay_draws_the_same_dropout_masks(nets):
@@ -183,8 +199,8 @@ def test_the_first_step_takes_the_path_of_the_later_ones_and_nothing_is_held(
     engine, paths = step.engine, []
     decide = engine._low_memory
 
-    def spy(plan, x):
-        paths.append(decide(plan, x))
+    def spy(plan, x, budget):
+        paths.append(decide(plan, x, budget))
         return paths[-1]
 
     monkeypatch.setattr(engine, "_low_memory", spy)
