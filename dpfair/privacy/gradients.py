@@ -242,6 +242,10 @@ class GhostClipping(PerSampleGradients):
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             outs = output_tensors(output)
+            if sink is not None:  # their shapes only: an output is not held past its last use
+                # (the tap's output cannot be modified in place: autograd forbids it on a view
+                # made inside a custom Function, so no version check is needed)
+                outs = [torch.empty_like(o, device="meta") for o in outs]
             calls.append((
                 module, tuple(_detached(a) for a in args),
                 {k: _detached(v) for k, v in kwargs.items()}, outs, [o._version for o in outs],
@@ -264,9 +268,10 @@ class GhostClipping(PerSampleGradients):
         losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
-        if sink is not None and len({id(c[0]) for c in calls}) == len(calls):
-            del targets  # the outputs: held no longer than autograd holds them
-            norms = sink.norms(losses, x.shape[0])
+        if sink is not None:  # a layer called twice: the factor path, on a replay
+            del targets
+            unique = len({id(c[0]) for c in calls}) == len(calls)
+            norms = sink.norms(losses, x.shape[0]) if unique else None
             if norms is not None:
                 self._layers, self._all_finite = sink.kept, True
                 kept = sink.kept_params
