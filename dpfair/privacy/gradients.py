@@ -18,12 +18,9 @@ Two implementations of one interface:
   gradients are materialised from the same captured input and output gradient. Any other
   layer with trainable parameters is materialised alone, by vmap of that layer
   (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer. Where the
-  layers' output gradients would not fit the memory budget (known before the first step from
-  a one-sample probe forward), the norms are formed inside the backward pass, one layer's
-  output gradient at a time; the layers nearest the input keep their factors within the
-  budget, and the others' share of the weighted sum takes a second backward
-  (:mod:`dpfair.privacy.low_memory`). The step's state is released as the step ends
-  (:meth:`PerSampleGradients.release`).
+  layers' output gradients would not fit the memory budget, the norms are formed inside the
+  backward pass, and the weighted sum partly by a second backward
+  (:mod:`dpfair.privacy.low_memory`).
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
   every per-sample gradient; it serves BAM where its fast ascent does not
   (:mod:`dpfair.privacy.ascent`), models whose parameters are shared between modules, and
@@ -137,14 +134,12 @@ class PerSampleGradients(ABC):
         return None
 
     def observe(self, private_grad: list[Tensor]) -> None:
-        """Told each step's released (noised) gradient as the step ends (only DP-SAT's former
-        keeps something of it); the step's per-sample state is let go (:meth:`release`), so
-        nothing but the parameters and their gradients is held between steps."""
+        """Told each step's released (noised) gradient as the step ends (DP-SAT's former keeps
+        it); the step's per-sample state is let go (:meth:`release`)."""
         self.release()
 
     def release(self) -> None:  # noqa: B027 - engines holding no state need nothing here
-        """Drops what :meth:`compute` kept for :meth:`weighted_grad`; that needs
-        :meth:`compute` again."""
+        """Drops what :meth:`compute` kept for :meth:`weighted_grad`."""
 
 
 # --------------------------------------------------------------------------- fast path
@@ -180,8 +175,7 @@ class GhostClipping(PerSampleGradients):
 
     def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
         self.clone_outputs, self.low_memory = clone_outputs, low_memory
-        # bytes of layer output gradients per input element, from the plan's probe forward
-        self._held_per_input = 0.0
+        self._held_per_input = 0.0  # bytes of layer output gradients per input element
         self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
         self._rest: list[int] = []  # the parameters (indices) whose sum takes that graph
         self._normal = False  # whether the last factor path's overflow check passed
@@ -242,9 +236,7 @@ class GhostClipping(PerSampleGradients):
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             outs = output_tensors(output)
-            if sink is not None:  # their shapes only: an output is not held past its last use
-                # (the tap's output cannot be modified in place: autograd forbids it on a view
-                # made inside a custom Function, so no version check is needed)
+            if sink is not None:  # shapes only (autograd forbids in-place changes of a tap)
                 outs = [torch.empty_like(o, device="meta") for o in outs]
             calls.append((
                 module, tuple(_detached(a) for a in args),
@@ -269,13 +261,11 @@ class GhostClipping(PerSampleGradients):
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
         if sink is not None:  # a layer called twice: the factor path, on a replay
-            del targets
             unique = len({id(c[0]) for c in calls}) == len(calls)
             norms = sink.norms(losses, x.shape[0]) if unique else None
             if norms is not None:
-                self._layers, self._all_finite = sink.kept, True
-                kept = sink.kept_params
-                self._rest = [i for i, p in enumerate(self._params) if id(p) not in kept]
+                self._layers, self._all_finite = sink.layers, True
+                self._rest = [i for i, p in enumerate(self._params) if id(p) not in sink.kept]
                 self._graph = losses if sink.second and self._rest else None
                 return norms
             with torch.random.fork_rng(devices=cuda_devices(x.device)):  # as the first forward drew
@@ -330,13 +320,11 @@ class GhostClipping(PerSampleGradients):
     def _low_memory(self, plan: LayerPlan, x: Tensor, budget: int) -> bool:
         """Whether this step forms its norms inside the backward pass and its weighted sum by a
         second one (:mod:`dpfair.privacy.low_memory`): where ``low_memory`` says so, or
-        (``None``) where the layers' output gradients would take more than
-        ``budget`` (:func:`engine_budget`), as the plan's one-sample probe forward measured them
-        (:func:`probe_calls`) scaled to this batch: decided from the model and the batch shape
-        before the forward, so a run's first step takes the path its later steps take; never
-        for a model with fallback layers, in-place activations or a subclass's second pass, nor
-        under autocast (the second backward would run in bfloat16, not at the norms'
-        precision)."""
+        (``None``) where the layers' output gradients would take more than ``budget``, as the
+        plan's one-sample probe (:func:`probe_calls`) measured them, scaled to this batch: so a
+        run's first step takes its later steps' path; never for a model with fallback layers,
+        in-place activations or a subclass's second pass, nor under autocast (the second
+        backward would run in bfloat16, not at the norms' precision)."""
         if self.low_memory is False or self.keeps_calls or self.clone_outputs or plan.slow:
             return False
         if torch.is_autocast_enabled(x.device.type):
@@ -349,9 +337,7 @@ class GhostClipping(PerSampleGradients):
         batch axis (found once per model by :func:`probe_calls`)."""
         return None if self._plan is None else self._plan[2]
 
-    def release(self) -> None:
-        """Drops the step's per-sample state: the layers' factors, the retained graph of the
-        low-memory path and the captured calls."""
+    def release(self) -> None:  # the factors, the retained graph, the captured calls
         self._layers, self._graph, self._calls = [], None, {}
         whole = self._whole_model()
         if whole is not None:
@@ -379,7 +365,6 @@ class GhostClipping(PerSampleGradients):
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
             layer.add_weighted(weights, keep, targets)
-
 
     def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
         """From each layer's kept factors (:func:`dpfair.privacy.layer_dots.layer_dots`);

@@ -484,13 +484,10 @@ def layer_grads(
 LayerGrads = DenseGrads | SequenceGrads | ConvGrads | EmbeddingGrads | PerSampleLayer
 
 
-def tap_layer_grads(
-    module: nn.Module, a: Tensor, d: Tensor, budget: int
-) -> tuple[LayerGrads, list[Tensor]]:
-    """A layer called once, from its raw factors (no rescaling): its per-sample gradients in
-    factored form (squared norms and weighted sum), and the squared norms of its weight
-    factors, which must all be normal numbers (:func:`all_normal`) for those to be exact
-    (:func:`balance_factors`)."""
+def tap_layer_grads(module: nn.Module, a: Tensor, d: Tensor, budget: int) -> tuple:
+    """A layer called once, from its raw factors (no rescaling): its :data:`LayerGrads`, and a
+    list of the squared norms of its weight factors, which must all be normal numbers
+    (:func:`all_normal`) for its norms to be exact (:func:`balance_factors`)."""
     calls = [(a, d)]
     if _is_dense(module, calls):
         trained = module.weight.requires_grad

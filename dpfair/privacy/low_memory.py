@@ -43,7 +43,7 @@ class Tap(torch.autograd.Function):
 class NormSink:
     """The low-memory path's first backward: each fast layer's squared norms are formed as its
     output gradient arrives (:func:`dpfair.privacy.layer_grads.tap_layer_grads`); the layers
-    in ``kept`` (a prefix of the calls, nearest the input, module docstring) keep their factors
+    in ``keep`` (a prefix of the calls, nearest the input, module docstring) keep their factors
     for the weighted sum, every other layer's output gradient is dropped, so the held output
     gradients stay within the budget. The factors are not rescaled here: :meth:`norms`
     returns ``None`` where a factor's squared norm is not a normal number or a norm is not
@@ -61,8 +61,8 @@ class NormSink:
         #: whether some layer keeps no factors, so the weighted sum takes a second backward
         #: (and the first retains the graph); set by :meth:`norms`
         self.second = True
-        self.kept: list[LayerGrads] = []
-        self.kept_params: set[int] = set()  # ids of the parameters the kept layers own
+        self.layers: list[LayerGrads] = []  # the kept layers' factors
+        self.kept: set[int] = set()  # ids of the parameters the kept layers own
         self.squares: list[Tensor] = []
         self.checked: list[Tensor] = []
 
@@ -75,8 +75,8 @@ class NormSink:
             self.squares.append(layer.sq_norms())
             self.checked += checked
             if index in self.keep:
-                self.kept.append(layer)
-                self.kept_params |= {id(p) for p in module.parameters(recurse=False)}
+                self.layers.append(layer)
+                self.kept |= {id(p) for p in module.parameters(recurse=False)}
 
     def _choose_kept(self) -> None:
         """The longest prefix of the calls (forward order: nearest the input first) whose
