@@ -21,7 +21,7 @@ from dpfair.privacy.layer_grads import layer_grads
 from dpfair.privacy.methods.dpsgd import Dpsgd
 from dpfair.privacy.step import PrivateStep, per_sample_cross_entropy
 
-TOL = 1e-5
+TOL = 1e-12
 DTYPE = torch.float64
 
 
