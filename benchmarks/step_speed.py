@@ -437,49 +437,76 @@ def kernel_count(events: list) -> int:
     return sum(count(e) for e in events if e.cpu_parent is None)
 
 
-def peak_allocated(events: list) -> int:
-    """Peak bytes allocated by the tensors of a profiled CPU step above its start, op by op:
-    each op's own allocations and frees (``profile_memory``) and those between ops, in order."""
-    current = peak = 0
-    for event in sorted(events, key=lambda e: e.time_range.start):
-        current += (
-            event.cpu_memory_usage if event.name == "[memory]" else event.self_cpu_memory_usage
-        )
-        peak = max(peak, current)
-    return peak
+def allocator_records(prof: profile) -> tuple[int, int, int]:
+    """(start, peak, end): the bytes allocated at the profiled block's start, at their peak
+    and at its end, from the CPU allocator's own records (``profile_memory``: each allocation
+    and free with the allocator's running total, in order). The total is the allocator's
+    over the process, so blocks profiled one after the other share one scale."""
+    from torch._C._profiler import _EventType
+
+    records: list[tuple[int, int, int]] = []
+
+    def walk(event: Any) -> None:
+        if event.tag == _EventType.Allocation:
+            fields = event.extra_fields
+            records.append((event.start_time_ns, fields.alloc_size, fields.total_allocated))
+        for child in event.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    if not records:
+        return 0, 0, 0
+    records.sort()
+    return records[0][2] - records[0][1], max(r[2] for r in records), records[-1][2]
 
 
 def measure_memory(setting: Setting, label: str, device: torch.device, seed: int) -> dict:
-    """Kernels and peak memory of one step of one arm, after a warm-up step, in this (fresh)
+    """Kernels and peak memory of one arm's first step and of its second, in this (fresh)
     process, at the setting's ``memory_batch``: on CUDA the kernels launched and the maximum
-    allocated; on the CPU :func:`kernel_count` and :func:`peak_allocated` from one profiled
-    step, and the peak resident set (VmHWM, reset through /proc/self/clear_refs just before;
-    ``ru_maxrss`` would carry the parent's peak across exec) with its rise over the set before.
-    The arm's state from the warm-up step (the engine's retained factors or graph) counts in
-    the resident set, not in the allocated peak."""
+    allocated (``torch.cuda.max_memory_allocated``); on the CPU :func:`kernel_count` and
+    :func:`allocator_records` from each profiled step, and the peak resident set of the
+    second (VmHWM, reset through /proc/self/clear_refs just before; ``ru_maxrss`` would carry
+    the parent's peak across exec) with its rise over the set before. ``allocated_mb`` is the
+    larger of the two steps' peaks (the first step included), both above the allocation at
+    the first step's start; ``held_mb`` what the first step leaves allocated (gradients,
+    optimizer state and whatever the arm keeps between steps)."""
     setting = dataclasses.replace(setting, batch=setting.memory_batch or setting.batch)
     arm = dict(arm_factories(setting, device, seed)[0])[label]()
-    arm.step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device) / 2**20
-    else:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-        before = _status_mb("VmRSS")
-    with profile(activities=activities, profile_memory=device.type == "cpu") as prof:
-        arm.step()
-        _sync(device)
-    events = list(prof.events())
-    if device.type == "cuda":
-        kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-        return {"kernels": kernels, "allocated_mb": peak - before, "peak_mb": peak,
-                "rise_mb": peak - before}
-    peak = _status_mb("VmHWM")
-    return {"kernels": kernel_count(events), "allocated_mb": peak_allocated(events) / 2**20,
-            "peak_mb": peak, "rise_mb": peak - before}
+    got: list[dict[str, float]] = []
+    start: float | None = None  # MB allocated when the first step starts
+    for _ in range(2):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device) / 2**20
+        else:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+            before = _status_mb("VmRSS")
+        with profile(activities=activities, profile_memory=device.type == "cpu") as prof:
+            arm.step()
+            _sync(device)
+        events = list(prof.events())
+        if device.type == "cuda":
+            start = before if start is None else start
+            peak = torch.cuda.max_memory_allocated(device) / 2**20
+            end = torch.cuda.memory_allocated(device) / 2**20
+            got.append({
+                "kernels": sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events),
+                "allocated_mb": peak - start, "held_mb": end - start,
+                "peak_mb": peak, "rise_mb": peak - before,
+            })
+        else:
+            began, top, end_bytes = (b / 2**20 for b in allocator_records(prof))
+            start = began if start is None else start
+            rss = _status_mb("VmHWM")
+            got.append({"kernels": kernel_count(events), "allocated_mb": top - start,
+                         "held_mb": end_bytes - start, "peak_mb": rss, "rise_mb": rss - before})
+    first, later = got
+    return {**later, "first_mb": first["allocated_mb"], "later_mb": later["allocated_mb"],
+            "allocated_mb": max(first["allocated_mb"], later["allocated_mb"]),
+            "held_mb": first["held_mb"]}
 
 
 def memory_column(index: int, labels: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -571,7 +598,8 @@ def table(
     plain = by[PLAIN].median
     hooks = by[OPACUS].median if OPACUS in by else math.nan
     mem_head, mem_rule = (
-        " kernels / step | peak allocated (MB) | peak RSS, MB: rise (total) |", "---:|---:|---:|"
+        " kernels / step | peak allocated, MB: step 1 / step 2 | held after step 1 (MB) "
+        "| peak RSS, MB: rise (total) |", "---:|---:|---:|---:|"
     ) if memory else ("", "")
     lines = [
         "| arm | median step (ms) | IQR (ms) | × plain SGD | Opacus hooks ÷ arm | steps / block |"
@@ -617,16 +645,19 @@ def table(
 def _memory_cells(got: Any) -> str:
     """The kernel and memory cells of one arm (:func:`measure_memory`)."""
     if not isinstance(got, dict):
-        return "n/a | n/a | n/a"
-    return (f"{got['kernels']} | {got['allocated_mb']:.0f} | {got['rise_mb']:.0f} "
-            f"({got['peak_mb']:.0f})")
+        return "n/a | n/a | n/a | n/a"
+    return (f"{got['kernels']} | {got['first_mb']:.0f} / {got['later_mb']:.0f} | "
+            f"{got['held_mb']:.0f} | {got['rise_mb']:.0f} ({got['peak_mb']:.0f})")
 
 
 MEMORY_NOTE = (
-    "kernels: aten ops doing work in one profiled step (views and allocations left out, a "
-    "composite op counted by its parts); peak allocated: the tensors' bytes at their peak over "
-    "the step, op by op from torch.profiler's memory events; peak RSS: VmHWM reset just "
-    "before the step (the allocator may keep freed pages)"
+    "kernels: aten ops doing work in the second profiled step (views and allocations left out, "
+    "a composite op counted by its parts); peak allocated: the bytes allocated above the "
+    "step's start at their peak, from the CPU allocator's own records (each allocation and "
+    "free with its running total, torch.profiler's profile_memory), for a fresh process's "
+    "first step and its second (the larger is the arm's figure); held after step 1: what "
+    "that step leaves allocated; peak RSS: VmHWM reset just before the second step (the "
+    "allocator may keep freed pages)"
 )
 ARCH_HEAD = (
     "| setting | dpsgd ÷ plain | Opacus hooks ÷ plain | Opacus ghost ÷ plain "

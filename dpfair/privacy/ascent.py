@@ -394,7 +394,11 @@ class SharedAscent(PerSampleGradients):
     def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
         self.inner.add_weighted_grad(weights, into)
 
+    def release(self) -> None:
+        self.inner.release()
+
     def observe(self, private_grad: list[Tensor]) -> None:
+        self.inner.observe(private_grad)
         norm = global_norm(private_grad)
         if torch.isfinite(norm) and norm > 0:
             self.direction = [(self.rho / norm) * g.detach() for g in private_grad]

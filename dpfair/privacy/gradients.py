@@ -19,8 +19,8 @@ Two implementations of one interface:
   layer with trainable parameters is materialised alone, by vmap of that layer
   (:mod:`dpfair.privacy.layer_fallback`): a model falls back layer by layer. Where the
   layers' output gradients would not fit the memory budget, the norms are formed inside the
-  backward pass, one layer's output gradient at a time, and the weighted sum by a second
-  backward (:mod:`dpfair.privacy.low_memory`).
+  backward pass, and the weighted sum partly by a second backward
+  (:mod:`dpfair.privacy.low_memory`).
 * :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
   every per-sample gradient; it serves BAM where its fast ascent does not
   (:mod:`dpfair.privacy.ascent`), models whose parameters are shared between modules, and
@@ -57,9 +57,9 @@ from dpfair.privacy.factors import cast_float, engine_budget, in_dtype, mask_row
 from dpfair.privacy.layer_dots import layer_dots
 from dpfair.privacy.layer_fallback import (
     LayerPlan,
-    batch_free_calls,
     output_tensors,
     plan_layers,
+    probe_calls,
     vmap_layer_grads,
 )
 from dpfair.privacy.layer_grads import LayerGrads, check_weight_factors, model_layer_grads
@@ -133,8 +133,13 @@ class PerSampleGradients(ABC):
         then takes a double backward)."""
         return None
 
-    def observe(self, private_grad: list[Tensor]) -> None:  # noqa: B027 - optional hook
-        """Told each step's released (noised) gradient; only DP-SAT's former uses it."""
+    def observe(self, private_grad: list[Tensor]) -> None:
+        """Told each step's released (noised) gradient as the step ends (DP-SAT's former keeps
+        it); the step's per-sample state is let go (:meth:`release`)."""
+        self.release()
+
+    def release(self) -> None:  # noqa: B027 - engines holding no state need nothing here
+        """Drops what :meth:`compute` kept for :meth:`weighted_grad`."""
 
 
 # --------------------------------------------------------------------------- fast path
@@ -170,8 +175,9 @@ class GhostClipping(PerSampleGradients):
 
     def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
         self.clone_outputs, self.low_memory = clone_outputs, low_memory
-        self._held = 0  # bytes of the last step's layer output gradients
+        self._held_per_input = 0.0  # bytes of layer output gradients per input element
         self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
+        self._rest: list[int] = []  # the parameters (indices) whose sum takes that graph
         self._normal = False  # whether the last factor path's overflow check passed
         self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers: list[LayerGrads] = []
@@ -192,7 +198,8 @@ class GhostClipping(PerSampleGradients):
             every = list(model.parameters())
             self._plan_params = (every, [p.requires_grad for p in every])
             plan = plan_layers(model)
-            shared = batch_free_calls(model, plan, x)
+            shared, held = probe_calls(model, plan, x)
+            self._held_per_input = held / max(x[:1].numel(), 1)
             if shared:
                 log_once(
                     "per-sample gradients: materialised path, because "
@@ -222,12 +229,15 @@ class GhostClipping(PerSampleGradients):
         self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
-        sink = NormSink(calls, self._params[0].dtype, x.device) if self._low_memory(
-            plan, x) else None
+        budget = engine_budget(x.device)
+        sink = NormSink(calls, self._params[0].dtype, x.device, budget) if self._low_memory(
+            plan, x, budget) else None
         rng = rng_state(x.device) if sink is not None else None
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             outs = output_tensors(output)
+            if sink is not None:  # shapes only (autograd forbids in-place changes of a tap)
+                outs = [torch.empty_like(o, device="meta") for o in outs]
             calls.append((
                 module, tuple(_detached(a) for a in args),
                 {k: _detached(v) for k, v in kwargs.items()}, outs, [o._version for o in outs],
@@ -250,12 +260,13 @@ class GhostClipping(PerSampleGradients):
         losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
-        self._held = sum(o.numel() * o.element_size() for o in targets)
-        if sink is not None and len({id(c[0]) for c in calls}) == len(calls):
-            del targets  # the outputs: held no longer than autograd holds them
-            norms = sink.norms(losses, x.shape[0])
+        if sink is not None:  # a layer called twice: the factor path, on a replay
+            unique = len({id(c[0]) for c in calls}) == len(calls)
+            norms = sink.norms(losses, x.shape[0]) if unique else None
             if norms is not None:
-                self._graph, self._all_finite = losses, True
+                self._layers, self._all_finite = sink.layers, True
+                self._rest = [i for i, p in enumerate(self._params) if id(p) not in sink.kept]
+                self._graph = losses if sink.second and self._rest else None
                 return norms
             with torch.random.fork_rng(devices=cuda_devices(x.device)):  # as the first forward drew
                 set_rng_state(rng, x.device)  # type: ignore[arg-type]
@@ -306,23 +317,31 @@ class GhostClipping(PerSampleGradients):
         self._all_finite = math.isfinite(norms.sum())
         return norms
 
-    def _low_memory(self, plan: LayerPlan, x: Tensor) -> bool:
+    def _low_memory(self, plan: LayerPlan, x: Tensor, budget: int) -> bool:
         """Whether this step forms its norms inside the backward pass and its weighted sum by a
         second one (:mod:`dpfair.privacy.low_memory`): where ``low_memory`` says so, or
-        (``None``) where the last step's layer output gradients took more than
-        :func:`engine_budget`; never for a model with fallback layers, in-place activations or a
-        subclass's second pass, nor under autocast (the second backward would run in bfloat16,
-        not at the norms' precision)."""
+        (``None``) where the layers' output gradients would take more than ``budget``, as the
+        plan's one-sample probe (:func:`probe_calls`) measured them, scaled to this batch: so a
+        run's first step takes its later steps' path; never for a model with fallback layers,
+        in-place activations or a subclass's second pass, nor under autocast (the second
+        backward would run in bfloat16, not at the norms' precision)."""
         if self.low_memory is False or self.keeps_calls or self.clone_outputs or plan.slow:
             return False
         if torch.is_autocast_enabled(x.device.type):
             return False
-        return bool(self.low_memory) or self._held > engine_budget(x.device)
+        held = self._held_per_input * x.numel()
+        return bool(self.low_memory) or held > budget
 
     def _whole_model(self) -> Materialized | None:
         """The materialised engine serving the whole model, where some layer runs without the
-        batch axis (found once per model by :func:`batch_free_calls`)."""
+        batch axis (found once per model by :func:`probe_calls`)."""
         return None if self._plan is None else self._plan[2]
+
+    def release(self) -> None:  # the factors, the retained graph, the captured calls
+        self._layers, self._graph, self._calls = [], None, {}
+        whole = self._whole_model()
+        if whole is not None:
+            whole.release()
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         summed = [torch.zeros_like(p) for p in self._params]
@@ -334,20 +353,18 @@ class GhostClipping(PerSampleGradients):
         if whole is not None:
             whole.add_weighted_grad(weights, into)
             return
-        if self._graph is not None:  # one more backward, through the retained graph
+        if self._graph is not None:  # the layers without factors: through the retained graph
             grads = torch.autograd.grad(
-                self._graph, self._params, in_dtype(weights, self._graph.dtype),
-                retain_graph=True, allow_unused=True,
+                self._graph, [self._params[i] for i in self._rest],
+                in_dtype(weights, self._graph.dtype), retain_graph=True, allow_unused=True,
             )
-            pairs = [(o, g) for o, g in zip(into, grads, strict=True) if g is not None]
+            pairs = [(into[i], g) for i, g in zip(self._rest, grads, strict=True) if g is not None]
             if pairs:
                 torch._foreach_add_([o for o, _ in pairs], [g for _, g in pairs])
-            return
         keep = None if self._all_finite else weights != 0
         targets = dict(zip(self._params, into, strict=True))
         for layer in self._layers:
             layer.add_weighted(weights, keep, targets)
-
 
     def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
         """From each layer's kept factors (:func:`dpfair.privacy.layer_dots.layer_dots`);
@@ -415,6 +432,9 @@ class Materialized(PerSampleGradients):
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         keep = weights != 0
         return [torch.tensordot(weights.to(g.dtype), mask_rows(g, keep), 1) for g in self._grads]
+
+    def release(self) -> None:
+        self._grads = []
 
     def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
         return torch.stack(

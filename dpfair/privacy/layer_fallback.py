@@ -133,18 +133,24 @@ def plan_layers(model: nn.Module) -> LayerPlan:
     return LayerPlan(fast, slow)
 
 
-def batch_free_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> list[str]:
-    """Names of the planned layers some call of which does not carry the batch axis first
-    (a position embedding of ``arange(T)`` broadcast over the batch): their output gradient is
-    a sum over samples, so hooks cannot give per-sample gradients. Found from the output sizes
-    of two probe forwards, on batches of 1 and 2 copies of the first sample (a batch axis
-    doubles), without gradients and leaving the random number generators as they were."""
+def probe_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> tuple[list[str], int]:
+    """Two probe forwards, on batches of 1 and 2 copies of the first sample, without gradients
+    and leaving the random number generators as they were. Returns the names of the planned
+    layers some call of which does not carry the batch axis first (a position embedding of
+    ``arange(T)`` broadcast over the batch: their output gradient is a sum over samples, so
+    hooks cannot give per-sample gradients), and the bytes of the planned layers' floating
+    outputs for one sample: what the fast path holds of output gradients per sample (an upper
+    bound: a frozen layer's output may need none), known before the first step."""
     names = {id(m): n or "model" for n, m in model.named_modules()}
     sizes: dict[int, list[int]] = {}
+    held = [0, True]  # the bytes, whether the one-sample probe is running
 
     def record(module: nn.Module, args: tuple, output: Any) -> None:
-        first = output_tensors(output)[0]
+        outs = output_tensors(output)
+        first = outs[0]
         sizes.setdefault(id(module), []).append(first.shape[0] if first.dim() else 0)
+        if held[1]:
+            held[0] += sum(o.numel() * o.element_size() for o in outs if o.is_floating_point())
 
     modules = plan.fast + [m for _, m, _ in plan.slow]
     handles = [m.register_forward_hook(record) for m in modules]
@@ -152,6 +158,7 @@ def batch_free_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> list[str]:
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             model(x[:1])
+            held[1] = False
             model(torch.cat([x[:1], x[:1]]))
     finally:
         for h in handles:
@@ -161,4 +168,4 @@ def batch_free_calls(model: nn.Module, plan: LayerPlan, x: Tensor) -> list[str]:
         half = len(seen) // 2
         if seen[:half] != [1] * half or seen[half:] != [2] * half:
             found.append(names[key])
-    return found
+    return found, int(held[0])

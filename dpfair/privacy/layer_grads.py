@@ -484,15 +484,15 @@ def layer_grads(
 LayerGrads = DenseGrads | SequenceGrads | ConvGrads | EmbeddingGrads | PerSampleLayer
 
 
-def tap_sq_norms(module: nn.Module, a: Tensor, d: Tensor, budget: int) -> tuple[Tensor, list]:
-    """A layer called once, from its raw factors (no rescaling): its per-sample squared norms,
-    and the squared norms of its weight factors, which must all be normal numbers
-    (:func:`all_normal`) for those norms to be exact (:func:`balance_factors`)."""
+def tap_layer_grads(module: nn.Module, a: Tensor, d: Tensor, budget: int) -> tuple:
+    """A layer called once, from its raw factors (no rescaling): its :data:`LayerGrads`, and a
+    list of the squared norms of its weight factors, which must all be normal numbers
+    (:func:`all_normal`) for its norms to be exact (:func:`balance_factors`)."""
     calls = [(a, d)]
     if _is_dense(module, calls):
         trained = module.weight.requires_grad
         squares = (row_sq_norms(a) if trained else None, row_sq_norms(d))
         layer = DenseGrads(module, a, d, squares, normal=True)  # type: ignore[arg-type]
-        return layer.sq_norms(), list(squares) if trained else []  # type: ignore[arg-type]
+        return layer, list(squares) if trained else []  # type: ignore[arg-type]
     checked = [row_norms(a).square(), row_norms(d).square()] if _balanced_weight(module) else []
-    return layer_grads(module, calls, budget, normal=True).sq_norms(), checked
+    return layer_grads(module, calls, budget, normal=True), checked

@@ -115,3 +115,7 @@ class RegularisedGradients(PerSampleGradients):
         """``sum_i w_i (g_i + r) = sum_i w_i g_i + (sum_i w_i) r``."""
         self.inner.add_weighted_grad(weights, into)
         torch._foreach_add_(into, torch._foreach_mul(self.shared, weights.sum()))
+
+    def release(self) -> None:
+        self.inner.release()
+        self.shared = []

@@ -81,7 +81,9 @@ class PrivateStep:
         autocast: ``"bf16"`` runs forward and backward under bfloat16 autocast (module
             docstring); ``"off"`` (default) does not.
         max_engine_memory: MiB the engine's per-sample intermediates of one layer (and the
-            layers' output gradients, before it forms norms inside the backward pass) may take;
+            layers' output gradients it holds: all of them, or, where they would take more,
+            those of the layers nearest the input, the others' norms formed inside the
+            backward pass) may take;
             ``None``: 512 MiB on the CPU, a quarter of the free memory on a GPU (on a GPU a cap
             above that quarter is lowered to it). Only the chunking changes, not the update.
     """

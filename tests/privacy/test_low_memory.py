@@ -13,13 +13,15 @@ import torch
 from torch import nn
 
 from dpfair.errors import ConfigError
+from dpfair.privacy import gradients as gradients_module
 from dpfair.privacy import layer_grads as layer_grads_module
 from dpfair.privacy.gradients import GhostClipping, Materialized
+from dpfair.privacy.layer_fallback import plan_layers, probe_calls
 from dpfair.privacy.layer_grads import layer_grads
 from dpfair.privacy.methods.dpsgd import Dpsgd
 from dpfair.privacy.step import PrivateStep, per_sample_cross_entropy
 
-TOL = 1e-5
+TOL = 1e-12
 DTYPE = torch.float64
 
 
@@ -68,28 +70,44 @@ def _agree(engine, model, x, y) -> None:
         torch.testing.assert_close(g, s + w, atol=TOL, rtol=TOL)
 
 
-def test_low_memory_path_agrees_with_the_materialised_one(nets):
-    for model, shape, classes in _models(nets):
-        x, y, _ = nets.batch(shape, classes, b=5)
-        engine = GhostClipping(low_memory=True)
-        _agree(engine, model, x, y)
-        assert engine._graph is not None  # it took the low-memory path
+@pytest.mark.parametrize("kept", ["none", "some", "all"])
+def test_low_memory_path_agrees_with_the_materialised_one(kept, nets, monkeypatch):
+    """The layers nearest the input whose output gradients fit the budget keep their factors
+    (book-keeping); the others' share of the sum comes from a second backward for their
+    parameters alone; every split gives the reference's norms and sum."""
     torch.manual_seed(0)
     tokens = nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 2))
     ids = torch.randint(0, 10, (5, 3), generator=torch.Generator().manual_seed(2))
-    _agree(GhostClipping(low_memory=True), tokens.to(DTYPE), ids, ids[:, 0] % 2)
+    cases = [(model, *nets.batch(shape, classes, b=5)[:2]) for model, shape, classes in
+             _models(nets)] + [(tokens.to(DTYPE), ids, ids[:, 0] % 2)]
+    for model, x, y in cases:
+        plan = plan_layers(model)
+        out = plan.fast[0](x)  # the first layer's output: its gradient's bytes
+        first = out.numel() * out.element_size()
+        budget = {"none": 0, "some": first, "all": 1 << 40}[kept]  # "some": that layer alone
+        monkeypatch.setattr(gradients_module, "engine_budget", lambda device, b=budget: b)
+        engine = GhostClipping(low_memory=True)
+        _agree(engine, model, x, y)
+        n_kept, n_layers = len(engine._layers), len(plan.fast)
+        if kept == "all":
+            assert engine._graph is None and n_kept == n_layers  # no second backward
+        else:  # a second backward, for the other layers' parameters only
+            assert engine._graph is not None
+            assert (n_kept == 0) if kept == "none" else (0 < n_kept < n_layers)
+            assert len(engine._rest) < len(engine._params) or kept == "none"
 
 
 @pytest.mark.parametrize("kind", ["nan", "huge"])
-def test_low_memory_path_replays_on_the_factor_path(kind, nets):
+def test_low_memory_path_replays_on_the_factor_path(kind, nets, monkeypatch):
     """A NaN input (a non-finite norm) or a factor whose square overflows (the Linear's
     input 1e200 with a zero output gradient) sends the step to the factor path."""
     model = nets.mlp(width=16)
     x, y, _ = nets.batch((12,), 2, b=4)
     x[1, 0] = float("nan") if kind == "nan" else 1e200
+    monkeypatch.setattr(gradients_module, "engine_budget", lambda device: 0)  # nothing kept
     engine = GhostClipping(low_memory=True)
     _agree(engine, model, x, y)
-    assert engine._graph is None
+    assert engine._graph is None  # the factor path
 
 
 def test_the_replay_draws_the_same_dropout_masks(nets):
@@ -146,3 +164,68 @@ def test_a_small_engine_memory_cap_gives_more_smaller_chunks_and_the_same_sum(ne
         torch.testing.assert_close(capped, whole, rtol=1e-10, atol=1e-10)
     with pytest.raises(ConfigError, match="max_engine_memory must be >= 1"):
         PrivateStep(model, Dpsgd(0.3), sigma=0.0, expected_batch_size=6.0, max_engine_memory=0)
+
+
+def _engine_tensors(value, seen=None) -> list[torch.Tensor]:
+    """Every tensor an engine's attributes reach (lists, tuples, dicts, engines inside it),
+    parameters left out: what it holds between steps."""
+    seen = set() if seen is None else seen
+    if id(value) in seen or isinstance(value, nn.Module | nn.Parameter):
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.keys()) + list(value.values())
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        value = list(vars(value).values())
+    elif not isinstance(value, list | tuple):
+        return []
+    return [t for v in value for t in _engine_tensors(v, seen)]
+
+
+@pytest.mark.parametrize("budget", [1 << 40, 1000], ids=["factors", "low-memory"])
+def test_the_first_step_takes_the_path_of_the_later_ones_and_nothing_is_held(
+    budget, nets, monkeypatch
+):
+    """The low-memory path is chosen from the model and the batch shape before the first step
+    (the plan's probe forward), not from the last step's size: step 1 takes the path step 2
+    takes. After a step the engine holds no tensor but the detached losses (no factors, no
+    retained graph), and both paths give the same clipped sum."""
+    monkeypatch.setattr(gradients_module, "engine_budget", lambda device: budget)
+    x, y, g = nets.batch((2, 8, 8), 3, b=5)
+    model = _wrn_like()
+    step = PrivateStep(model, Dpsgd(0.3), sigma=0.0, expected_batch_size=5.0)
+    engine, paths = step.engine, []
+    decide = engine._low_memory
+
+    def spy(plan, x, budget):
+        paths.append(decide(plan, x, budget))
+        return paths[-1]
+
+    monkeypatch.setattr(engine, "_low_memory", spy)
+    for _ in range(2):
+        step(x, y, g, torch.Generator().manual_seed(0))
+        held = _engine_tensors(engine)
+        assert [t for t in held if t is not engine.losses] == []
+    assert paths == [budget == 1000] * 2
+    reference = PrivateStep(_wrn_like(), Dpsgd(0.3), sigma=0.0, expected_batch_size=5.0,
+                            engine="materialized")
+    reference(x, y, g, torch.Generator().manual_seed(0))
+    for got, want in zip(model.parameters(), reference.model.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-12, rtol=1e-12)
+
+
+def test_the_probe_counts_the_output_gradients_the_factor_path_holds(nets):
+    """The probe's bytes per sample, times the batch, are the bytes of the layer outputs whose
+    gradients the factor path takes (every layer trainable here)."""
+    model = _wrn_like()
+    x, _, _ = nets.batch((2, 8, 8), 3, b=5)
+    plan = plan_layers(model)
+    outputs: list[torch.Tensor] = []
+    handles = [m.register_forward_hook(lambda m, a, o: outputs.append(o)) for m in plan.fast]
+    model(x)
+    for h in handles:
+        h.remove()
+    held = sum(o.numel() * o.element_size() for o in outputs if o.requires_grad)
+    assert probe_calls(model, plan, x)[1] * len(x) == held
