@@ -20,10 +20,12 @@ from dpfair.settings import DEFAULT_PARAMS, STEPS_LOGGER, VERBOSITY
 if TYPE_CHECKING:
     from dpfair.config.params import Params
 
-__all__ = ["ParamsOption", "checking", "console", "ends_with_command", "percent",
+__all__ = ["WIDTH", "ParamsOption", "checking", "console", "ends_with_command", "percent",
+           "print_fitting", "print_registered",
            "library_levels", "resolve_params", "score", "set_verbosity", "show_version"]
 
 console = Console(soft_wrap=True)
+WIDTH = 120  # the terminal width every line dpfair prints is built for
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
@@ -134,3 +136,21 @@ def resolve_params(path: Path | None) -> Params:
         default = Path(DEFAULT_PARAMS)
         return load_params(default) if default.is_file() else Params()
     return load_params(path)
+
+
+def print_fitting(text: str, tail: str) -> None:
+    """``text tail`` on one line where it fits 120 columns, else ``tail`` (a path, a URL, a
+    command) on a line of its own."""
+    line = f"{text} {tail}"
+    console.print(line if len(line) <= WIDTH else f"{text}\n  {tail}", soft_wrap=True,
+                  markup=False, highlight=False)
+
+
+def print_registered(registered: dict[str, str]) -> None:
+    """The registered model's line: its version, aliases and the command that predicts."""
+    name, number, champion = (registered[k] for k in ("name", "version", "champion"))
+    why = ("@challenger, @champion" if champion == number else
+           f"@challenger; @champion stays version {champion}: `dpfair promote {name} {number}` "
+           "serves it")
+    print_fitting(f"registered: {name} version {number} ({why}); predict:",
+                   f"dpfair predict --model {name} --input rows.csv --output preds.csv")

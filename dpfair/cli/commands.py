@@ -32,11 +32,10 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from dpfair.cli.base import (
@@ -45,6 +44,8 @@ from dpfair.cli.base import (
     console,
     library_levels,
     percent,
+    print_fitting,
+    print_registered,
     resolve_params,
     score,
     set_verbosity,
@@ -108,18 +109,6 @@ def _model_check(params: Params, label: str, seed: int) -> Inspect:
     return lambda preview: check_trainable(config, preview)
 
 
-def _group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table:
-    table = Table(title=title)
-    for col in ("group", "accuracy", "loss", "count"):
-        table.add_column(col, justify="right" if col != "group" else "left")
-    for k, name in enumerate(names):
-        count = metrics.get("group_count")  # not released with noisy test metrics
-        table.add_row(name, percent(metrics['group_accuracy'][k]),
-                      score(metrics['group_loss'][k]),
-                      f"{int(count[k])}" if count is not None else "—")
-    return table
-
-
 @app.command("train")
 @cli_errors
 def train_cmd(
@@ -141,6 +130,7 @@ def train_cmd(
         dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                                inspect=_model_check(p, label, seed))
     # what the run needs (the gate, the accounting, MLflow) loads once the checks passed
+    from dpfair.cli.results import group_table
     from dpfair.pipeline.standalone import train_standalone
     from dpfair.privacy import accounting
     from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
@@ -149,7 +139,7 @@ def train_cmd(
 
     result, record = train_standalone(p, label, seed, dataset)  # progress: params (auto)
     m = result.test_metrics
-    console.print(_group_table(f"{label} on {dataset.name}, seed {seed}: test set",
+    console.print(group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))
     macro = f"macro {percent(m['macro_accuracy'])}  " if "macro_accuracy" in m else ""
     console.print(f"accuracy {percent(m['accuracy'])}  {macro}"
@@ -171,7 +161,7 @@ def train_cmd(
     if register:
         from dpfair.pipeline.summary import register_standalone
 
-        _print_registered(register_standalone(p, dataset, result, record))
+        print_registered(register_standalone(p, dataset, result, record))
     console.print(ui_hint(p.tracking), soft_wrap=True)
 
 
@@ -281,6 +271,7 @@ def run(
         check_tracking(p.tracking)
         for label in p.tuning.spaces:  # every search's storage (one, unless overridden)
             check_storage_server(p.tuning.config(label, label).storage)
+    from dpfair.cli.results import print_results
     from dpfair.tracking.runs import remote, ui_command
     from flows.experiment import run_experiment
 
@@ -293,18 +284,18 @@ def run(
     if copy_results is not None:
         replace_with_copy(out["results_dir"], copy_results)
     results_dir = Path(out["results_dir"])
-    _print_results(results_dir, f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}"
+    print_results(results_dir, f"{p.experiment.dataset}: pipeline run {out['parent_run_id']}"
                    f"; every ε protects {p.privacy_unit()[0]}")
     if quiet():  # -q: the table and errors only
         return
-    _print_fitting("full table, notes and figures (results.md):", str(results_dir))
+    print_fitting("full table, notes and figures (results.md):", str(results_dir))
     if registered := out.get("registered_model"):
-        _print_registered(registered)
+        print_registered(registered)
     if remote(p.tracking):
-        _print_fitting("the run in MLflow:", out["tracking_url"])
+        print_fitting("the run in MLflow:", out["tracking_url"])
     else:
-        _print_fitting("serve MLflow's UI:", ui_command(p.tracking))
-        _print_fitting("then open the run:", out["tracking_url"])
+        print_fitting("serve MLflow's UI:", ui_command(p.tracking))
+        print_fitting("then open the run:", out["tracking_url"])
 
 
 @app.command("results")
@@ -320,6 +311,7 @@ def results(
     """Print the comparison table of the dataset's latest (or a given) pipeline run."""
     import tempfile
 
+    from dpfair.cli.results import print_results
     from dpfair.pipeline.preflight import check_tracking
     from dpfair.tracking.runs import client, read_results
 
@@ -334,28 +326,9 @@ def results(
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder = client(p.tracking).download_artifacts(found_id, "results", tmp)
-        _print_results(Path(folder), title)
+        print_results(Path(folder), title)
     if not quiet():
         console.print("full table and notes: dpfair results --full")
-
-
-def _print_results(folder: Path, title: str) -> None:
-    """The compact results table (:mod:`dpfair.cli.results`) of a run's results folder
-    (``results.csv`` and, written since, ``groups.json``) and its legend."""
-    import json
-
-    import pandas as pd
-
-    from dpfair.cli.results import WIDTH, compact_table
-    from dpfair.pipeline.summary import GROUPS_JSON
-
-    facts = folder / GROUPS_JSON
-    frame = pd.read_csv(folder / "results.csv", index_col=0, dtype=str, keep_default_na=False)
-    table, legend = compact_table(frame, title,
-                                  json.loads(facts.read_text()) if facts.is_file() else None)
-    Console(width=WIDTH, soft_wrap=True).print(table)  # 120 columns, in a pipe too
-    for line in legend:
-        console.print(line, markup=False, highlight=False)
 
 
 @app.command("evaluate")
@@ -417,25 +390,6 @@ def promote_cmd(
     p = resolve_params(params)
     number = promote(p.tracking, name, version)
     console.print(f"{name} version {number} is now @champion")
-
-
-def _print_registered(registered: dict[str, str]) -> None:
-    name, number, champion = (registered[k] for k in ("name", "version", "champion"))
-    why = ("@challenger, @champion" if champion == number else
-           f"@challenger; @champion stays version {champion}: `dpfair promote {name} {number}` "
-           "serves it")
-    _print_fitting(f"registered: {name} version {number} ({why}); predict:",
-                   f"dpfair predict --model {name} --input rows.csv --output preds.csv")
-
-
-def _print_fitting(text: str, tail: str) -> None:
-    """``text tail`` on one line where it fits 120 columns, else ``tail`` (a path, a URL, a
-    command) on a line of its own."""
-    from dpfair.cli.results import WIDTH
-
-    line = f"{text} {tail}"
-    console.print(line if len(line) <= WIDTH else f"{text}\n  {tail}", soft_wrap=True,
-                  markup=False, highlight=False)
 
 
 @app.command("audit")

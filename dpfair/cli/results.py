@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import textwrap
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -23,13 +24,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from dpfair.cli.base import WIDTH, console, percent, score
 from dpfair.pipeline.dvc_outputs import ACC_GAP, TOTAL_ROW, WORST, number
 from dpfair.privacy.accounting import ACCOUNTANT_NONE
 from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
-__all__ = ["WIDTH", "compact_table"]
+__all__ = ["WIDTH", "compact_table", "group_table", "print_results"]
 
-WIDTH = 120  # the terminal width the table is built for
 _LABEL = 24  # the longest method label shown (the full one is in results.md)
 _GROUP = 12  # the longest group name in a header
 _LEFT = 12  # the most groups left out that the legend names
@@ -186,3 +187,32 @@ def _accountants(frame: pd.DataFrame) -> list[str]:
                           for name in str(cell).split("; ") if name)
     names.pop(ACCOUNTANT_NONE, None)  # no ε: the table says none
     return textwrap.wrap("ε by: " + "; ".join(names) + " (each row's: results.md)", WIDTH)
+
+
+def group_table(title: str, names: list[str], metrics: dict[str, Any]) -> Table:
+    """One training run's test metrics per group (``dpfair train``)."""
+    table = Table(title=title)
+    for col in ("group", "accuracy", "loss", "count"):
+        table.add_column(col, justify="right" if col != "group" else "left")
+    for k, name in enumerate(names):
+        count = metrics.get("group_count")  # not released with noisy test metrics
+        table.add_row(name, percent(metrics['group_accuracy'][k]),
+                      score(metrics['group_loss'][k]),
+                      f"{int(count[k])}" if count is not None else "—")
+    return table
+
+
+def print_results(folder: Path, title: str) -> None:
+    """The compact results table (:mod:`dpfair.cli.results`) of a run's results folder
+    (``results.csv`` and, written since, ``groups.json``) and its legend."""
+    import json
+
+    from dpfair.pipeline.summary import GROUPS_JSON
+
+    facts = folder / GROUPS_JSON
+    frame = pd.read_csv(folder / "results.csv", index_col=0, dtype=str, keep_default_na=False)
+    table, legend = compact_table(frame, title,
+                                  json.loads(facts.read_text()) if facts.is_file() else None)
+    Console(width=WIDTH, soft_wrap=True).print(table)  # 120 columns, in a pipe too
+    for line in legend:
+        console.print(line, markup=False, highlight=False)

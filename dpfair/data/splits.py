@@ -139,3 +139,43 @@ def carve_validation(
         make_split(x[keep], y[keep], g[keep], divisor),
         make_split(x[val], y[val], g[val], divisor),
     )
+
+
+def _pool_rare(strata: np.ndarray) -> np.ndarray:
+    values, counts = np.unique(strata, return_counts=True)
+    rare = np.isin(strata, values[counts < 2])
+    out = strata.copy()
+    out[rare] = -1
+    if rare.sum() == 1:
+        out[rare] = values[np.argmax(counts)]
+    return out
+
+
+def _holdout(index: np.ndarray, strata: np.ndarray, fraction: float,
+             seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.model_selection import train_test_split
+
+    if fraction == 0 or len(index) < 2:
+        return index, index[:0]
+    try:
+        kept, held = train_test_split(index, test_size=fraction, random_state=seed,
+                                      stratify=_pool_rare(strata))
+    except ValueError:  # fewer held-out rows than strata: a plain seeded split
+        kept, held = train_test_split(index, test_size=fraction, random_state=seed)
+    return np.asarray(kept), np.asarray(held)
+
+
+def split_index(y: np.ndarray, g: np.ndarray, opts: HoldoutOptions,
+                people: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded (train, val, test) row indices stratified by group and label; with ``people``
+    (a person id per row: the privacy unit is a person) whole people are split, each
+    stratified by its first row, so no person is in two splits."""
+    strata = g * (int(y.max()) + 1) + y
+    if people is None:
+        rest, test = _holdout(np.arange(len(y)), strata, opts.test_fraction, opts.seed)
+        train, val = _holdout(rest, strata[rest], opts.validation_fraction, opts.seed)
+        return train, val, test
+    _, first, owner = np.unique(people, return_index=True, return_inverse=True)
+    rest, test = _holdout(np.arange(len(first)), strata[first], opts.test_fraction, opts.seed)
+    train, val = _holdout(rest, strata[first][rest], opts.validation_fraction, opts.seed)
+    return tuple(np.flatnonzero(np.isin(owner, chosen)) for chosen in (train, val, test))

@@ -42,7 +42,7 @@ from dpfair.data.preprocess import (
     numeric_problems,
     to_categories,
 )
-from dpfair.data.splits import make_split
+from dpfair.data.splits import make_split, split_index
 from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
 
 if TYPE_CHECKING:
@@ -356,46 +356,6 @@ def _groups(protected: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     order = sorted(set(keys), key=lambda k: [(_natural([v]), v) for v in k])
     code = {k: i for i, k in enumerate(order)}
     return np.array([code[k] for k in keys], np.int64), [GROUP_SEPARATOR.join(k) for k in order]
-
-
-def _pool_rare(strata: np.ndarray) -> np.ndarray:
-    values, counts = np.unique(strata, return_counts=True)
-    rare = np.isin(strata, values[counts < 2])
-    out = strata.copy()
-    out[rare] = -1
-    if rare.sum() == 1:
-        out[rare] = values[np.argmax(counts)]
-    return out
-
-
-def _holdout(index: np.ndarray, strata: np.ndarray, fraction: float,
-             seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.model_selection import train_test_split
-
-    if fraction == 0 or len(index) < 2:
-        return index, index[:0]
-    try:
-        kept, held = train_test_split(index, test_size=fraction, random_state=seed,
-                                      stratify=_pool_rare(strata))
-    except ValueError:  # fewer held-out rows than strata: a plain seeded split
-        kept, held = train_test_split(index, test_size=fraction, random_state=seed)
-    return np.asarray(kept), np.asarray(held)
-
-
-def split_index(y: np.ndarray, g: np.ndarray, opts: HoldoutOptions,
-                people: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Seeded (train, val, test) row indices stratified by group and label; with ``people``
-    (a person id per row: the privacy unit is a person) whole people are split, each
-    stratified by its first row, so no person is in two splits."""
-    strata = g * (int(y.max()) + 1) + y
-    if people is None:
-        rest, test = _holdout(np.arange(len(y)), strata, opts.test_fraction, opts.seed)
-        train, val = _holdout(rest, strata[rest], opts.validation_fraction, opts.seed)
-        return train, val, test
-    _, first, owner = np.unique(people, return_index=True, return_inverse=True)
-    rest, test = _holdout(np.arange(len(first)), strata[first], opts.test_fraction, opts.seed)
-    train, val = _holdout(rest, strata[first][rest], opts.validation_fraction, opts.seed)
-    return tuple(np.flatnonzero(np.isin(owner, chosen)) for chosen in (train, val, test))
 
 
 def shown(values: list[str]) -> str:

@@ -292,7 +292,7 @@ def _version_account(source: str):
 
 def test_a_person_unit_splits_whole_people():
     from dpfair.data.options import HoldoutOptions
-    from dpfair.data.tabular_frame import split_index
+    from dpfair.data.splits import split_index
 
     rng = np.random.default_rng(0)
     people = np.repeat([f"p{i}" for i in range(300)], rng.integers(1, 4, 300))

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dpfair.data.options import HoldoutOptions
-from dpfair.data.tabular_frame import split_index
+from dpfair.data.splits import split_index
 
 N_ROWS = 3607
 MARKER_VALUE = 73519.0625  # exact in float32 and float64
