@@ -1,0 +1,82 @@
+"""Per-group selection and error rates and their disparities reproduce Fairlearn exactly."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from fairlearn import metrics as flm
+from sklearn.metrics import precision_score
+
+from dpfair.fairness import rates
+
+
+def _predictions(n_classes: int, seed: int = 0, n: int = 2000, n_groups: int = 3):
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, n_groups, n)
+    y = rng.integers(0, n_classes, n)
+    wrong = rng.random(n) < 0.2 + 0.15 * g  # the groups differ in their error rates
+    return y, np.where(wrong, rng.integers(0, n_classes, n), y), g
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_fairlearn_rates_are_metricframe_and_fairlearns_disparity_functions(n_classes):
+    y, pred, g = _predictions(n_classes)
+    found = rates.fairlearn_rates(y, pred, g, 3, n_classes)
+    for c in rates.positive_classes(n_classes):
+        yt, yp, sfx = (y == c).astype(int), (pred == c).astype(int), rates.suffix(c, n_classes)
+        frame = flm.MetricFrame(
+            metrics={"selection_rate": flm.selection_rate,
+                     "true_positive_rate": flm.true_positive_rate,
+                     "false_positive_rate": flm.false_positive_rate,
+                     "false_negative_rate": flm.false_negative_rate,
+                     "precision": functools.partial(precision_score, zero_division=0.0)},
+            y_true=yt, y_pred=yp, sensitive_features=g)
+        for m in rates.MEASURES:
+            assert found[f"group_{m}{sfx}"] == frame.by_group[m].tolist()
+        kw = {"sensitive_features": g}
+        assert found[f"demographic_parity_difference{sfx}"] == \
+            flm.demographic_parity_difference(yt, yp, **kw)
+        assert found[f"demographic_parity_ratio{sfx}"] == flm.demographic_parity_ratio(yt, yp, **kw)
+        assert found[f"equalized_odds_difference{sfx}"] == \
+            flm.equalized_odds_difference(yt, yp, **kw)
+        assert found[f"equal_opportunity_difference{sfx}"] == \
+            flm.equal_opportunity_difference(yt, yp, **kw)
+    if n_classes > 2:  # the headline: the worst class
+        classes = rates.positive_classes(n_classes)
+        assert found["demographic_parity_ratio"] == min(
+            found[f"demographic_parity_ratio_class{c}"] for c in classes)
+        assert found["equalized_odds_difference"] == max(
+            found[f"equalized_odds_difference_class{c}"] for c in classes)
+
+
+@pytest.mark.parametrize("n_classes", [2, 4])
+def test_rates_from_exact_counts_equal_fairlearns(n_classes):
+    y, pred, g = _predictions(n_classes, seed=1)
+    counts = rates.confusion_counts(y, pred, g, 3, n_classes)
+    from_counts = rates.rates_from_counts(np.bincount(g, minlength=3), counts, n_classes)
+    exact = rates.fairlearn_rates(y, pred, g, 3, n_classes)
+    assert from_counts.keys() == exact.keys()
+    for key, value in exact.items():
+        np.testing.assert_allclose(from_counts[key], value, rtol=0, atol=1e-12, err_msg=key)
+
+
+def test_a_group_absent_from_the_split_is_nan_and_ignored_by_the_disparities():
+    y, pred, g = _predictions(2, n_groups=2)
+    found = rates.fairlearn_rates(y, pred, g, 3, 2)
+    assert all(np.isnan(found[f"group_{m}"][2]) for m in rates.MEASURES)
+    assert found["demographic_parity_difference"] == flm.demographic_parity_difference(
+        y, pred, sensitive_features=g)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3, 5])
+def test_one_row_changes_the_confusion_counts_by_at_most_sqrt_2(n_classes):
+    """The sensitivity :mod:`dpfair.fairness.noisy` adds for these counts: every (label,
+    prediction) pair of one added row, in every group."""
+    y, pred, g = _predictions(n_classes, n=50)
+    base = rates.confusion_counts(y, pred, g, 3, n_classes)
+    norms = [np.linalg.norm(rates.confusion_counts(np.append(y, a), np.append(pred, b),
+                                                   np.append(g, k), 3, n_classes) - base)
+             for a in range(n_classes) for b in range(n_classes) for k in range(3)]
+    assert max(norms) == pytest.approx(np.sqrt(2))
