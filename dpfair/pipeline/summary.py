@@ -11,7 +11,10 @@ every group of the dataset, ``epsilon_run/<method>`` and
 guarantee), ``epsilon_total`` (and with noisy test metrics ``epsilon_test/<method>`` and
 ``epsilon_test_total``, the test split's line); the results table is an MLflow table artifact
 (``results/results_table.json``) beside ``results.md``, ``results.csv`` and ``groups.json``;
-the figures are at the artifact root. A child run per method (:func:`log_comparison_runs`)
+the figures are at the artifact root. With the fairness measures (``test_metrics.fairness``,
+:mod:`dpfair.fairness.rates`) the comparison also holds ``<disparity>/<method>`` and
+``<disparity>_privacy_cost/<method>`` (:mod:`dpfair.fairness.rate_tables`), and results.md
+their tables and the rates per group. A child run per method (:func:`log_comparison_runs`)
 holds the same comparison under one set of keys, which MLflow's charts plot side by side.
 """
 
@@ -28,6 +31,7 @@ import pandas as pd
 from dpfair import fairness
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
+from dpfair.fairness import rate_tables, rates
 from dpfair.pipeline import report
 from dpfair.pipeline.experiment import REFERENCE, RunRecord
 from dpfair.privacy import accounting
@@ -85,11 +89,15 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     compared: dict[str, float] = field(default_factory=dict)
     by_method: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: title -> table of the practitioners' fairness measures (:func:`measure_tables`)
+    measures: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     def markdown(self) -> str:
         parts = ["## Per-group results (mean ± SE over seeds)", "", self.table.to_markdown()]
         if self.notes:
             parts += ["", *(f"- {note}" for note in self.notes)]
+        for title, table in self.measures.items():
+            parts += ["", f"## {title}", "", table.to_markdown()]
         if not self.significance.empty:
             parts += ["", "## One-sided Wilcoxon p-values against the baseline", "",
                       self.significance.to_markdown()]
@@ -175,14 +183,37 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     if bounds:
         figures["clip_bounds"] = report.plot_clip_bounds(bounds, out / "clip_bounds.png")
     notes = plan.notes()
-    (out / "results.md").write_text(Summary(table, significance, notes=notes).markdown())
+    reference = REFERENCE if has_reference else None
+    measures = measure_tables(frame, dataset, reference)
+    (out / "results.md").write_text(
+        Summary(table, significance, notes=notes, measures=measures).markdown())
     table.to_csv(out / "results.csv")
     facts = group_facts(frame, list(dataset.group_names), pair)
     (out / GROUPS_JSON).write_text(json.dumps(facts))
+    by_method = per_method(runs, list(dataset.group_names))
+    for label, stats in rate_tables.disparity_stats(frame, reference).items():
+        by_method.setdefault(label, {}).update(stats)
     return Summary(table=table, significance=significance,
                    figures={k: str(v) for k, v in figures.items()}, notes=notes,
-                   by_method=(by_method := per_method(runs, list(dataset.group_names))),
-                   compared=_compared(by_method))
+                   by_method=by_method, compared=_compared(by_method), measures=measures)
+
+
+def measure_tables(frame: pd.DataFrame, dataset: GroupedDataset, reference: str | None
+                   ) -> dict[str, pd.DataFrame]:
+    """results.md's sections of the practitioners' measures (:mod:`dpfair.fairness.rates`,
+    as Fairlearn defines them): the disparities with their privacy cost against
+    ``reference``, then the rates per group for each positive class; none when the runs
+    released none (``test_metrics.fairness: false``)."""
+    classes = dataset.class_names
+    worst = " (worst over the classes, one-vs-rest)" if len(classes) > 2 else ""
+    tables = {f"Fairness measures across groups{worst} (mean ± SE over seeds; Δ: change "
+              "against the non-private reference, > 0 less fair)":
+              rate_tables.disparity_table(frame, reference)}
+    for c in rates.positive_classes(len(classes)):
+        tables[f"Selection and error rates per group (positive class {classes[c]!r})"] = \
+            rate_tables.group_rate_table(frame, dataset.group_names,
+                                         rates.suffix(c, len(classes)))
+    return {title: table for title, table in tables.items() if not table.empty}
 
 
 def group_facts(frame: pd.DataFrame, groups: list[str], pair: list[str] | None
@@ -347,7 +378,8 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
     dataset, guarantee, both ε (``inf`` without guarantee) and their accountants, δ, noise,
     data version, what it predicts for which groups (target, protected attributes, group
     names) and the test headline as fractions (what :mod:`dpfair.tracking.registry`'s champion
-    rule reads)."""
+    rule reads), with the fairness disparities of :mod:`dpfair.fairness.rates` where
+    released."""
     release = plan.methods[record.label]
     bounded = release.has_epsilon
     run, method = ((release.accountant_run, release.accountant) if bounded
@@ -372,6 +404,7 @@ def _tags(record: RunRecord, dataset: GroupedDataset, data_version: str, guarant
         "data_version": data_version,
         **_what_is_predicted(dataset),
         **{k: tag_number(record.headline[k]) for k in COMPARED},
+        **{k: tag_number(record.headline[k]) for k in rates.DISPARITIES if k in record.headline},
         "source_run_id": record.run_id,
     }
 

@@ -1,0 +1,87 @@
+"""Tables of the practitioners' measures (:mod:`dpfair.fairness.rates`) over many runs: mean ±
+SE over seeds per method, and their privacy cost against the non-private reference.
+
+The privacy cost of a disparity ``d`` is ``Δd = mean_s d(θ~_s) - mean d(θ*)``, the change DP
+training makes to it, read like π (Esipova et al. 2023, Sec. 3.1, Eq. 1) but signed so that
+a positive cost is a less fair model: for a difference (fairest at 0) the increase, for the
+demographic-parity ratio (fairest at 1) the decrease. Inputs are the canonical records of
+:func:`dpfair.fairness.records.runs_frame`; cells are :func:`dpfair.fairness.tables.format_table`'s
+``"mean ± se"`` strings, 3 decimals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from dpfair.fairness.metrics import ALL
+from dpfair.fairness.rates import DISPARITIES, HIGHER_IS_FAIRER, MEASURES
+from dpfair.fairness.records import mean_se, methods_in_order
+from dpfair.fairness.tables import format_cell
+
+DIGITS = 3
+COST = "Δ {} (privacy cost)"  # the column of a disparity's privacy cost
+
+
+def disparity_stats(runs: pd.DataFrame, reference: str | None) -> dict[str, dict[str, float]]:
+    """Method -> ``{<disparity>: mean over seeds, "<disparity>_privacy_cost": Δd}`` (the cost
+    only for the methods other than ``reference``, when it ran): what MLflow and DVC get."""
+    out: dict[str, dict[str, float]] = {}
+    for method, d, values in _disparities(runs):
+        out.setdefault(method, {})[d] = mean_se(values)[0]
+    if reference is not None and reference in out:
+        for method, d, values in _disparities(runs):
+            if method != reference and d in out[reference]:
+                out[method][f"{d}_privacy_cost"] = mean_se(_cost(values, d, out[reference][d]))[0]
+    return out
+
+
+def disparity_table(runs: pd.DataFrame, reference: str | None) -> pd.DataFrame:
+    """Method x (each disparity, its privacy cost) table of ``"mean ± se"`` over seeds; empty
+    when the runs released no disparity."""
+    rows: dict[str, dict[str, str]] = {}
+    for method, d, values in _disparities(runs):
+        rows.setdefault(method, {})[d] = format_cell(*mean_se(values), DIGITS)
+    if reference is not None and reference in rows:
+        means = {d: mean_se(v)[0] for m, d, v in _disparities(runs) if m == reference}
+        for method, d, values in _disparities(runs):
+            if method != reference:
+                rows[method][COST.format(d)] = format_cell(
+                    *mean_se(_cost(values, d, means[d])), DIGITS)
+    if not rows:
+        return pd.DataFrame()
+    order = methods_in_order(runs, reference) if reference in rows else list(rows)
+    columns = [c for d in DISPARITIES for c in (d, COST.format(d))]
+    table = pd.DataFrame.from_dict(rows, orient="index").reindex(order)
+    return table[[c for c in columns if c in table.columns]].fillna("-")
+
+
+def group_rate_table(runs: pd.DataFrame, groups: Sequence[str], suffix: str = ""
+                     ) -> pd.DataFrame:
+    """(method, group) x measure table of ``"mean ± se"`` over seeds for the positive class
+    of ``suffix`` (:func:`dpfair.fairness.rates.suffix`); empty when no rate was released."""
+    names = [f"{m}{suffix}" for m in MEASURES]
+    sel = runs[runs["metric"].isin(names) & runs["group"].isin(list(groups))]
+    if sel.empty:
+        return pd.DataFrame()
+    cells = sel.groupby(["method", "group", "metric"], sort=False)["value"].apply(
+        lambda v: format_cell(*mean_se(v), DIGITS)).unstack("metric")
+    cells = cells.reindex(columns=[n for n in names if n in cells.columns])
+    return cells.rename(columns=lambda c: c.removesuffix(suffix)) if suffix else cells
+
+
+def _disparities(runs: pd.DataFrame) -> list[tuple[str, str, pd.Series]]:
+    """(method, disparity, its values over seeds) of the unsuffixed disparities."""
+    sel = runs[(runs["group"] == ALL) & runs["metric"].isin(DISPARITIES)]
+    return [(str(m), str(d), v.set_index("seed")["value"])
+            for (m, d), v in sel.groupby(["method", "metric"], sort=False)]
+
+
+def _cost(values: pd.Series, disparity: str, reference_mean: float) -> pd.Series:
+    """Each seed's privacy cost of ``disparity`` (module docstring); NaN stays NaN."""
+    if math.isnan(reference_mean):
+        return values * math.nan
+    sign = -1.0 if disparity in HIGHER_IS_FAIRER else 1.0
+    return sign * (values - reference_mean)
