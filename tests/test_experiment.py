@@ -127,6 +127,16 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     assert summary.by_method["dpsgd"]["equalized_odds_difference_privacy_cost"] == \
         pytest.approx(eo["dpsgd"] - eo["nonprivate"])
     assert f"{eo['dpsgd'] - eo['nonprivate']:.3f}" in markdown
+    # DVC: the long set in details.json, none in metrics.json (its 120 columns)
+    from dpfair.pipeline.dvc_outputs import write_outputs
+
+    paths = write_outputs(tmp_path / "out" / "results.csv", tmp_path / "evaluation")
+    details = json.loads(paths["details.json"].read_text())["fairness"]
+    assert details["demographic_parity_ratio"]["dpsgd"]["all"] == round(dp["dpsgd"], 4)
+    assert details["equalized_odds_difference_privacy_cost"]["dpsgd"]["all"] == round(
+        eo["dpsgd"] - eo["nonprivate"], 4)
+    assert set(details["selection_rate"]["nonprivate"]) == set(dataset.group_names)
+    assert "fairness" not in paths["metrics.json"].read_text()
     csv = (tmp_path / "out" / "results.csv").read_text()
     assert EPSILON_METHOD in csv and HEURISTIC in csv and plan.total_label in csv
 

@@ -22,7 +22,10 @@ from dpfair.fairness.records import mean_se, methods_in_order
 from dpfair.fairness.tables import format_cell
 
 DIGITS = 3
-COST = "Δ {} (privacy cost)"  # the column of a disparity's privacy cost
+#: the tables' short column names of the disparities; ``Δ <short>`` is the privacy cost's
+SHORT = {"demographic_parity_difference": "dp_diff", "demographic_parity_ratio": "dp_ratio",
+         "equalized_odds_difference": "eo_diff", "equal_opportunity_difference": "eop_diff"}
+COST = "Δ {}"
 
 
 def disparity_stats(runs: pd.DataFrame, reference: str | None) -> dict[str, dict[str, float]]:
@@ -39,29 +42,30 @@ def disparity_stats(runs: pd.DataFrame, reference: str | None) -> dict[str, dict
 
 
 def disparity_table(runs: pd.DataFrame, reference: str | None) -> pd.DataFrame:
-    """Method x (each disparity, its privacy cost) table of ``"mean ± se"`` over seeds; empty
-    when the runs released no disparity."""
+    """Method x (each disparity, its privacy cost) table of ``"mean ± se"`` over seeds, the
+    columns named by :data:`SHORT`; empty when the runs released no disparity."""
     rows: dict[str, dict[str, str]] = {}
     for method, d, values in _disparities(runs):
-        rows.setdefault(method, {})[d] = format_cell(*mean_se(values), DIGITS)
+        rows.setdefault(method, {})[SHORT[d]] = format_cell(*mean_se(values), DIGITS)
     if reference is not None and reference in rows:
         means = {d: mean_se(v)[0] for m, d, v in _disparities(runs) if m == reference}
         for method, d, values in _disparities(runs):
             if method != reference:
-                rows[method][COST.format(d)] = format_cell(
+                rows[method][COST.format(SHORT[d])] = format_cell(
                     *mean_se(_cost(values, d, means[d])), DIGITS)
     if not rows:
         return pd.DataFrame()
     order = methods_in_order(runs, reference) if reference in rows else list(rows)
-    columns = [c for d in DISPARITIES for c in (d, COST.format(d))]
+    columns = [c for d in DISPARITIES for c in (SHORT[d], COST.format(SHORT[d]))]
     table = pd.DataFrame.from_dict(rows, orient="index").reindex(order)
     return table[[c for c in columns if c in table.columns]].fillna("-")
 
 
 def group_rate_table(runs: pd.DataFrame, groups: Sequence[str], suffix: str = ""
                      ) -> pd.DataFrame:
-    """(method, group) x measure table of ``"mean ± se"`` over seeds for the positive class
-    of ``suffix`` (:func:`dpfair.fairness.rates.suffix`); empty when no rate was released."""
+    """``method · group`` x measure table of ``"mean ± se"`` over seeds for the positive
+    class of ``suffix`` (:func:`dpfair.fairness.rates.suffix`); empty when no rate was
+    released."""
     names = [f"{m}{suffix}" for m in MEASURES]
     sel = runs[runs["metric"].isin(names) & runs["group"].isin(list(groups))]
     if sel.empty:
@@ -69,7 +73,31 @@ def group_rate_table(runs: pd.DataFrame, groups: Sequence[str], suffix: str = ""
     cells = sel.groupby(["method", "group", "metric"], sort=False)["value"].apply(
         lambda v: format_cell(*mean_se(v), DIGITS)).unstack("metric")
     cells = cells.reindex(columns=[n for n in names if n in cells.columns])
+    cells.index = [f"{m} · {g}" for m, g in cells.index]
     return cells.rename(columns=lambda c: c.removesuffix(suffix)) if suffix else cells
+
+
+def long_summary(runs: pd.DataFrame, reference: str | None) -> pd.DataFrame:
+    """Every measure of :mod:`dpfair.fairness.rates` the runs released, mean and SE over seeds,
+    as rows ``method, group, measure, mean, se`` (disparities under group :data:`ALL`, with
+    their privacy cost as ``<disparity>_privacy_cost``): the results directory's
+    ``fairness.csv``, which DVC's details read."""
+    rates_only = runs[runs["metric"].map(
+        lambda m: m.split("_class")[0] in (*MEASURES, *DISPARITIES))]
+    rows = [{"method": m, "group": g, "measure": k, **_stats(v)}
+            for (m, g, k), v in rates_only.groupby(["method", "group", "metric"],
+                                                   sort=False)["value"]]
+    if reference is not None:
+        means = {d: mean_se(v)[0] for m, d, v in _disparities(runs) if m == reference}
+        rows += [{"method": m, "group": ALL, "measure": f"{d}_privacy_cost",
+                  **_stats(_cost(v, d, means[d]))}
+                 for m, d, v in _disparities(runs) if m != reference and d in means]
+    return pd.DataFrame(rows, columns=["method", "group", "measure", "mean", "se"])
+
+
+def _stats(values: pd.Series) -> dict[str, float]:
+    mean, se = mean_se(values)
+    return {"mean": mean, "se": se}
 
 
 def _disparities(runs: pd.DataFrame) -> list[tuple[str, str, pd.Series]]:

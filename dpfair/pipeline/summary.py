@@ -33,6 +33,7 @@ from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
 from dpfair.fairness import rate_tables, rates
 from dpfair.pipeline import report
+from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV
 from dpfair.pipeline.experiment import REFERENCE, RunRecord
 from dpfair.privacy import accounting
 from dpfair.release.plan import (
@@ -188,6 +189,7 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     (out / "results.md").write_text(
         Summary(table, significance, notes=notes, measures=measures).markdown())
     table.to_csv(out / "results.csv")
+    rate_tables.long_summary(frame, reference).to_csv(out / FAIRNESS_CSV, index=False)
     facts = group_facts(frame, list(dataset.group_names), pair)
     (out / GROUPS_JSON).write_text(json.dumps(facts))
     by_method = per_method(runs, list(dataset.group_names))
@@ -206,8 +208,9 @@ def measure_tables(frame: pd.DataFrame, dataset: GroupedDataset, reference: str 
     released none (``test_metrics.fairness: false``)."""
     classes = dataset.class_names
     worst = " (worst over the classes, one-vs-rest)" if len(classes) > 2 else ""
-    tables = {f"Fairness measures across groups{worst} (mean ± SE over seeds; Δ: change "
-              "against the non-private reference, > 0 less fair)":
+    tables = {f"Fairness measures across groups{worst} (mean ± SE over seeds; dp: "
+              "demographic parity, eo: equalized odds, eop: equal opportunity; Δ: the privacy "
+              "cost, the change against the non-private reference, > 0 less fair)":
               rate_tables.disparity_table(frame, reference)}
     for c in rates.positive_classes(len(classes)):
         tables[f"Selection and error rates per group (positive class {classes[c]!r})"] = \
@@ -285,7 +288,7 @@ def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary | None,
     out = Path(out_dir)
     if summary is not None:
         log_metrics(tracking, run_id, summary.compared)
-        for name in ("results.md", "results.csv", GROUPS_JSON):
+        for name in ("results.md", "results.csv", GROUPS_JSON, FAIRNESS_CSV):
             log_file(tracking, run_id, out / name, "results")
         log_table(tracking, run_id, summary.table, "results/results_table.json")
         for path in summary.figures.values():  # the artifact root: the first thing one sees

@@ -80,3 +80,26 @@ def test_one_row_changes_the_confusion_counts_by_at_most_sqrt_2(n_classes):
                                                    np.append(g, k), 3, n_classes) - base)
              for a in range(n_classes) for b in range(n_classes) for k in range(3)]
     assert max(norms) == pytest.approx(np.sqrt(2))
+
+
+def test_privacy_cost_of_a_disparity_is_positive_when_dp_training_makes_it_less_fair():
+    from dpfair.fairness import rate_tables, runs_frame
+
+    values = {("nonprivate", 0): (0.10, 0.90), ("nonprivate", 1): (0.20, 0.80),
+              ("dpsgd", 0): (0.30, 0.60), ("dpsgd", 1): (0.40, 0.70)}
+    frame = runs_frame([
+        {"method": m, "seed": s, "group": "all", "metric": metric, "value": v}
+        for (m, s), pair in values.items()
+        for metric, v in zip(("equalized_odds_difference", "demographic_parity_ratio"), pair,
+                             strict=True)])
+    stats = rate_tables.disparity_stats(frame, "nonprivate")
+    assert stats["dpsgd"]["equalized_odds_difference_privacy_cost"] == pytest.approx(0.2)
+    assert stats["dpsgd"]["demographic_parity_ratio_privacy_cost"] == pytest.approx(0.2)
+    assert "equalized_odds_difference_privacy_cost" not in stats["nonprivate"]
+    table = rate_tables.disparity_table(frame, "nonprivate")
+    assert list(table.index) == ["nonprivate", "dpsgd"]
+    assert table.loc["dpsgd", "Δ eo_diff"] == "0.200 ± 0.050"  # per seed 0.15, 0.25
+    assert table.loc["dpsgd", "dp_ratio"] == "0.650 ± 0.050"
+    long = rate_tables.long_summary(frame, "nonprivate")
+    cost = long[(long["measure"] == "demographic_parity_ratio_privacy_cost")]
+    assert cost["mean"].tolist() == pytest.approx([0.2])

@@ -55,7 +55,7 @@ def test_a_nonprivate_run_releases_metricframes_figures(dataset):
                         ]["value"]
     assert selection == released["group_selection_rate" + rates.suffix(1, ds.n_classes)][0]
     table = rate_tables.group_rate_table(frame, ds.group_names, rates.suffix(1, ds.n_classes))
-    assert table.loc[("nonprivate", ds.group_names[0]), "selection_rate"] == f"{selection:.3f}"
+    assert table.loc[f"nonprivate · {ds.group_names[0]}", "selection_rate"] == f"{selection:.3f}"
 
 
 def test_fairness_false_releases_no_rate():
