@@ -17,15 +17,19 @@ from collections.abc import Sequence
 import pandas as pd
 
 from dpfair.fairness.metrics import ALL
-from dpfair.fairness.rates import DISPARITIES, HIGHER_IS_FAIRER, MEASURES
+from dpfair.fairness.rates import (
+    DISPARITIES,
+    HIGHER_IS_FAIRER,
+    MEASURES,
+    SHORT,
+    positive_classes,
+    suffix,
+)
 from dpfair.fairness.records import mean_se, methods_in_order
 from dpfair.fairness.tables import format_cell
 
 DIGITS = 3
-#: the tables' short column names of the disparities; ``Δ <short>`` is the privacy cost's
-SHORT = {"demographic_parity_difference": "dp_diff", "demographic_parity_ratio": "dp_ratio",
-         "equalized_odds_difference": "eo_diff", "equal_opportunity_difference": "eop_diff"}
-COST = "Δ {}"
+COST = "Δ {}"  # the column of a disparity's privacy cost (its short name, rates.SHORT)
 
 
 def disparity_stats(runs: pd.DataFrame, reference: str | None) -> dict[str, dict[str, float]]:
@@ -43,7 +47,8 @@ def disparity_stats(runs: pd.DataFrame, reference: str | None) -> dict[str, dict
 
 def disparity_table(runs: pd.DataFrame, reference: str | None) -> pd.DataFrame:
     """Method x (each disparity, its privacy cost) table of ``"mean ± se"`` over seeds, the
-    columns named by :data:`SHORT`; empty when the runs released no disparity."""
+    columns named by :data:`dpfair.fairness.rates.SHORT`; empty when the runs released no
+    disparity."""
     rows: dict[str, dict[str, str]] = {}
     for method, d, values in _disparities(runs):
         rows.setdefault(method, {})[SHORT[d]] = format_cell(*mean_se(values), DIGITS)
@@ -93,6 +98,34 @@ def long_summary(runs: pd.DataFrame, reference: str | None) -> pd.DataFrame:
                   **_stats(_cost(v, d, means[d]))}
                  for m, d, v in _disparities(runs) if m != reference and d in means]
     return pd.DataFrame(rows, columns=["method", "group", "measure", "mean", "se"])
+
+
+def measure_tables(runs: pd.DataFrame, groups: Sequence[str], classes: Sequence[str],
+                   reference: str | None) -> dict[str, pd.DataFrame]:
+    """results.md's sections of these measures: the disparities with their privacy cost
+    against ``reference`` (:func:`disparity_table`), then the rates per group for each
+    positive class (:func:`group_rate_table`); none when the runs released none
+    (``test_metrics.fairness: false``)."""
+    worst = " (worst over the classes, one-vs-rest)" if len(classes) > 2 else ""
+    tables = {f"Fairness measures across groups{worst} (mean ± SE over seeds; dp: "
+              "demographic parity, eo: equalized odds, eop: equal opportunity; Δ: the privacy "
+              "cost, the change against the non-private reference, > 0 less fair)":
+              disparity_table(runs, reference)}
+    for c in positive_classes(len(classes)):
+        tables[f"Selection and error rates per group (positive class {classes[c]!r})"] = \
+            group_rate_table(runs, groups, suffix(c, len(classes)))
+    return {title: table for title, table in tables.items() if not table.empty}
+
+
+def with_shown(table: pd.DataFrame, runs: pd.DataFrame, shown: Sequence[str],
+               reference: str | None) -> pd.DataFrame:
+    """A results ``table`` (indexed by method) with the columns of the measures
+    ``experiment.show`` names (:data:`dpfair.fairness.rates.SHORT`) and their privacy cost,
+    which the terminal's table shows (:mod:`dpfair.cli.results`)."""
+    measures = disparity_table(runs, reference)
+    columns = [c for name in shown for c in (name, COST.format(name))
+               if c in measures.columns]
+    return table.join(measures[columns]).fillna({c: "-" for c in columns}) if columns else table
 
 
 def _stats(values: pd.Series) -> dict[str, float]:

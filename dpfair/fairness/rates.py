@@ -38,6 +38,9 @@ DP_RATIO = "demographic_parity_ratio"
 EO_DIFFERENCE = "equalized_odds_difference"
 EOP_DIFFERENCE = "equal_opportunity_difference"
 DISPARITIES = (DP_DIFFERENCE, DP_RATIO, EO_DIFFERENCE, EOP_DIFFERENCE)
+#: the disparities' short names (tables' columns, ``experiment.show``)
+SHORT = {DP_DIFFERENCE: "dp_diff", DP_RATIO: "dp_ratio", EO_DIFFERENCE: "eo_diff",
+         EOP_DIFFERENCE: "eop_diff"}
 #: the disparity that is fairest when largest (1); the others are fairest at 0
 HIGHER_IS_FAIRER = frozenset({DP_RATIO})
 #: the confusion counts behind the measures, per positive class and group (:func:`confusion_counts`)

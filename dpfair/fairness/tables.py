@@ -226,6 +226,7 @@ def format_table(
 
 
 def format_cell(mean: float, se: float, digits: int) -> str:
+    """``"mean ± se"`` at ``digits`` decimals; the mean alone without an SE; ``-`` for NaN."""
     if math.isnan(mean):
         return "-"
     mean = round(mean, digits) + 0.0  # "+ 0.0" turns a rounded -0.0 into 0.0

@@ -31,7 +31,8 @@ import pandas as pd
 from dpfair import fairness
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
-from dpfair.fairness import rate_tables, rates
+from dpfair.fairness import rate_tables
+from dpfair.fairness.rates import DISPARITIES
 from dpfair.pipeline import report
 from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV
 from dpfair.pipeline.experiment import REFERENCE, RunRecord
@@ -90,7 +91,8 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     compared: dict[str, float] = field(default_factory=dict)
     by_method: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: title -> table of the practitioners' fairness measures (:func:`measure_tables`)
+    #: title -> table of the practitioners' fairness measures
+    #: (:func:`dpfair.fairness.rate_tables.measure_tables`)
     measures: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     def markdown(self) -> str:
@@ -159,7 +161,9 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
         frame, list(dataset.group_names), reference=REFERENCE if has_reference else methods[0],
         layout="groups", pair=pair, costs=has_reference,
     )
-    table = _with_release(table, plan)
+    reference = REFERENCE if has_reference else None
+    table = _with_release(rate_tables.with_shown(table, frame, params.experiment.show,
+                                                 reference), plan)
     per_seed = fairness.seed_table(frame, groups,
                                    reference=REFERENCE if has_reference else methods[0])
     baseline = params.experiment.baseline
@@ -184,8 +188,8 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     if bounds:
         figures["clip_bounds"] = report.plot_clip_bounds(bounds, out / "clip_bounds.png")
     notes = plan.notes()
-    reference = REFERENCE if has_reference else None
-    measures = measure_tables(frame, dataset, reference)
+    measures = rate_tables.measure_tables(frame, dataset.group_names, dataset.class_names,
+                                          reference)
     (out / "results.md").write_text(
         Summary(table, significance, notes=notes, measures=measures).markdown())
     table.to_csv(out / "results.csv")
@@ -198,25 +202,6 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     return Summary(table=table, significance=significance,
                    figures={k: str(v) for k, v in figures.items()}, notes=notes,
                    by_method=by_method, compared=_compared(by_method), measures=measures)
-
-
-def measure_tables(frame: pd.DataFrame, dataset: GroupedDataset, reference: str | None
-                   ) -> dict[str, pd.DataFrame]:
-    """results.md's sections of the practitioners' measures (:mod:`dpfair.fairness.rates`,
-    as Fairlearn defines them): the disparities with their privacy cost against
-    ``reference``, then the rates per group for each positive class; none when the runs
-    released none (``test_metrics.fairness: false``)."""
-    classes = dataset.class_names
-    worst = " (worst over the classes, one-vs-rest)" if len(classes) > 2 else ""
-    tables = {f"Fairness measures across groups{worst} (mean ± SE over seeds; dp: "
-              "demographic parity, eo: equalized odds, eop: equal opportunity; Δ: the privacy "
-              "cost, the change against the non-private reference, > 0 less fair)":
-              rate_tables.disparity_table(frame, reference)}
-    for c in rates.positive_classes(len(classes)):
-        tables[f"Selection and error rates per group (positive class {classes[c]!r})"] = \
-            rate_tables.group_rate_table(frame, dataset.group_names,
-                                         rates.suffix(c, len(classes)))
-    return {title: table for title, table in tables.items() if not table.empty}
 
 
 def group_facts(frame: pd.DataFrame, groups: list[str], pair: list[str] | None
@@ -407,7 +392,7 @@ def _tags(record: RunRecord, dataset: GroupedDataset, data_version: str, guarant
         "data_version": data_version,
         **_what_is_predicted(dataset),
         **{k: tag_number(record.headline[k]) for k in COMPARED},
-        **{k: tag_number(record.headline[k]) for k in rates.DISPARITIES if k in record.headline},
+        **{k: tag_number(record.headline[k]) for k in DISPARITIES if k in record.headline},
         "source_run_id": record.run_id,
     }
 

@@ -103,3 +103,10 @@ def test_privacy_cost_of_a_disparity_is_positive_when_dp_training_makes_it_less_
     long = rate_tables.long_summary(frame, "nonprivate")
     cost = long[(long["measure"] == "demographic_parity_ratio_privacy_cost")]
     assert cost["mean"].tolist() == pytest.approx([0.2])
+    import pandas as pd
+
+    results = pd.DataFrame({"acc_a": ["90.0", "80.0"]}, index=["nonprivate", "dpsgd"])
+    shown = rate_tables.with_shown(results, frame, ["eo_diff"], "nonprivate")
+    assert list(shown.columns) == ["acc_a", "eo_diff", "Δ eo_diff"]
+    assert shown.loc["nonprivate", "Δ eo_diff"] == "-"
+    assert shown.loc["dpsgd", "Δ eo_diff"] == table.loc["dpsgd", "Δ eo_diff"]
