@@ -63,10 +63,11 @@ NOISY = {"release": "noisy", "epsilon": 0.5, "delta": TEST_DELTA}
 def _test_gaussians(release) -> list[dp_event.DpEvent]:
     """What one run's noisy test release is, written out for dp_accounting: a Gaussian of
     noise multiplier z per evaluation, and (``fairness``, the default) the last one's fairness
-    counts, the same noise per coordinate over a sensitivity of sqrt(2): z * sqrt(3 / 2)."""
+    counts and probability sums, the same noise per coordinate over the same sensitivity of
+    sqrt(3): z again."""
     z = release.noise_multiplier
     return ([dp_event.GaussianDpEvent(z)] * release.releases
-            + [dp_event.GaussianDpEvent(z * math.sqrt(3) / math.sqrt(2))] * release.fairness)
+            + [dp_event.GaussianDpEvent(z)] * release.fairness)
 
 
 def test_test_split_total_is_the_composition_of_every_method_and_seed():
@@ -79,8 +80,8 @@ def test_test_split_total_is_the_composition_of_every_method_and_seed():
                  for _ in range(t.releases)]
     assert len(gaussians) == 2 * 3 + 2 * 5 + 3 * 3  # one per evaluated epoch of every run
     # and each run's fairness counts (test_metrics.fairness, the default), once: the same
-    # noise per coordinate over a sensitivity of sqrt(2) instead of sqrt(3)
-    counts = [dp_event.GaussianDpEvent(t.noise_multiplier * math.sqrt(3) / math.sqrt(2))
+    # noise per coordinate over the same sensitivity of sqrt(3): one more Gaussian of z
+    counts = [dp_event.GaussianDpEvent(t.noise_multiplier)
               for m in (ref, dpsgd, lens) for t in m.test_releases if t.fairness]
     assert len(counts) == 2 + 2 + 3
     assert plan.epsilon_test_total == pytest.approx(_oracle(gaussians + counts, TEST_DELTA),
@@ -91,7 +92,7 @@ def test_test_split_total_is_the_composition_of_every_method_and_seed():
     z = lens.test_releases[0].noise_multiplier
     assert lens.epsilon_test == pytest.approx(_oracle(
         [dp_event.GaussianDpEvent(z)] * 9
-        + [dp_event.GaussianDpEvent(z * math.sqrt(3) / math.sqrt(2))] * 3, TEST_DELTA),
+        + [dp_event.GaussianDpEvent(z)] * 3, TEST_DELTA),
         rel=1e-4)
     assert ref.epsilon_test is not None and math.isfinite(ref.epsilon_test)
     # every run alone reaches its target; composed, more; never the sum of epsilons

@@ -15,12 +15,13 @@ that of the test rows; a person in both splits pays both.
 
 **Fairness counts.** With ``fairness`` the last evaluation also releases, for every group and
 positive class, the true positives, false positives and positives of
-:func:`dpfair.fairness.rates.confusion_counts`; one example changes at most two of them by 1,
-an L2 sensitivity of ``sqrt(2)``. They get the same noise per coordinate, standard deviation
-``z * sqrt(3)``: a second Gaussian mechanism with noise multiplier ``z * sqrt(3) / sqrt(2)``,
-composed once with the ``R`` evaluations (:func:`release_event`). Selection and error rates
-and their disparities follow from the noisy counts and group sizes
-(:func:`dpfair.fairness.rates.rates_from_counts`: post-processing).
+:func:`dpfair.fairness.rates.confusion_counts` and the sum of the class's predicted
+probabilities; one example changes at most two of the counts by 1 and the sums by its
+probabilities (squares summing to at most 1): an L2 sensitivity of ``sqrt(3)``. They get the
+same noise per coordinate, standard deviation ``z * sqrt(3)``: a second Gaussian mechanism
+with noise multiplier ``z``, composed once with the ``R`` evaluations (:func:`release_event`).
+Selection and error rates, calibration errors and the disparities follow from the noisy counts
+and group sizes (:func:`dpfair.fairness.rates.rates_from_counts`: post-processing).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from dpfair.fairness import rates
 from dpfair.privacy import accounting
 
 SENSITIVITY = math.sqrt(3.0)  # one example: +-1 to n_k, c_k and s_k / L of one group
-#: one example: +-1 to its class's positives and to one true- or false-positive count
-COUNTS_SENSITIVITY = math.sqrt(2.0)
+#: one example: +-1 to its class's positives and to one true- or false-positive count, and its
+#: class probabilities (squares summing to <= 1) to the probability sums
+COUNTS_SENSITIVITY = math.sqrt(3.0)
 
 
 def release_event(
@@ -76,10 +78,12 @@ def noisy_group_metrics(
     loss_clip: float,
     rng: np.random.Generator,
     fairness_classes: int | None = None,
+    prob: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Per-group accuracy and loss, overall accuracy and loss and the worst group, from the
     noisy sums of the module docstring; with ``fairness_classes`` (the number of classes)
-    also the measures of :mod:`dpfair.fairness.rates` from the noisy fairness counts. ``rng``
+    also the measures of :mod:`dpfair.fairness.rates` from the noisy fairness counts (and
+    the calibration error from the noisy probability sums, with ``prob``). ``rng``
     must be secret (OS entropy) for the release to be covered by :func:`release_event`."""
     if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
@@ -99,7 +103,7 @@ def noisy_group_metrics(
     total = max(float(n.sum()), 1.0)
     worst = int(np.argmin(acc))
     found = {} if fairness_classes is None else _noisy_rates(
-        y_true, y_pred, g, n, n_groups, fairness_classes, noise_multiplier, rng)
+        y_true, y_pred, g, n, n_groups, fairness_classes, noise_multiplier, rng, prob)
     return {
         "group_accuracy": acc.tolist(),
         "group_loss": loss.tolist(),
@@ -114,9 +118,10 @@ def noisy_group_metrics(
 def _noisy_rates(
     y_true: np.ndarray, y_pred: np.ndarray, groups: np.ndarray, noisy_n: np.ndarray,
     n_groups: int, n_classes: int, noise_multiplier: float, rng: np.random.Generator,
+    prob: np.ndarray | None,
 ) -> dict[str, Any]:
     """The rates of :mod:`dpfair.fairness.rates` from the fairness counts, each with Gaussian
     noise of standard deviation ``noise_multiplier * SENSITIVITY`` (module docstring)."""
-    counts = rates.confusion_counts(y_true, y_pred, groups, n_groups, n_classes)
+    counts = rates.confusion_counts(y_true, y_pred, groups, n_groups, n_classes, prob)
     noisy = counts + rng.normal(0.0, noise_multiplier * SENSITIVITY, size=counts.shape)
     return rates.rates_from_counts(noisy_n, noisy, n_classes)

@@ -5,10 +5,12 @@ Per group (``group_<measure>``, a list indexed by group id, NaN for a group abse
 split): selection rate ``P(ŷ=1 | A=a)``, true-positive rate ``P(ŷ=1 | Y=1, A=a)``,
 false-positive rate ``P(ŷ=1 | Y=0, A=a)``, false-negative rate ``P(ŷ=0 | Y=1, A=a)`` and
 precision ``P(Y=1 | ŷ=1, A=a)`` (a rate whose condition has no row is 0, as in Fairlearn and
-scikit-learn). Across groups: demographic-parity difference (largest minus smallest selection
-rate) and ratio (smallest over largest; the four-fifths rule asks for >= 0.8), equalized-odds
-difference (the larger of the TPR and FPR differences) and equal-opportunity difference (the
-TPR difference) (Hardt et al. 2016, Eqs. 1-2).
+scikit-learn), and, given the class probabilities, the calibration error in the large
+``|mean p̂(Y=1 | x) - P(Y=1)|`` over the group's rows (Fairlearn has no calibration metric:
+this one is given to its ``MetricFrame``). Across groups: demographic-parity difference
+(largest minus smallest selection rate) and ratio (smallest over largest; the four-fifths
+rule asks for >= 0.8), equalized-odds difference (the larger of the TPR and FPR differences)
+and equal-opportunity difference (the TPR difference) (Hardt et al. 2016, Eqs. 1-2).
 
 **Positive class.** A binary target's positive class is class 1 (a table's
 ``positive_label``); the keys carry no suffix. A multi-class target is measured one-vs-rest
@@ -31,8 +33,9 @@ import numpy as np
 import numpy.typing as npt
 
 SELECTION_RATE = "selection_rate"
+CALIBRATION = "calibration_error"
 MEASURES = (SELECTION_RATE, "true_positive_rate", "false_positive_rate", "false_negative_rate",
-            "precision")
+            "precision", CALIBRATION)
 DP_DIFFERENCE = "demographic_parity_difference"
 DP_RATIO = "demographic_parity_ratio"
 EO_DIFFERENCE = "equalized_odds_difference"
@@ -44,7 +47,7 @@ SHORT = {DP_DIFFERENCE: "dp_diff", DP_RATIO: "dp_ratio", EO_DIFFERENCE: "eo_diff
 #: the disparity that is fairest when largest (1); the others are fairest at 0
 HIGHER_IS_FAIRER = frozenset({DP_RATIO})
 #: the confusion counts behind the measures, per positive class and group (:func:`confusion_counts`)
-COUNTS = ("true_positives", "false_positives", "positives")
+COUNTS = ("true_positives", "false_positives", "positives", "predicted_probability")
 
 
 def positive_classes(n_classes: int) -> list[int]:
@@ -57,14 +60,20 @@ def suffix(c: int, n_classes: int) -> str:
     return "" if n_classes == 2 else f"_class{c}"
 
 
+def calibration_in_the_large(y_true: npt.ArrayLike, y_prob: npt.ArrayLike) -> float:
+    """``|mean(y_prob) - mean(y_true)|``: how far the mean predicted probability of the
+    positive class is from its observed rate."""
+    return float(abs(np.mean(y_prob) - np.mean(y_true)))
+
+
 def fairlearn_rates(
     y_true: npt.ArrayLike, y_pred: npt.ArrayLike, groups: npt.ArrayLike, n_groups: int,
-    n_classes: int,
+    n_classes: int, prob: npt.ArrayLike | None = None,
 ) -> dict[str, Any]:
     """The measures of the module docstring from exact predictions, by Fairlearn's
     ``MetricFrame``: its ``by_group`` rates and its between-groups ``difference`` and
     ``ratio`` (what ``fairlearn.metrics.demographic_parity_difference`` and the others
-    return)."""
+    return); with ``prob`` (``(n, n_classes)``) also the calibration error per group."""
     from fairlearn import metrics as flm
     from sklearn.metrics import precision_score
 
@@ -82,7 +91,14 @@ def fairlearn_rates(
         yt, yp, sfx = (y == c).astype(np.int64), (pred == c).astype(np.int64), suffix(c, n_classes)
         frame = flm.MetricFrame(metrics=per_group, y_true=yt, y_pred=yp, sensitive_features=g)
         by_group = frame.by_group.reindex(range(n_groups))
-        out.update({f"group_{m}{sfx}": by_group[m].astype(float).tolist() for m in MEASURES})
+        out.update({f"group_{m}{sfx}": by_group[m].astype(float).tolist()
+                    for m in MEASURES if m != CALIBRATION})
+        if prob is not None:
+            calibration = flm.MetricFrame(
+                metrics=calibration_in_the_large, y_true=yt,
+                y_pred=np.asarray(prob, dtype=np.float64)[:, c], sensitive_features=g)
+            out[f"group_{CALIBRATION}{sfx}"] = calibration.by_group.reindex(
+                range(n_groups)).astype(float).tolist()
         diff, ratio = frame.difference(), frame.ratio()  # between groups, as Fairlearn's
         out.update({  # demographic_parity_* and equal*_difference compute them
             f"{DP_DIFFERENCE}{sfx}": float(diff[SELECTION_RATE]),
@@ -96,19 +112,23 @@ def fairlearn_rates(
 
 def confusion_counts(
     y_true: npt.ArrayLike, y_pred: npt.ArrayLike, groups: npt.ArrayLike, n_groups: int,
-    n_classes: int,
+    n_classes: int, prob: npt.ArrayLike | None = None,
 ) -> np.ndarray:
-    """``(len(positive_classes), 3, n_groups)``: for each positive class, the true positives,
-    false positives and positives (:data:`COUNTS`) of each group. One row adds at most 1 to
-    two of these numbers (its own class's positives and either that class's true positives or
-    the predicted class's false positives): an L2 sensitivity of ``sqrt(2)``."""
+    """``(len(positive_classes), 3 or 4, n_groups)``: for each positive class, the true
+    positives, false positives and positives (:data:`COUNTS`) of each group, and with
+    ``prob`` the sum of the class's predicted probabilities. One row adds at most 1 to two of
+    the counts (its own class's positives and either that class's true positives or the
+    predicted class's false positives) and its probabilities, whose squares sum to at most 1,
+    to the sums: an L2 sensitivity of ``sqrt(2)``, ``sqrt(3)`` with ``prob``."""
     y, pred = np.asarray(y_true).ravel(), np.asarray(y_pred).ravel()
     g = np.asarray(groups, dtype=np.int64).ravel()
+    p = None if prob is None else np.asarray(prob, dtype=np.float64)
     per_class = []
     for c in positive_classes(n_classes):
         true_c, pred_c = y == c, pred == c
+        weights = [true_c & pred_c, ~true_c & pred_c, true_c] + ([] if p is None else [p[:, c]])
         per_class.append([np.bincount(g, weights=w.astype(np.float64), minlength=n_groups)
-                          for w in (true_c & pred_c, ~true_c & pred_c, true_c)])
+                          for w in weights])
     return np.asarray(per_class, dtype=np.float64)
 
 
@@ -118,7 +138,8 @@ def rates_from_counts(n: npt.ArrayLike, counts: np.ndarray, n_classes: int) -> d
     below 1 counts as 1)."""
     rows = np.asarray(n, dtype=np.float64)
     out: dict[str, Any] = {}
-    for c, (tp, fp, pos) in zip(positive_classes(n_classes), counts, strict=True):
+    for c, per_class in zip(positive_classes(n_classes), counts, strict=True):
+        tp, fp, pos = per_class[:3]
         sfx = suffix(c, n_classes)
         rates = {
             SELECTION_RATE: _rate(tp + fp, rows),
@@ -127,7 +148,9 @@ def rates_from_counts(n: npt.ArrayLike, counts: np.ndarray, n_classes: int) -> d
             "false_negative_rate": _rate(pos - tp, pos),
             "precision": _rate(tp, tp + fp),
         }
-        out.update({f"group_{m}{sfx}": rates[m].tolist() for m in MEASURES})
+        if len(per_class) > 3:  # the predicted probabilities' sums
+            rates[CALIBRATION] = _rate(np.abs(per_class[3] - pos), rows)
+        out.update({f"group_{m}{sfx}": rates[m].tolist() for m in MEASURES if m in rates})
         out.update({f"{k}{sfx}": v for k, v in disparities(rates).items()})
     return _with_worst(out, n_classes)
 

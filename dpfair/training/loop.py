@@ -244,13 +244,14 @@ class _Log:
             test = noisy_group_metrics(
                 found.y_true, found.y_pred, found.groups, found.loss, dataset.n_groups,
                 noise_multiplier=release.noise_multiplier, loss_clip=release.loss_clip,
-                rng=self.test_rng, fairness_classes=dataset.n_classes if fairness else None)
+                rng=self.test_rng, fairness_classes=dataset.n_classes if fairness else None,
+                prob=found.prob)
         else:
             self.test_predictions = found
             test = metrics_from_predictions(found, dataset.n_classes, dataset.n_groups)
             if fairness:
                 test.update(fairlearn_rates(found.y_true, found.y_pred, found.groups,
-                                            dataset.n_groups, dataset.n_classes))
+                                            dataset.n_groups, dataset.n_classes, found.prob))
         self.history.append({"epoch": epoch, "step": t, "test": test})
         return self.history[-1]
 
