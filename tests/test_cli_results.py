@@ -107,3 +107,23 @@ def test_many_groups_show_the_worst_the_pair_and_the_fewest_and_name_the_others(
     left = [g for g in groups if g not in shown]
     assert left and f"{len(left)} of 10 left out here" in text, text
     assert all(g in text for g in left) and "dpfair results --full" in text
+
+
+def test_the_fairness_measures_experiment_show_names_have_columns_and_a_legend():
+    """``experiment.show: [dp_ratio, eo_diff]`` adds their columns (and privacy cost) to
+    results.csv; the terminal shows them before any group it has no room for."""
+    groups = [f"region {i}" for i in range(6)]
+    frame = _frame(groups)
+    for column in ("dp_ratio", "Δ dp_ratio", "eo_diff", "Δ eo_diff"):
+        frame[column] = "0.812 ± 0.031"
+    header, legend = _shown(frame, _facts(groups))
+    assert "dp" in header and "ratio" in header and "Δ eo" in header and "diff" in header
+    assert "demographic parity" in " ".join(legend)
+    header, legend = _shown(_frame(groups), _facts(groups))
+    assert "ratio" not in header and "demographic parity" not in " ".join(legend)
+    every = _frame(groups)  # all four and their costs: more than 120 columns hold
+    for name in ("dp_diff", "dp_ratio", "eo_diff", "eop_diff"):
+        every[name] = every[f"Δ {name}"] = "0.1 ± 0.01"
+    header, legend = _shown(every, _facts(groups))
+    assert "dp" in header and "not shown for want of room: " in " ".join(legend)
+    assert "eop_diff" in " ".join(legend).split("want of room")[1]

@@ -117,6 +117,26 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     assert "without guarantee, not covered: non-private reference, fairlens" in plan.total_label
     markdown = (tmp_path / "out" / "results.md").read_text()
     assert markdown.count(TEST_METRICS_NOTE) == 1 and REPLAYABLE_NOISE in markdown
+    # the practitioners' measures, and their privacy cost against the reference
+    assert "## Fairness measures across groups" in markdown
+    assert "## Selection and error rates per group" in markdown
+    dp = {r.label: r.headline["demographic_parity_ratio"] for r in records}
+    eo = {r.label: r.headline["equalized_odds_difference"] for r in records}
+    assert summary.by_method["dpsgd"]["demographic_parity_ratio_privacy_cost"] == \
+        pytest.approx(dp["nonprivate"] - dp["dpsgd"])  # a lower ratio: less fair, cost > 0
+    assert summary.by_method["dpsgd"]["equalized_odds_difference_privacy_cost"] == \
+        pytest.approx(eo["dpsgd"] - eo["nonprivate"])
+    assert f"{eo['dpsgd'] - eo['nonprivate']:.3f}" in markdown
+    # DVC: the long set in details.json, none in metrics.json (its 120 columns)
+    from dpfair.pipeline.dvc_outputs import write_outputs
+
+    paths = write_outputs(tmp_path / "out" / "results.csv", tmp_path / "evaluation")
+    details = json.loads(paths["details.json"].read_text())["fairness"]
+    assert details["demographic_parity_ratio"]["dpsgd"]["all"] == round(dp["dpsgd"], 4)
+    assert details["equalized_odds_difference_privacy_cost"]["dpsgd"]["all"] == round(
+        eo["dpsgd"] - eo["nonprivate"], 4)
+    assert set(details["selection_rate"]["nonprivate"]) == set(dataset.group_names)
+    assert "fairness" not in paths["metrics.json"].read_text()
     csv = (tmp_path / "out" / "results.csv").read_text()
     assert EPSILON_METHOD in csv and HEURISTIC in csv and plan.total_label in csv
 
@@ -232,6 +252,7 @@ def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
 
 
 def test_final_runs_have_few_well_named_metrics_and_no_none_params(pipeline):
+    from dpfair.fairness import rates
     from dpfair.privacy import accounting
 
     client = pipeline["client"]
@@ -243,6 +264,7 @@ def test_final_runs_have_few_well_named_metrics_and_no_none_params(pipeline):
                 *(f"final/test/{k}" for k in ("accuracy", "macro_accuracy",
                                                "worst_group_accuracy", "largest_group_gap")),
                 *(f"final/test/group_accuracy/{g}" for g in groups),
+                *(f"final/test/{d}" for d in rates.DISPARITIES),
                 "wall_time_s", "epsilon", "epsilon_method_release"}
     assert set(logged.data.metrics) == expected
     assert [m.step for m in client.get_metric_history(record.run_id, "test/accuracy")] == [1, 2]

@@ -60,6 +60,16 @@ def _oracle(events: list[dp_event.DpEvent], delta: float) -> float:
 NOISY = {"release": "noisy", "epsilon": 0.5, "delta": TEST_DELTA}
 
 
+def _test_gaussians(release) -> list[dp_event.DpEvent]:
+    """What one run's noisy test release is, written out for dp_accounting: a Gaussian of
+    noise multiplier z per evaluation, and (``fairness``, the default) the last one's fairness
+    counts and probability sums, the same noise per coordinate over the same sensitivity of
+    sqrt(3): z again."""
+    z = release.noise_multiplier
+    return ([dp_event.GaussianDpEvent(z)] * release.releases
+            + [dp_event.GaussianDpEvent(z)] * release.fairness)
+
+
 def test_test_split_total_is_the_composition_of_every_method_and_seed():
     ref = _release("nonprivate", {"name": "nonprivate"}, NOISY)
     dpsgd = _release("dpsgd", {"name": "dpsgd", "C": 1.0}, NOISY, epochs=5)
@@ -69,12 +79,21 @@ def test_test_split_total_is_the_composition_of_every_method_and_seed():
                  for m in (ref, dpsgd, lens) for t in m.test_releases
                  for _ in range(t.releases)]
     assert len(gaussians) == 2 * 3 + 2 * 5 + 3 * 3  # one per evaluated epoch of every run
-    assert plan.epsilon_test_total == pytest.approx(_oracle(gaussians, TEST_DELTA), rel=1e-4)
+    # and each run's fairness counts (test_metrics.fairness, the default), once: the same
+    # noise per coordinate over the same sensitivity of sqrt(3): one more Gaussian of z
+    counts = [dp_event.GaussianDpEvent(t.noise_multiplier)
+              for m in (ref, dpsgd, lens) for t in m.test_releases if t.fairness]
+    assert len(counts) == 2 + 2 + 3
+    assert plan.epsilon_test_total == pytest.approx(_oracle(gaussians + counts, TEST_DELTA),
+                                                    rel=1e-4)
+    assert plan.epsilon_test_total > _oracle(gaussians, TEST_DELTA) * 1.05
     assert plan.test_delta == TEST_DELTA
     # per method: its seeds composed, whatever its training guarantee (no training row here)
-    assert lens.epsilon_test == pytest.approx(
-        _oracle([dp_event.GaussianDpEvent(lens.test_releases[0].noise_multiplier)] * 9,
-                TEST_DELTA), rel=1e-4)
+    z = lens.test_releases[0].noise_multiplier
+    assert lens.epsilon_test == pytest.approx(_oracle(
+        [dp_event.GaussianDpEvent(z)] * 9
+        + [dp_event.GaussianDpEvent(z)] * 3, TEST_DELTA),
+        rel=1e-4)
     assert ref.epsilon_test is not None and math.isfinite(ref.epsilon_test)
     # every run alone reaches its target; composed, more; never the sum of epsilons
     assert all(t.epsilon == pytest.approx(0.5, rel=1e-3) for t in dpsgd.test_releases)
@@ -121,8 +140,7 @@ def test_the_source_ledger_records_the_noisy_test_releases_too(tmp_path):
     data = DataVersion("loans", "v1", "public-v1", {"row": ["a", "b"]})
     release = gate.admit(plan, data).release
     ledger = gate.ledger
-    tests = [dp_event.GaussianDpEvent(t.noise_multiplier) for m in (dpsgd, lens)
-             for t in m.test_releases for _ in range(t.releases)]
+    tests = [e for m in (dpsgd, lens) for t in m.test_releases for e in _test_gaussians(t)]
     expected = _oracle([plan.event_total, *tests], DELTA)
     assert release.epsilon == pytest.approx(expected, rel=1e-4)
     assert release.epsilon > plan.epsilon_total  # more than the training alone
@@ -140,9 +158,8 @@ def test_the_source_ledger_records_the_noisy_test_releases_too(tmp_path):
     retry = retry_event(plan, {("dpsgd", 1): 1, ("fairlens", 0): 1})
     per_run = dpsgd.test_releases[1]
     assert accounting_epsilon(retry) == pytest.approx(_oracle(
-        [dpsgd.run_events[1], *[dp_event.GaussianDpEvent(per_run.noise_multiplier)] *
-         per_run.releases, *[dp_event.GaussianDpEvent(lens.test_releases[0].noise_multiplier)] *
-         lens.test_releases[0].releases], DELTA), rel=1e-4)
+        [dpsgd.run_events[1], *_test_gaussians(per_run),
+         *_test_gaussians(lens.test_releases[0])], DELTA), rel=1e-4)
 
 
 def accounting_epsilon(event: dp_event.DpEvent) -> float:
@@ -268,7 +285,8 @@ def test_train_command_prints_the_noisy_label_and_no_count(tmp_path, monkeypatch
     out = CliRunner().invoke(app, ["train", "--method", "dpsgd"])
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())
-    assert "test metrics: noisy (ε 1 at δ 1e-05 for the test split over 1 evaluation;" in text
+    assert ("test metrics: noisy (ε 1 at δ 1e-05 for the test split over 1 evaluation and the "
+            "fairness counts;") in text
     assert TEST_METRICS_NOTE not in text and "macro" not in text
     assert "│ minority │" in out.output and "— │" in out.output  # no count released
     from dpfair.ledger import SourceLedger

@@ -20,6 +20,7 @@ from sklearn.datasets import load_digits
 import dpfair.training.loop as loop_module
 from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.errors import PrivacyError
+from dpfair.fairness import rates
 from dpfair.privacy import accounting
 from dpfair.privacy.methods import registered_methods
 from dpfair.tracking.run_log import epsilon_by_group
@@ -326,7 +327,9 @@ def test_result_fields_and_privacy() -> None:
     assert result.val_metrics is not None and sum(result.val_metrics["group_count"]) == len(ds.val)
     assert result.nonprivate_stats == []
     model = result.load_model()
-    assert evaluate(model, ds.test, 2, 2) == result.test_metrics
+    found = result.test_predictions  # the last evaluation adds the fairness measures
+    fairness = rates.fairlearn_rates(found.y_true, found.y_pred, found.groups, 2, 2, found.prob)
+    assert {**evaluate(model, ds.test, 2, 2), **fairness} == result.test_metrics
     assert result.history[-1]["test"] == result.test_metrics
 
 

@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from dpfair.cli.base import WIDTH, console, percent, score
+from dpfair.fairness.rate_tables import COST
+from dpfair.fairness.rates import SHORT
 from dpfair.pipeline.dvc_outputs import ACC_GAP, TOTAL_ROW, WORST, number
 from dpfair.privacy.accounting import ACCOUNTANT_NONE
 from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
@@ -49,6 +51,12 @@ def _epsilon(cell: str) -> str:
     except ValueError:
         return "∞" if head == "∞" else "none" if cell else ""
     return head
+
+
+def _mean(cell: str) -> str:
+    """A fairness measure's ``"mean ± se"`` cell as its mean (3 decimals) or ``-``."""
+    value = number(cell)
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _groups(frame: pd.DataFrame, facts: Mapping[str, Any] | None) -> list[str]:
@@ -92,7 +100,14 @@ def _ranked(frame: pd.DataFrame, groups: Sequence[str], chosen: Sequence[str]) -
     return [*chosen, *sorted((g for g in groups if g not in chosen), key=lowest)]
 
 
-def _columns(frame: pd.DataFrame, groups: Sequence[str]) -> list[tuple[str, str]]:
+def _measures(frame: pd.DataFrame) -> list[str]:
+    """The fairness-measure columns of the table (``experiment.show``), in order."""
+    return [str(c) for c in frame.columns
+            if str(c).removeprefix(COST.format("")) in SHORT.values()]
+
+
+def _columns(frame: pd.DataFrame, groups: Sequence[str], measures: Sequence[str]
+             ) -> list[tuple[str, str]]:
     """``(column, short header)`` of the compact table, in order (headers on two lines: the
     quantity over the group, so a column is as wide as its cells)."""
     chosen = [(f"acc_{g}", f"acc\n{_short(g, _GROUP)}") for g in groups]
@@ -101,13 +116,15 @@ def _columns(frame: pd.DataFrame, groups: Sequence[str]) -> list[tuple[str, str]
     gap = next((c for c in ("pi_gap_max", "pi_gap") if c in frame.columns), None)
     if gap is not None:
         chosen.append((gap, "cost\ngap"))
+    chosen += [(c, c.replace("_", "\n", 1)) for c in measures]
     chosen += [(c, h) for c, h in ((EPSILON_RUN, "ε\nrun"), (EPSILON_METHOD, "ε\nmethod"),
                                    (EPSILON_TEST, "ε\ntest")) if c in frame.columns]
     return chosen
 
 
-def _table(frame: pd.DataFrame, title: str, groups: Sequence[str]) -> Table:
-    columns = _columns(frame, groups)
+def _table(frame: pd.DataFrame, title: str, groups: Sequence[str],
+           measures: Sequence[str] = ()) -> Table:
+    columns = _columns(frame, groups, measures)
     labels = ["run total" if str(label).startswith(TOTAL_ROW) else _short(str(label), _LABEL)
               for label in frame.index]
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
@@ -116,8 +133,9 @@ def _table(frame: pd.DataFrame, title: str, groups: Sequence[str]) -> Table:
         table.add_column(header, justify="right", no_wrap=True)
     for label, (_, row) in zip(labels, frame.iterrows(), strict=True):
         cells = [str(row[c]) for c, _ in columns]
-        cells = [_epsilon(cell) if header.startswith("ε") else cell
-                 for cell, (_, header) in zip(cells, columns, strict=True)]
+        cells = [_epsilon(cell) if header.startswith("ε") else
+                 _mean(cell) if column in measures else cell
+                 for cell, (column, header) in zip(cells, columns, strict=True)]
         table.add_row(label, *cells, style="bold" if label == "run total" else None)
     return table
 
@@ -139,16 +157,25 @@ def compact_table(frame: pd.DataFrame, title: str, facts: Mapping[str, Any] | No
     pair = [str(g) for g in (facts or {}).get("pair") or []]
     fewest = (facts or {}).get("fewest_test_rows")
     shown: list[str] = []
-    table = _table(frame, title, shown)
+    measures: list[str] = []
+    for measure in _measures(frame):  # experiment.show's, while they fit, before the groups
+        if _width(_table(frame, title, [], [*measures, measure])) <= WIDTH:
+            measures.append(measure)
+    table = _table(frame, title, shown, measures)
     for group in _ranked(frame, groups, _chosen(groups, worst, pair, fewest)):
-        wider = _table(frame, title, [g for g in groups if g in {*shown, group}])
+        wider = _table(frame, title, [g for g in groups if g in {*shown, group}], measures)
         if _width(wider) <= WIDTH:  # the groups that matter first, then the least accurate
             shown, table = [*shown, group], wider
     legend = textwrap.wrap(
         "acc: test accuracy, % (mean ± SE over seeds); cost gap: the largest gap in privacy "
         "cost between groups (Esipova et al. 2023, Eq. 1); ε run: one training run; ε method: "
         "its search + all seeds; none: no DP guarantee; run total: all composed"
-        + ("; ε test: the noisy test metrics'" if EPSILON_TEST in frame.columns else ""), WIDTH)
+        + ("; ε test: the noisy test metrics'" if EPSILON_TEST in frame.columns else "")
+        + ("; dp/eo/eop: demographic parity, equalized odds, equal opportunity (diff, ratio: "
+           "across groups, fractions, mean over seeds); Δ: their privacy cost against the "
+           "reference, > 0 less fair" if measures else "")
+        + (f"; not shown for want of room: {', '.join(left)} (results.md)"
+           if (left := [m for m in _measures(frame) if m not in measures]) else ""), WIDTH)
     return table, legend + _group_legend(groups, shown, worst, pair, fewest) + _accountants(
         frame)
 

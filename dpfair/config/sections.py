@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from dpfair.errors import TuningError, bools_as_numbers, did_you_mean, format_validation_error
+from dpfair.fairness import rates
 from dpfair.models import ModelConfig
 from dpfair.models.config import MLPConfig
 from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
@@ -79,6 +80,21 @@ class ExperimentSection(BaseModel):
         description="train the non-private reference on every seed (the privacy cost π needs "
         "it); its test metrics are released without any DP guarantee (budget section)",
     )
+    show: list[str] = Field(
+        default_factory=list, description="fairness measures the terminal's results table "
+        "shows per method with their privacy cost Δ (dp_diff, dp_ratio, eo_diff, eop_diff: "
+        "dpfair.fairness.rates); results.md, MLflow and DVC's details hold all of them")
+
+    @field_validator("show")
+    @classmethod
+    def _known_measures(cls, value: list[str]) -> list[str]:
+        known = list(rates.SHORT.values())
+        unknown = [v for v in value if v not in known]
+        if unknown:
+            raise ValueError(f"unknown fairness measure {unknown[0]!r}"
+                             f"{did_you_mean(unknown[0], known)}; name some of "
+                             f"{', '.join(known)}")
+        return value
 
     @field_validator("methods", mode="before")
     @classmethod

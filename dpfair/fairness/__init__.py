@@ -2,6 +2,9 @@
 
 Modules, bottom to top (STYLE.md section 4):
 
+* :mod:`.rates` -- selection and error rates per group and their disparities (demographic
+  parity, equalized odds, equal opportunity): Fairlearn's ``MetricFrame`` on predictions,
+  or post-processing of (noisy) confusion counts; numpy, Fairlearn loaded when used.
 * :mod:`.metrics` -- one model's test metrics per group and class (:func:`group_metrics`),
   the layer :mod:`dpfair.training` uses; numpy only.
 * :mod:`.costs` -- privacy cost pi_k, excess risk R_k, their gaps and Xu's equal cost of
@@ -9,6 +12,8 @@ Modules, bottom to top (STYLE.md section 4):
 * :mod:`.records` -- the canonical long table of many runs (:func:`runs_frame`) and its
   per-seed views; pandas.
 * :mod:`.tables` -- mean ± SE comparison tables in the papers' layouts; pandas.
+* :mod:`.rate_tables` -- the rates' and disparities' tables over seeds, with their privacy
+  cost against the reference; pandas.
 * :mod:`.significance` -- one-sided Wilcoxon tests against a baseline; pandas and scipy.
 
 Every public name is available here. The names of the pandas/scipy modules are loaded on
@@ -65,6 +70,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from dpfair.fairness.tables import Stats as Stats
     from dpfair.fairness.tables import comparison_stats as comparison_stats
     from dpfair.fairness.tables import comparison_table as comparison_table
+    from dpfair.fairness.tables import format_cell as format_cell
     from dpfair.fairness.tables import format_table as format_table
 
 # name -> submodule, for the names that need pandas or scipy (imported on first access)
@@ -74,7 +80,8 @@ _LAZY = {
          "runs_frame", "seed_table"),
         "records",
     ),
-    **dict.fromkeys(("Stats", "comparison_stats", "comparison_table", "format_table"), "tables"),
+    **dict.fromkeys(("Stats", "comparison_stats", "comparison_table", "format_cell",
+                     "format_table"), "tables"),
     **dict.fromkeys(
         ("ALPHA", "MIN_PAIRS", "higher_is_better", "seeds_needed", "significance_table",
          "wilcoxon_vs_baseline"),

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dpfair.fairness import rates
+
 ALL = "all"
 ACCURACY = "accuracy"
 LOSS = "loss"
@@ -80,9 +82,11 @@ def metric_records(
     canonical format of :func:`dpfair.fairness.records.runs_frame`.
 
     Per group: accuracy, loss, count; for :data:`ALL`: accuracy, loss, macro, worst-class
-    and worst-group accuracy. Per class (group ``"class:<name>"``) only when ``class_names``
-    is given. A metric absent from ``metrics`` (a noisy release has no count, no per-class
-    metric and no macro accuracy) has no record.
+    and worst-group accuracy; the measures of :mod:`dpfair.fairness.rates` when present
+    (per group ``selection_rate``, ...; for :data:`ALL` the disparities). Per class (group
+    ``"class:<name>"``) only when ``class_names`` is given. A metric absent from
+    ``metrics`` (a noisy release has no count, no per-class metric and no macro accuracy) has
+    no record.
     """
     if len(group_names) != len(metrics["group_accuracy"]):
         raise ValueError(
@@ -95,6 +99,10 @@ def metric_records(
     rows += [(ALL, metric, metrics[metric]) for metric in
              (ACCURACY, LOSS, MACRO_ACCURACY, WORST_CLASS_ACCURACY, WORST_GROUP_ACCURACY)
              if metric in metrics]
+    for key in rates.rate_keys(metrics):
+        rows += [(name, key[len("group_"):], metrics[key][k])
+                 for k, name in enumerate(group_names)]
+    rows += [(ALL, key, metrics[key]) for key in rates.disparity_keys(metrics)]
     if class_names is not None and "class_accuracy" in metrics:
         if len(class_names) != len(metrics["class_accuracy"]):
             raise ValueError(

@@ -12,6 +12,16 @@ sums: post-processing, no further cost. Per-class metrics are not released (they
 their own sums); ``R`` evaluations compose as ``R`` Gaussian mechanisms, see
 :func:`release_event`. The test split is disjoint from the training split, so this ε is
 that of the test rows; a person in both splits pays both.
+
+**Fairness counts.** With ``fairness`` the last evaluation also releases, for every group and
+positive class, the true positives, false positives and positives of
+:func:`dpfair.fairness.rates.confusion_counts` and the sum of the class's predicted
+probabilities; one example changes at most two of the counts by 1 and the sums by its
+probabilities (squares summing to at most 1): an L2 sensitivity of ``sqrt(3)``. They get the
+same noise per coordinate, standard deviation ``z * sqrt(3)``: a second Gaussian mechanism
+with noise multiplier ``z``, composed once with the ``R`` evaluations (:func:`release_event`).
+Selection and error rates, calibration errors and the disparities follow from the noisy counts
+and group sizes (:func:`dpfair.fairness.rates.rates_from_counts`: post-processing).
 """
 
 from __future__ import annotations
@@ -22,26 +32,39 @@ from typing import Any
 import dp_accounting
 import numpy as np
 
+from dpfair.fairness import rates
 from dpfair.privacy import accounting
 
 SENSITIVITY = math.sqrt(3.0)  # one example: +-1 to n_k, c_k and s_k / L of one group
+#: one example: +-1 to its class's positives and to one true- or false-positive count, and its
+#: class probabilities (squares summing to <= 1) to the probability sums
+COUNTS_SENSITIVITY = math.sqrt(3.0)
 
 
-def release_event(noise_multiplier: float, releases: int) -> dp_accounting.DpEvent:
-    """What ``releases`` noisy evaluations of the test split release (composed)."""
+def release_event(
+    noise_multiplier: float, releases: int, fairness: bool = False
+) -> dp_accounting.DpEvent:
+    """What ``releases`` noisy evaluations of the test split release (composed), with the
+    fairness counts of the last one when ``fairness`` (module docstring)."""
     if releases < 1:
         raise ValueError(f"releases must be >= 1, got {releases}")
-    return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.GaussianDpEvent(noise_multiplier), releases
-    )
+    sums = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(noise_multiplier), releases)
+    if not fairness:
+        return sums
+    counts = dp_accounting.GaussianDpEvent(noise_multiplier * SENSITIVITY / COUNTS_SENSITIVITY)
+    return dp_accounting.ComposedDpEvent([sums, counts])
 
 
-def calibrate(target_epsilon: float, delta: float, releases: int, rows: int = 1) -> float:
-    """Smallest noise multiplier whose ``releases`` evaluations reach ``target_epsilon`` for a
-    unit of ``rows`` rows (group privacy, :func:`dpfair.privacy.accounting.with_group`)."""
+def calibrate(
+    target_epsilon: float, delta: float, releases: int, rows: int = 1, fairness: bool = False
+) -> float:
+    """Smallest noise multiplier whose ``releases`` evaluations (and the fairness counts, when
+    ``fairness``) reach ``target_epsilon`` for a unit of ``rows`` rows (group privacy,
+    :func:`dpfair.privacy.accounting.with_group`)."""
     return accounting.noise_for_epsilon(
-        target_epsilon, lambda z: accounting.with_group(release_event(z, releases), rows), delta
-    )
+        target_epsilon,
+        lambda z: accounting.with_group(release_event(z, releases, fairness), rows), delta)
 
 
 def noisy_group_metrics(
@@ -54,10 +77,14 @@ def noisy_group_metrics(
     noise_multiplier: float,
     loss_clip: float,
     rng: np.random.Generator,
+    fairness_classes: int | None = None,
+    prob: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Per-group accuracy and loss, overall accuracy and loss and the worst group, from the
-    noisy sums of the module docstring. ``rng`` must be secret (OS entropy) for the release to
-    be covered by :func:`release_event`."""
+    noisy sums of the module docstring; with ``fairness_classes`` (the number of classes)
+    also the measures of :mod:`dpfair.fairness.rates` from the noisy fairness counts (and
+    the calibration error from the noisy probability sums, with ``prob``). ``rng``
+    must be secret (OS entropy) for the release to be covered by :func:`release_event`."""
     if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
     if not (loss_clip > 0 and math.isfinite(loss_clip)):
@@ -75,6 +102,8 @@ def noisy_group_metrics(
     loss = np.clip(s / size, 0.0, 1.0) * loss_clip
     total = max(float(n.sum()), 1.0)
     worst = int(np.argmin(acc))
+    found = {} if fairness_classes is None else _noisy_rates(
+        y_true, y_pred, g, n, n_groups, fairness_classes, noise_multiplier, rng, prob)
     return {
         "group_accuracy": acc.tolist(),
         "group_loss": loss.tolist(),
@@ -82,4 +111,17 @@ def noisy_group_metrics(
         "loss": float(np.clip(s.sum() / total, 0.0, 1.0) * loss_clip),
         "worst_group": worst,
         "worst_group_accuracy": float(acc[worst]),
+        **found,
     }
+
+
+def _noisy_rates(
+    y_true: np.ndarray, y_pred: np.ndarray, groups: np.ndarray, noisy_n: np.ndarray,
+    n_groups: int, n_classes: int, noise_multiplier: float, rng: np.random.Generator,
+    prob: np.ndarray | None,
+) -> dict[str, Any]:
+    """The rates of :mod:`dpfair.fairness.rates` from the fairness counts, each with Gaussian
+    noise of standard deviation ``noise_multiplier * SENSITIVITY`` (module docstring)."""
+    counts = rates.confusion_counts(y_true, y_pred, groups, n_groups, n_classes, prob)
+    noisy = counts + rng.normal(0.0, noise_multiplier * SENSITIVITY, size=counts.shape)
+    return rates.rates_from_counts(noisy_n, noisy, n_classes)

@@ -221,11 +221,12 @@ def format_table(
             if col == "equal_cost":
                 out.at[m, col] = "-" if math.isnan(mean) else ("yes" if mean else "no")
             else:
-                out.at[m, col] = _format_cell(mean * scale, se * scale, digits[prefix])
+                out.at[m, col] = format_cell(mean * scale, se * scale, digits[prefix])
     return out
 
 
-def _format_cell(mean: float, se: float, digits: int) -> str:
+def format_cell(mean: float, se: float, digits: int) -> str:
+    """``"mean ± se"`` at ``digits`` decimals; the mean alone without an SE; ``-`` for NaN."""
     if math.isnan(mean):
         return "-"
     mean = round(mean, digits) + 0.0  # "+ 0.0" turns a rounded -0.0 into 0.0

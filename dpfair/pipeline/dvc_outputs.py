@@ -20,7 +20,11 @@ run's ``results.csv`` (:func:`dpfair.pipeline.summary.summarise`: one row per me
   metrics, also ``epsilon_test`` per method and ``epsilon_test_total`` (the test split's ε,
   a different set of rows); with exact ones, ``test_metrics`` says that no ε covers them.
   ``epsilon_accountant.<method>`` and ``epsilon_total_accountant`` name the accountant of
-  each ε (the results table's accountant column).
+  each ε (the results table's accountant column). ``fairness.<measure>.<method>.<group>``:
+  the selection and error rates per group and their disparities (group ``all``) with their
+  privacy cost against the reference (:data:`FAIRNESS_CSV`, fractions, mean over seeds). They
+  are not in metrics.json: the default four methods' worst-group accuracies already take 116
+  of its 120 columns.
 - ``group_accuracy.csv``: test accuracy (a fraction) per method and group (every group and
   the worst group), for ``dvc plots``.
 - ``epsilon_accuracy.csv``: per method with an ε, the ε released and the worst-group accuracy.
@@ -47,6 +51,9 @@ COST_GAPS = ("pi_gap_max", "pi_gap")  # the largest privacy-cost gap, then the p
 TOTAL_ROW = "run total"  # how the row of the run's total ε starts (ReleasePlan.total_label)
 #: DVC's metrics (metrics.json): what `dvc metrics show` and `dvc exp show` fit in 120 columns
 SHORT = ("epsilon_total", "epsilon_test_total", "worst")
+#: Beside results.csv: every fairness measure per method and group, mean and SE over seeds
+#: (:func:`dpfair.fairness.rate_tables.long_summary`), read into details.json's ``fairness``
+FAIRNESS_CSV = "fairness.csv"
 
 
 def number(cell: str) -> float | None:
@@ -167,11 +174,26 @@ def evaluate(table: pd.DataFrame) -> tuple[dict[str, Any], pd.DataFrame, pd.Data
     return metrics, groups, curve
 
 
+def fairness_details(rows: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
+    """``{measure: {method: {group: mean}}}`` of a :data:`FAIRNESS_CSV` (the disparities and
+    their privacy cost under group ``all``); an undefined mean is left out."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for row in rows.itertuples(index=False):
+        value = number(row.mean)
+        if value is not None:
+            out.setdefault(str(row.measure), {}).setdefault(str(row.method), {})[
+                str(row.group)] = round(value, 4)
+    return out
+
+
 def write_outputs(results_csv: str | Path, out_dir: str | Path) -> dict[str, Path]:
     """Write ``metrics.json`` (:data:`SHORT`: DVC's metrics), ``details.json`` (every metric
     of :func:`evaluate`), ``group_accuracy.csv`` and ``epsilon_accuracy.csv`` under ``out_dir``
     from ``results_csv``; returns their paths."""
     metrics, groups, curve = evaluate(read_results(results_csv))
+    measures = Path(results_csv).with_name(FAIRNESS_CSV)
+    if measures.exists():
+        metrics["fairness"] = fairness_details(pd.read_csv(measures, keep_default_na=False))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in ("metrics.json", "details.json",

@@ -11,7 +11,10 @@ every group of the dataset, ``epsilon_run/<method>`` and
 guarantee), ``epsilon_total`` (and with noisy test metrics ``epsilon_test/<method>`` and
 ``epsilon_test_total``, the test split's line); the results table is an MLflow table artifact
 (``results/results_table.json``) beside ``results.md``, ``results.csv`` and ``groups.json``;
-the figures are at the artifact root. A child run per method (:func:`log_comparison_runs`)
+the figures are at the artifact root. With the fairness measures (``test_metrics.fairness``,
+:mod:`dpfair.fairness.rates`) the comparison also holds ``<disparity>/<method>`` and
+``<disparity>_privacy_cost/<method>`` (:mod:`dpfair.fairness.rate_tables`), and results.md
+their tables and the rates per group. A child run per method (:func:`log_comparison_runs`)
 holds the same comparison under one set of keys, which MLflow's charts plot side by side.
 """
 
@@ -28,7 +31,10 @@ import pandas as pd
 from dpfair import fairness
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
+from dpfair.fairness import rate_tables
+from dpfair.fairness.rates import DISPARITIES
 from dpfair.pipeline import report
+from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV
 from dpfair.pipeline.experiment import REFERENCE, RunRecord
 from dpfair.privacy import accounting
 from dpfair.release.plan import (
@@ -85,11 +91,16 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     compared: dict[str, float] = field(default_factory=dict)
     by_method: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: title -> table of the practitioners' fairness measures
+    #: (:func:`dpfair.fairness.rate_tables.measure_tables`)
+    measures: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     def markdown(self) -> str:
         parts = ["## Per-group results (mean ± SE over seeds)", "", self.table.to_markdown()]
         if self.notes:
             parts += ["", *(f"- {note}" for note in self.notes)]
+        for title, table in self.measures.items():
+            parts += ["", f"## {title}", "", table.to_markdown()]
         if not self.significance.empty:
             parts += ["", "## One-sided Wilcoxon p-values against the baseline", "",
                       self.significance.to_markdown()]
@@ -150,7 +161,9 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
         frame, list(dataset.group_names), reference=REFERENCE if has_reference else methods[0],
         layout="groups", pair=pair, costs=has_reference,
     )
-    table = _with_release(table, plan)
+    reference = REFERENCE if has_reference else None
+    table = _with_release(rate_tables.with_shown(table, frame, params.experiment.show,
+                                                 reference), plan)
     per_seed = fairness.seed_table(frame, groups,
                                    reference=REFERENCE if has_reference else methods[0])
     baseline = params.experiment.baseline
@@ -175,14 +188,20 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
     if bounds:
         figures["clip_bounds"] = report.plot_clip_bounds(bounds, out / "clip_bounds.png")
     notes = plan.notes()
-    (out / "results.md").write_text(Summary(table, significance, notes=notes).markdown())
+    measures = rate_tables.measure_tables(frame, dataset.group_names, dataset.class_names,
+                                          reference)
+    (out / "results.md").write_text(
+        Summary(table, significance, notes=notes, measures=measures).markdown())
     table.to_csv(out / "results.csv")
+    rate_tables.long_summary(frame, reference).to_csv(out / FAIRNESS_CSV, index=False)
     facts = group_facts(frame, list(dataset.group_names), pair)
     (out / GROUPS_JSON).write_text(json.dumps(facts))
+    by_method = per_method(runs, list(dataset.group_names))
+    for label, stats in rate_tables.disparity_stats(frame, reference).items():
+        by_method.setdefault(label, {}).update(stats)
     return Summary(table=table, significance=significance,
                    figures={k: str(v) for k, v in figures.items()}, notes=notes,
-                   by_method=(by_method := per_method(runs, list(dataset.group_names))),
-                   compared=_compared(by_method))
+                   by_method=by_method, compared=_compared(by_method), measures=measures)
 
 
 def group_facts(frame: pd.DataFrame, groups: list[str], pair: list[str] | None
@@ -254,7 +273,7 @@ def log_summary(tracking: TrackingConfig, run_id: str, summary: Summary | None,
     out = Path(out_dir)
     if summary is not None:
         log_metrics(tracking, run_id, summary.compared)
-        for name in ("results.md", "results.csv", GROUPS_JSON):
+        for name in ("results.md", "results.csv", GROUPS_JSON, FAIRNESS_CSV):
             log_file(tracking, run_id, out / name, "results")
         log_table(tracking, run_id, summary.table, "results/results_table.json")
         for path in summary.figures.values():  # the artifact root: the first thing one sees
@@ -347,7 +366,8 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
     dataset, guarantee, both ε (``inf`` without guarantee) and their accountants, δ, noise,
     data version, what it predicts for which groups (target, protected attributes, group
     names) and the test headline as fractions (what :mod:`dpfair.tracking.registry`'s champion
-    rule reads)."""
+    rule reads), with the fairness disparities of :mod:`dpfair.fairness.rates` where
+    released."""
     release = plan.methods[record.label]
     bounded = release.has_epsilon
     run, method = ((release.accountant_run, release.accountant) if bounded
@@ -372,6 +392,7 @@ def _tags(record: RunRecord, dataset: GroupedDataset, data_version: str, guarant
         "data_version": data_version,
         **_what_is_predicted(dataset),
         **{k: tag_number(record.headline[k]) for k in COMPARED},
+        **{k: tag_number(record.headline[k]) for k in DISPARITIES if k in record.headline},
         "source_run_id": record.run_id,
     }
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from dpfair.data import GroupedDataset
 from dpfair.fairness import max_gap
+from dpfair.fairness.rates import DISPARITIES
 from dpfair.metric_keys import renamed
 from dpfair.privacy import accounting
 from dpfair.release.plan import NO_NOISE, SECRET_NOISE
@@ -61,14 +62,16 @@ def log_data_input(tracking: TrackingConfig, run_id: str, dataset: GroupedDatase
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:
     """The :data:`HEADLINE` of a model's metrics: accuracy, macro accuracy, worst-group
-    accuracy and the largest gap between two groups' accuracies (NaN with < 2 groups). A
+    accuracy and the largest gap between two groups' accuracies (NaN with < 2 groups), and
+    the disparities of :mod:`dpfair.fairness.rates` where released (the last evaluation). A
     noisy test release has no macro accuracy (no per-class metric): it is left out."""
     try:
         gap = max_gap(metrics["group_accuracy"])[0]
     except ValueError:
         gap = math.nan
     return {**{k: float(metrics[k]) for k in HEADLINE[:3] if k in metrics},
-            "largest_group_gap": gap}
+            "largest_group_gap": gap,
+            **{k: float(metrics[k]) for k in DISPARITIES if k in metrics}}
 
 
 class EpochLogger:

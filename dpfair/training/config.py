@@ -94,7 +94,9 @@ class MetricsReleaseConfig(BaseModel):
     every evaluation releases only the Gaussian release of the per-group sums, its noise
     calibrated so that all the run's evaluations together reach ``epsilon`` at ``delta``
     (None: the run's ``delta``; below 1/n_test, checked once the data is known); losses are
-    clipped to ``[0, loss_clip]``. Per-class metrics and counts are then not released."""
+    clipped to ``[0, loss_clip]``. Per-class metrics and counts are then not released.
+    ``fairness``: the practitioners' measures of :mod:`dpfair.fairness.rates` too (noisy: from
+    the noisy confusion counts of the last evaluation, :mod:`dpfair.fairness.noisy`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -106,6 +108,10 @@ class MetricsReleaseConfig(BaseModel):
         None, gt=0.0, lt=1.0, description="δ of that ε (None: the run's delta); < 1/n_test")
     loss_clip: PositiveFloat = Field(
         10.0, allow_inf_nan=False, description="per-example test losses are clipped to [0, this]")
+    fairness: bool = Field(
+        True, description="also release the per-group selection and error rates and their "
+        "disparities (dpfair.fairness.rates; noisy: their confusion counts, once, at the last "
+        "evaluation, within epsilon)")
 
     @model_validator(mode="after")
     def _epsilon_for_noisy(self) -> MetricsReleaseConfig:

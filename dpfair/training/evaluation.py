@@ -18,26 +18,30 @@ from dpfair.metric_keys import metric_segments
 
 @dataclass(frozen=True)
 class Predictions:
-    """Per-example outputs on one split, as numpy arrays of equal length."""
+    """Per-example outputs on one split, as numpy arrays of equal length (``prob``: the class
+    probabilities, ``(n, n_classes)``, when :func:`predict` made them)."""
 
     y_true: np.ndarray
     y_pred: np.ndarray
     groups: np.ndarray
     loss: np.ndarray
+    prob: np.ndarray | None = None
 
 
 @torch.no_grad()
 def predict(model: nn.Module, split: Split, batch_size: int = 1024) -> Predictions:
-    """Predicted class and cross-entropy loss of every example of ``split``."""
+    """Predicted class, class probabilities and cross-entropy loss of every example of
+    ``split``."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    preds, losses = [], []
+    preds, losses, probs = [], [], []
     for start in range(0, len(split), batch_size):
         x = split.x[start : start + batch_size].to(device)
         y = split.y[start : start + batch_size].to(device)
         logits = model(x)
         preds.append(logits.argmax(dim=1).cpu())
+        probs.append(torch.softmax(logits, dim=1).double().cpu())
         losses.append(F.cross_entropy(logits, y, reduction="none").cpu())
     model.train(was_training)
     empty_long, empty_float = torch.empty(0, dtype=torch.long), torch.empty(0)
@@ -46,6 +50,7 @@ def predict(model: nn.Module, split: Split, batch_size: int = 1024) -> Predictio
         y_pred=torch.cat(preds).numpy() if preds else empty_long.numpy(),
         groups=split.g.cpu().numpy(),
         loss=torch.cat(losses).double().numpy() if losses else empty_float.double().numpy(),
+        prob=torch.cat(probs).numpy() if probs else None,
     )
 
 

@@ -25,7 +25,9 @@ reproducible.
 Test evaluation: the epochs of ``plan.eval_epochs``. Exact (default): the metrics of
 :func:`~dpfair.training.evaluation.metrics_from_predictions` and the last predictions are
 kept. Noisy: only :func:`dpfair.fairness.noisy.noisy_group_metrics` leaves the evaluation; no
-exact test value, no test prediction is kept in the history or the result.
+exact test value, no test prediction is kept in the history or the result. The last
+evaluation adds (``test_metrics.fairness``) the selection and error rates per group and their
+disparities (:mod:`dpfair.fairness.rates`): exact, Fairlearn's; noisy, from the noisy counts.
 
 Determinism: only a reproducible run repeats, and then bit for bit only for the same seed, the
 same device and the same number of torch threads (``torch.get_num_threads()``; the pipeline
@@ -50,6 +52,7 @@ from torch import nn
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError
 from dpfair.fairness.noisy import noisy_group_metrics
+from dpfair.fairness.rates import fairlearn_rates
 from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting, group_accounting
 from dpfair.privacy.accounting import Spend
@@ -235,15 +238,20 @@ class _Log:
     ) -> dict[str, Any]:
         found = predict(model, dataset.test, batch_size)
         release = self.plan.test
+        fairness = release.fairness and epoch == self.plan.eval_epochs.n_epochs  # the last
         if release.noisy:
             assert release.noise_multiplier is not None and release.loss_clip is not None
             test = noisy_group_metrics(
                 found.y_true, found.y_pred, found.groups, found.loss, dataset.n_groups,
                 noise_multiplier=release.noise_multiplier, loss_clip=release.loss_clip,
-                rng=self.test_rng)
+                rng=self.test_rng, fairness_classes=dataset.n_classes if fairness else None,
+                prob=found.prob)
         else:
             self.test_predictions = found
             test = metrics_from_predictions(found, dataset.n_classes, dataset.n_groups)
+            if fairness:
+                test.update(fairlearn_rates(found.y_true, found.y_pred, found.groups,
+                                            dataset.n_groups, dataset.n_classes, found.prob))
         self.history.append({"epoch": epoch, "step": t, "test": test})
         return self.history[-1]
 

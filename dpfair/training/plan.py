@@ -35,7 +35,9 @@ EXACT_TEST_METRICS = "exact (held-out test data; not covered by ε)"
 class MetricsRelease:
     """How a run releases its test metrics: ``releases`` evaluations (R), exact (``event``
     None) or each the Gaussian release of :mod:`dpfair.fairness.noisy` at
-    ``noise_multiplier``, all of them together ``event`` with ``epsilon`` at ``delta``. The
+    ``noise_multiplier`` (``fairness``: and the fairness counts of the last one), all of them
+    together ``event`` with ``epsilon`` at ``delta``. ``fairness`` also says whether the
+    measures of :mod:`dpfair.fairness.rates` are released (exact or noisy). The
     ε is that of the test rows, disjoint from the training rows: never composed with the
     training ε."""
 
@@ -45,6 +47,7 @@ class MetricsRelease:
     event: dp_event.DpEvent | None = None
     epsilon: float | None = None
     delta: float | None = None
+    fairness: bool = False
 
     @property
     def noisy(self) -> bool:
@@ -56,7 +59,8 @@ class MetricsRelease:
         if not self.noisy:
             return EXACT_TEST_METRICS
         return (f"noisy (ε {self.epsilon:.3g} at δ {self.delta:g} for the test split over "
-                f"{self.releases} evaluation{'s' * (self.releases != 1)}; noise multiplier "
+                f"{self.releases} evaluation{'s' * (self.releases != 1)}"
+                f"{' and the fairness counts' * self.fairness}; noise multiplier "
                 f"{self.noise_multiplier:.4g})")
 
 
@@ -134,10 +138,12 @@ def _schedule(config: TrainConfig, n_train: int) -> tuple[int, int, EvalEpochs]:
 
 
 @functools.lru_cache(maxsize=256)
-def _test_noise(epsilon: float, delta: float, releases: int, rows: int = 1) -> float:
+def _test_noise(
+    epsilon: float, delta: float, releases: int, rows: int = 1, fairness: bool = False
+) -> float:
     """:func:`dpfair.fairness.noisy.calibrate` for a unit of ``rows`` rows, cached (a search
     plans many runs)."""
-    return noisy.calibrate(epsilon, delta, releases, rows)
+    return noisy.calibrate(epsilon, delta, releases, rows, fairness)
 
 
 def metrics_release(
@@ -150,16 +156,18 @@ def metrics_release(
     releases = len(_schedule(config, n_train)[2])
     options = config.test_metrics
     if options.release == "exact":
-        return MetricsRelease(releases=releases)
+        return MetricsRelease(releases=releases, fairness=options.fairness)
     delta = config.test_delta
     if n_test is not None:
         check_delta(delta, n_test, allowed=config.allow_large_delta, key="test_metrics.delta",
                     opt_out="allow_large_delta")
     assert options.epsilon is not None  # MetricsReleaseConfig requires it when noisy
-    z = _test_noise(options.epsilon, delta, releases, config.rows_per_unit)
-    event = accounting.with_group(noisy.release_event(z, releases), config.rows_per_unit)
+    z = _test_noise(options.epsilon, delta, releases, config.rows_per_unit, options.fairness)
+    event = accounting.with_group(noisy.release_event(z, releases, options.fairness),
+                                  config.rows_per_unit)
     return MetricsRelease(releases=releases, noise_multiplier=z, loss_clip=options.loss_clip,
-                          event=event, epsilon=accounting.epsilon(event, delta), delta=delta)
+                          event=event, epsilon=accounting.epsilon(event, delta), delta=delta,
+                          fairness=options.fairness)
 
 
 def _step_event(

@@ -26,14 +26,45 @@ from pydantic import (
 from dpfair.errors import TuningError
 from dpfair.urls import STORAGE_SCHEMES, check_scheme, mask_url
 
-__all__ = ["PARAMS_STORAGE", "Scalar", "ScoreName", "TuningConfig"]
+__all__ = ["PARAMS_STORAGE", "Scalar", "ScoreConstraint", "ScoreName", "TuningConfig"]
 
 #: The most training runs one search may plan (``mu``, ``n_runs``) and the most worker
 #: processes one command starts: resource bounds, refused before any work.
 MAX_RUNS = 1_000
 MAX_WORKERS = 256
 
-ScoreName = Literal["macro_accuracy", "worst_group_accuracy", "accuracy", "loss"]
+ScoreName = Literal["macro_accuracy", "worst_group_accuracy", "accuracy", "loss",
+                    "demographic_parity_difference", "demographic_parity_ratio",
+                    "equalized_odds_difference", "equal_opportunity_difference"]
+#: the scores a search minimises (the others it maximises)
+MINIMISED = frozenset({"loss", "demographic_parity_difference", "equalized_odds_difference",
+                       "equal_opportunity_difference"})
+ACCURACIES = ("macro_accuracy", "worst_group_accuracy", "accuracy")
+
+
+class ScoreConstraint(BaseModel):
+    """An accuracy score subject to a fairness measure: a run whose measure (from the same
+    noisy validation table as its score) misses the bound scores ``score - 1``, below every
+    run that meets it (:func:`dpfair.tuning.score.release_score`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    measure: Literal["demographic_parity_difference", "demographic_parity_ratio",
+                     "equalized_odds_difference", "equal_opportunity_difference"]
+    at_least: float | None = Field(None, allow_inf_nan=False)
+    at_most: float | None = Field(None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> ScoreConstraint:
+        if (self.at_least is None) == (self.at_most is None):
+            raise ValueError("a constraint needs exactly one of at_least and at_most, e.g. "
+                             "{measure: demographic_parity_ratio, at_least: 0.8}")
+        return self
+
+    def met(self, value: float) -> bool:
+        """Whether ``value`` of :attr:`measure` meets the bound."""
+        return (value >= self.at_least if self.at_least is not None
+                else value <= self.at_most)  # type: ignore[operator]
 #: A value a search space may list (its JSON form keys the planned events and the fingerprint).
 Scalar: TypeAlias = str | int | float | bool | None
 
@@ -63,6 +94,9 @@ class TuningConfig(BaseModel):
     # Items are checked by _check (one message naming the key), not by pydantic's union.
     space: dict[str, list[SkipValidation[Scalar]]] = Field(default_factory=dict)
     score: ScoreName = "macro_accuracy"
+    constraint: ScoreConstraint | None = Field(
+        None, description="an accuracy score subject to a fairness measure, e.g. {measure: "
+        "demographic_parity_ratio, at_least: 0.8}")
     score_privacy: Literal["noisy", "public_validation"] = "noisy"
     sigma_score: PositiveFloat = Field(
         10.0,
@@ -129,10 +163,18 @@ class TuningConfig(BaseModel):
                     )
             if len({json.dumps(v) for v in values}) != len(values):
                 raise ValueError(f"space.{name}: duplicate values in {values}")
+        if self.constraint is not None and self.score not in ACCURACIES:
+            raise ValueError(f"constraint applies to an accuracy score ({', '.join(ACCURACIES)})"
+                             f"; score is {self.score!r}")
         if self.storage is not None and self.storage.startswith("journal:"):
             if not self.storage[len("journal:") :]:
                 raise ValueError("storage 'journal:PATH' needs a path")
         return self
+
+    @property
+    def minimize(self) -> bool:
+        """Whether the search minimises its score (a loss, a difference between groups)."""
+        return self.score in MINIMISED
 
     @property
     def grace(self) -> int:

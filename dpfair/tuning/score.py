@@ -12,6 +12,14 @@ count is 0 is skipped). For ``loss`` each example contributes ``(min(ℓ_i, L)/L
 score is used. The noise of a trial is drawn from OS entropy (``SeedSequence()``, kept
 nowhere); with ``TuningConfig.reproducible``, that of trial n from
 ``SeedSequence([seed, 78, n])``.
+
+**Fairness scores.** A disparity of :mod:`dpfair.fairness.rates` as the score (demographic
+parity difference or ratio, equalized-odds or equal-opportunity difference; the differences
+minimised), or an accuracy score subject to one (``TuningConfig.constraint``), releases the
+finer table of validation examples by (group, class, predicted class) instead: still one
+example in one cell, sensitivity 1, the same ``GaussianDpEvent(σ_score)``; the true and false
+positives and the positives of each group, and so the rates and accuracies, are
+post-processing of it (:func:`contingency`).
 """
 
 from __future__ import annotations
@@ -22,13 +30,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dpfair.fairness.rates import DISPARITIES, positive_classes, rates_from_counts
+
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
-    from dpfair.tuning.config import TuningConfig
+    from dpfair.tuning.config import ScoreConstraint, TuningConfig
     from dpfair.tuning.protocols import DatasetLike, PredictionsLike
 
-__all__ = ["NOISE_STREAM", "n_classes_groups", "release_score", "score_rng"]
+__all__ = ["NOISE_STREAM", "contingency", "n_classes_groups", "release_score", "score_rng"]
 
 NOISE_STREAM = 78  # "N": the SeedSequence stream of the score noise
 
@@ -62,9 +72,12 @@ def release_score(
     sigma_score: float | None,
     loss_clip: float,
     rng: np.random.Generator | None = None,
+    constraint: ScoreConstraint | None = None,
 ) -> float:
     """The selection score from validation predictions (``y_true``, ``y_pred``, ``groups``,
-    ``loss``), noised as described in the module doc when ``sigma_score`` is given."""
+    ``loss``), noised as described in the module doc when ``sigma_score`` is given; with
+    ``constraint`` an accuracy score minus 1 where the constraint's measure misses its
+    bound."""
     noisy = sigma_score is not None
     if noisy and rng is None:
         raise ValueError("a noisy score needs a random generator")
@@ -79,10 +92,51 @@ def release_score(
     y = np.asarray(_field(predictions, "y_true"), dtype=np.int64)
     yp = np.asarray(_field(predictions, "y_pred"), dtype=np.int64)
     g = np.asarray(_field(predictions, "groups"), dtype=np.int64)
-    table = np.zeros((n_groups, n_classes, 2), dtype=np.float64)
-    np.add.at(table, (g, y, (y == yp).astype(np.int64)), 1.0)
+    by_prediction = score in DISPARITIES or constraint is not None
+    table = contingency(y, yp, g, n_groups, n_classes, by_prediction)
     if noisy:
         table = np.maximum(table + rng.normal(0.0, sigma_score, size=table.shape), 0.0)
+    if not by_prediction:
+        return _accuracy_score(table, score)
+    found = _disparities(table)
+    if constraint is None:
+        return found[score]
+    value = _accuracy_score(_by_correct(table), score)
+    return value if constraint.met(found[constraint.measure]) else value - 1.0
+
+
+def contingency(y: np.ndarray, y_pred: np.ndarray, groups: np.ndarray, n_groups: int,
+                n_classes: int, by_prediction: bool = False) -> np.ndarray:
+    """The validation table a noisy score releases: examples by (group, class, correct), or
+    with ``by_prediction`` by (group, class, predicted class). Either way one example is in
+    exactly one cell: adding or removing one changes the table by 1 in one cell, an L2
+    sensitivity of 1."""
+    table = np.zeros((n_groups, n_classes, n_classes if by_prediction else 2), np.float64)
+    last = y_pred if by_prediction else (y == y_pred).astype(np.int64)
+    np.add.at(table, (groups, y, last), 1.0)
+    return table
+
+
+def _by_correct(table: np.ndarray) -> np.ndarray:
+    """A (group, class, predicted) table as (group, class, correct)."""
+    right = np.diagonal(table, axis1=1, axis2=2)
+    return np.stack([table.sum(axis=2) - right, right], axis=2)
+
+
+def _disparities(table: np.ndarray) -> dict[str, float]:
+    """The disparities of :mod:`dpfair.fairness.rates` (the worst class of a multi-class
+    target) from a (group, class, predicted) table: post-processing."""
+    n_classes = table.shape[1]
+    right = np.diagonal(table, axis1=1, axis2=2)  # (group, class): true positives
+    counts = np.asarray([[right[:, c], table[:, :, c].sum(axis=1) - right[:, c],
+                          table[:, c, :].sum(axis=1)] for c in positive_classes(n_classes)])
+    found = rates_from_counts(table.sum(axis=(1, 2)), counts, n_classes)
+    return {d: float(found[d]) for d in DISPARITIES}
+
+
+def _accuracy_score(table: np.ndarray, score: str) -> float:
+    """An accuracy score from a (group, class, correct) table."""
+    n_groups, n_classes = table.shape[:2]
 
     def acc(cells: np.ndarray) -> float | None:
         right, total = cells[..., 1].sum(), cells.sum()

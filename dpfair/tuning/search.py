@@ -141,7 +141,7 @@ def finish(
             f"study {job.study_name!r}: only {n_runs} of K={job.k} runs were started "
             "(workers exited early); call tune() again to resume"
         )
-    best_t = best_run(trials, job.k, minimize=cfg.score == "loss")
+    best_t = best_run(trials, job.k, minimize=cfg.minimize)
     best_params = None
     best_config = None
     if best_t is not None:

@@ -198,7 +198,7 @@ def open_study(job: TuningJob, storage: optuna.storages.BaseStorage, n_grid: int
     seconds for that K instead of writing its own.
     """
     cfg = job.cfg
-    direction = "minimize" if cfg.score == "loss" else "maximize"
+    direction = "minimize" if cfg.minimize else "maximize"
     try:
         study = optuna.create_study(storage=storage, study_name=job.study_name, direction=direction)
     except optuna.exceptions.DuplicatedStudyError:

@@ -76,7 +76,7 @@ def run_worker(
     train_fn = resolve(job.train_fn) if job.train_fn is not None else _default_train_fn
     on_trial_fn = resolve(job.on_trial) if job.on_trial is not None else None
     best: tuple[float, int, RunOutcome] | None = None
-    sign = -1.0 if cfg.score == "loss" else 1.0
+    sign = -1.0 if cfg.minimize else 1.0
     while not (stop_requested() or parent_gone(parent)) and (
             trial := _claim(study, job, dists)) is not None:
         outcome = _run(study, trial, job, index, train_fn)
@@ -185,6 +185,7 @@ def _train_and_score(trial: optuna.Trial, job: TuningJob, params: dict[str, Scal
         cfg.sigma_score if cfg.score_privacy == "noisy" else None,
         cfg.loss_clip,
         score_rng(cfg, trial.number),
+        cfg.constraint,
     )
     trial.set_user_attr("dpfair.score", value)
     return value, result

@@ -193,7 +193,11 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     metrics = json.loads((repo / "evaluation" / "details.json").read_text())
     assert set(metrics) == {"epsilon_total", "epsilon_total_accountant", "test_metrics", "worst",
                             "accuracy_gap", "cost_gap", "epsilon", "epsilon_run",
-                            "epsilon_accountant", "group_accuracy", "privacy"}
+                            "epsilon_accountant", "group_accuracy", "privacy", "fairness"}
+    # the practitioners' measures (results/fairness.csv), not DVC metrics: every rate per group
+    assert set(metrics["fairness"]["demographic_parity_ratio"]) == {"dpsgd", "nonprivate"}
+    assert set(metrics["fairness"]["selection_rate"]["dpsgd"]) == {"majority", "minority"}
+    assert "demographic_parity_ratio_privacy_cost" in metrics["fairness"]
     assert metrics["epsilon_total_accountant"] in ACCOUNTANTS  # every ε names its accountant
     assert set(metrics["epsilon_accountant"]) == {"dpsgd"}
     assert set(metrics["worst"]) == {"dpsgd", "nonprivate"}  # fractions, not percent

@@ -10,7 +10,9 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 from scipy.stats import norm
 
+from dpfair.fairness import rates
 from dpfair.fairness.noisy import (
+    COUNTS_SENSITIVITY,
     SENSITIVITY,
     calibrate,
     noisy_group_metrics,
@@ -89,6 +91,47 @@ def test_noise_has_the_calibrated_scale_and_is_centred():
     # ratio c/n with both noised: std ~ z*sqrt(3)*sqrt(1 + acc^2)/n
     expected = z * SENSITIVITY * np.sqrt(1 + exact**2) / n_k
     assert draws.std(axis=0) == pytest.approx(expected, rel=0.2)
+
+
+def test_the_fairness_counts_add_the_accountants_figure_of_their_own_gaussian():
+    """At a fixed noise multiplier z, the test ε grows from R Gaussians to R Gaussians and the
+    counts' one, noise multiplier z (the same noise per coordinate over the same sensitivity
+    of sqrt(3)); recomputed with dp_accounting's accountants directly."""
+    z, releases, delta = 3.0, 5, 1e-5
+    without = accounting.epsilon(release_event(z, releases), delta)
+    with_counts = accounting.epsilon(release_event(z, releases, fairness=True), delta)
+    oracle = epsilon_oracle(*[dp_accounting.GaussianDpEvent(z)] * releases,
+                            dp_accounting.GaussianDpEvent(z),
+                            delta=delta)
+    assert with_counts == pytest.approx(oracle, rel=1e-4)
+    assert with_counts > without * 1.05
+    # calibrated to one target, the counts cost noise instead
+    assert calibrate(1.0, 1e-5, 4, fairness=True) > calibrate(1.0, 1e-5, 4)
+    z_fair = calibrate(1.0, 1e-5, 4, fairness=True)
+    assert epsilon_oracle(*[dp_accounting.GaussianDpEvent(z_fair)] * 4,
+                          dp_accounting.GaussianDpEvent(z_fair * SENSITIVITY / COUNTS_SENSITIVITY),
+                          delta=1e-5) == pytest.approx(1.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_noisy_fairness_rates_are_centred_on_fairlearns(n_classes):
+    rng = np.random.default_rng(2)
+    n = 6000
+    y, g = rng.integers(0, n_classes, n), rng.integers(0, 3, n)
+    pred = np.where(rng.random(n) < 0.75, y, rng.integers(0, n_classes, n))
+    loss = rng.exponential(0.5, n)
+    prob = rng.dirichlet(np.ones(n_classes), size=n)
+    exact = rates.fairlearn_rates(y, pred, g, 3, n_classes, prob)
+    draws = [noisy_group_metrics(y, pred, g, loss, 3, noise_multiplier=0.5, loss_clip=10.0,
+                                 rng=rng, fairness_classes=n_classes, prob=prob)
+             for _ in range(200)]
+    assert draws[0].keys() >= exact.keys()
+    for key in ("group_selection_rate" + rates.suffix(1, n_classes), "equalized_odds_difference",
+                "demographic_parity_ratio", "group_calibration_error" + rates.suffix(1, n_classes)):
+        mean = np.mean([d[key] for d in draws], axis=0)
+        np.testing.assert_allclose(mean, exact[key], atol=0.01, err_msg=key)
+    assert np.std([d["group_true_positive_rate" + rates.suffix(1, n_classes)][0]
+                   for d in draws]) > 0  # noisy
 
 
 def test_bad_arguments_are_refused():

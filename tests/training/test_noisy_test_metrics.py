@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.errors import ConfigError
-from dpfair.fairness import noisy
+from dpfair.fairness import noisy, rates
 from dpfair.training import EXACT_TEST_METRICS, TrainConfig, evaluate, make_plan, train
+from dpfair.training.evaluation import predict
 from tests.conftest import epsilon_oracle
 
 NOISY_KEYS = {"group_accuracy", "group_loss", "accuracy", "loss", "worst_group",
@@ -53,9 +54,11 @@ def test_the_plan_calibrates_the_noise_for_the_evaluations_the_loop_releases(
     plan = make_plan(cfg, len(ds.train), ds.n_groups, len(ds.test))
     assert plan.eval_epochs == evaluated and plan.test.releases == len(evaluated)
     z = plan.test.noise_multiplier
-    assert z == pytest.approx(noisy.calibrate(1.0, 1e-5, len(evaluated)))
-    # independently: R Gaussian mechanisms of noise multiplier z reach the target epsilon
-    gaussians = [dp_event.GaussianDpEvent(z)] * len(evaluated)
+    assert z == pytest.approx(noisy.calibrate(1.0, 1e-5, len(evaluated), fairness=True))
+    # independently: R Gaussian mechanisms of noise multiplier z and the fairness counts' one
+    # (test_metrics.fairness, the default) reach the target epsilon
+    gaussians = [dp_event.GaussianDpEvent(z)] * len(evaluated) + [
+        dp_event.GaussianDpEvent(z * noisy.SENSITIVITY / noisy.COUNTS_SENSITIVITY)]
     assert epsilon_oracle(*gaussians, delta=1e-5) == pytest.approx(1.0, rel=1e-3)
     assert plan.test.epsilon == pytest.approx(1.0, rel=1e-3) and plan.test.delta == 1e-5
     assert "noisy" in plan.test.label and EXACT_TEST_METRICS not in plan.test.label
@@ -81,11 +84,16 @@ def test_noisy_mode_releases_no_exact_test_value_and_its_noise_is_secret() -> No
                for k in first.model_state)
     exact = evaluate(first.load_model(), ds.test, ds.n_classes, ds.n_groups)
     assert all(0 < a < 1 for a in exact["group_accuracy"])  # else clipping could meet them
+    found = predict(first.load_model(), ds.test)
+    exact_rates = rates.fairlearn_rates(found.y_true, found.y_pred, found.groups, ds.n_groups,
+                                        ds.n_classes, found.prob)
     for result in (first, second):
         assert result.test_predictions is None and result.test_release.noisy
-        for entry in result.history:
-            assert set(entry["test"]) == NOISY_KEYS  # no count, no per-class, no macro
+        for entry in result.history:  # no count, no per-class, no macro; the last: the rates
+            assert set(entry["test"]) == NOISY_KEYS | set(exact_rates)
         released = result.test_metrics
+        inside = [k for k, v in exact_rates.items() if 0 < np.min(v) and np.max(v) < 1]
+        assert inside and all(released[k] != exact_rates[k] for k in inside)
         assert released["accuracy"] != exact["accuracy"]
         assert not set(released["group_accuracy"]) & set(exact["group_accuracy"])
         assert not set(released["group_loss"]) & set(exact["group_loss"])

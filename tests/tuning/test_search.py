@@ -272,3 +272,18 @@ def test_with_dpfair_training(tmp_path):
     assert res.best_result is not None and res.best_result.epsilon == pytest.approx(
         res.epsilon_training
     )
+
+
+def test_a_search_subject_to_a_fairness_constraint_runs_and_is_accounted(tmp_path):
+    """Accuracy subject to demographic-parity ratio >= 0.8, end to end: the search is
+    accounted like any other (the score's table has sensitivity 1, the same event), and the
+    selected run's released score is an accuracy, or an accuracy - 1 if none met the bound."""
+    plain = fast_tune(cfg(tmp_path, mode="fixed", n_runs=3, seed=1, reproducible=True,
+                          study_name="plain"))
+    c = cfg(tmp_path, mode="fixed", n_runs=3, seed=1, reproducible=True, score="accuracy",
+            constraint={"measure": "demographic_parity_ratio", "at_least": 0.8},
+            study_name="fair")
+    res = fast_tune(c)
+    assert res.K == 3
+    assert res.epsilon_search == pytest.approx(plain.epsilon_search)
+    assert -1.0 <= res.best_score <= 1.0
