@@ -151,3 +151,26 @@ def test_figures_fit_a_browser_with_many_groups_and_methods(fig_dir: Path) -> No
     for path in paths:
         _check_png(path)
         assert matplotlib.image.imread(path).shape[1] <= report.MAX_WIDTH_PX
+
+
+def test_rate_figures_and_the_report_page(runs: pd.DataFrame, fig_dir: Path) -> None:
+    """The per-group fairness rates as one panel per measure (none without rates), and the
+    report page that embeds every figure with the tables and notes."""
+    from dpfair.fairness.rates import MEASURES
+    from dpfair.pipeline.report_page import write_report_page
+
+    groups, methods = ["class 2", "class 8", "class 5"], list(ACCURACY)
+    assert report.plot_rate_figures(runs, fig_dir, groups, ["0", "1"], methods) == {}
+    rng = np.random.default_rng(1)
+    rows = [{"method": m, "seed": s, "group": g, "metric": k, "value": rng.uniform()}
+            for m in methods for s in range(3) for g in groups for k in MEASURES]
+    with_rates = F.runs_frame(pd.concat([runs, pd.DataFrame(rows)], ignore_index=True))
+    figures = report.plot_rate_figures(with_rates, fig_dir, groups, ["0", "1"], methods)
+    assert list(figures) == ["fairness_rates"]
+    _check_png(figures["fairness_rates"])
+    table = pd.DataFrame({"acc class 8": ["26.0 ± 1.0"]}, index=["dpsgd"])
+    page = write_report_page("digits: comparison", table, {"rates": table}, ["ε covers <all>"],
+                             figures, fig_dir / "report.html")
+    html = page.read_text()
+    assert html.count("<table") == 2 and "ε covers &lt;all&gt;" in html
+    assert 'alt="fairness rates" src="data:image/png;base64,iVBORw0KGgo' in html

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from dpfair import fairness
+from dpfair.fairness import rates
 
 DPI = 150
 MAX_WIDTH_PX = 1600
@@ -135,6 +136,48 @@ def plot_privacy_cost(
         title=f"{title} vs {reference}\nmean ± 1 SE over seeds; lower is better",
     )
     return _save(fig, path)
+
+
+def plot_rates(
+    runs: pd.DataFrame,
+    path: str | Path,
+    *,
+    groups: Sequence[str],
+    methods: Sequence[str],
+    measures: Sequence[str],
+    title: str,
+) -> Path | None:
+    """One panel per fairness measure of :mod:`dpfair.fairness.rates` (selection rate, error
+    rates, precision, calibration error; keys ``measures``), bars of mean ± 1 SE over seeds
+    per group and method, in percent; None when the runs released none of them."""
+    present = [m for m in measures if (runs["metric"] == m).any()]
+    if not present:
+        return None
+    fig, axes = _panels(len(present))
+    colors = _method_colors(runs)
+    for ax, measure in zip(axes, present, strict=True):
+        table = fairness.metric_table(runs, measure, groups) * 100.0
+        _grouped_bars(table, groups, [m for m in methods if m in table.index], colors, ax)
+        ax.set(title=measure.split("_class")[0].replace("_", " "), xlabel="group",
+               ylabel="%")
+    fig.suptitle(f"{title}\nmean ± 1 SE over seeds")
+    return _save(fig, path)
+
+
+def plot_rate_figures(runs: pd.DataFrame, out: Path, groups: Sequence[str],
+                      classes: Sequence[str], methods: Sequence[str]) -> dict[str, Path]:
+    """:func:`plot_rates` for each positive class (``fairness_rates[_class<c>].png``), keyed
+    by figure name; none when the runs released no rate."""
+    found = {}
+    for c in rates.positive_classes(len(classes)):
+        end = rates.suffix(c, len(classes))
+        path = plot_rates(runs, out / f"fairness_rates{end}.png", groups=groups,
+                          methods=methods, measures=[f"{m}{end}" for m in rates.MEASURES],
+                          title=f"Selection and error rates per group (positive class "
+                                f"{classes[c]!r})")
+        if path is not None:
+            found[f"fairness_rates{end}"] = path
+    return found
 
 
 def _history_matrix(runs: Sequence[History], group: str) -> tuple[np.ndarray, np.ndarray]:

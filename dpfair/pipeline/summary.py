@@ -36,6 +36,7 @@ from dpfair.fairness.rates import DISPARITIES
 from dpfair.pipeline import report
 from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV
 from dpfair.pipeline.experiment import REFERENCE, RunRecord
+from dpfair.pipeline.report_page import REPORT_PAGE, write_report_page
 from dpfair.privacy import accounting
 from dpfair.release.plan import (
     EPSILON_ACCOUNTANT,
@@ -187,12 +188,16 @@ def summarise(params: Params, dataset: GroupedDataset, runs: list[RunRecord],
               if r.clip_trajectory and r.seed == params.experiment.seeds[0]}
     if bounds:
         figures["clip_bounds"] = report.plot_clip_bounds(bounds, out / "clip_bounds.png")
+    figures.update(report.plot_rate_figures(frame, out, list(dataset.group_names),
+                                            list(dataset.class_names), methods))
     notes = plan.notes()
     measures = rate_tables.measure_tables(frame, dataset.group_names, dataset.class_names,
                                           reference)
     (out / "results.md").write_text(
         Summary(table, significance, notes=notes, measures=measures).markdown())
     table.to_csv(out / "results.csv")
+    figures["report"] = write_report_page(f"{dataset.name}: comparison of the methods", table,
+                                          measures, notes, figures, out / REPORT_PAGE)
     rate_tables.long_summary(frame, reference).to_csv(out / FAIRNESS_CSV, index=False)
     facts = group_facts(frame, list(dataset.group_names), pair)
     (out / GROUPS_JSON).write_text(json.dumps(facts))

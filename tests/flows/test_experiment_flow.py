@@ -192,7 +192,7 @@ def test_flow_logs_everything_to_mlflow(prefect_harness, tmp_path, repo_root, mo
     event_path = client.download_artifacts(dpsgd[0].info.run_id, "dp_event.json", str(tmp_path))
     assert json.loads(Path(event_path).read_text())["type"] == "SelfComposedDpEvent"
     listed = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"group_accuracy.png", "privacy_cost.png"} <= listed  # the root: one click
+    assert {"group_accuracy.png", "privacy_cost.png", "report.html"} <= listed  # one click
     png = client.download_artifacts(parent.info.run_id, "group_accuracy.png", str(tmp_path))
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # one comparison child run per method, the same keys on each: one chart per metric in
