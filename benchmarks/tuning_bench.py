@@ -1,6 +1,6 @@
 """A CPU tuning run: dpsgd and bounded_adaptive on Dutch, TNB search, 1 and 2 workers.
 
-For each method, the same private search (DESIGN.md section 6) is run twice, once with one
+For each method, the same private search (README: "Private tuning") is run twice, once with one
 worker in this process and once with two worker processes sharing an Optuna journal file in a
 temporary directory. Both runs use the same tuning seed in ``reproducible`` mode, so they draw
 the same K and the same configurations (draws are reseeded per trial number): the two runs do

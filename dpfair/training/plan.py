@@ -1,4 +1,4 @@
-"""What one run does, fixed before any data is touched (STYLE.md section 3).
+"""What one run does, fixed before any data is touched.
 
 :func:`make_plan` derives from a :class:`TrainConfig` and the training set's size the sample
 rate ``q = batch_size / n_train``, the step count ``T`` (``steps``, or ``epochs * ceil(n / B)``,

@@ -4,7 +4,7 @@
 a bar when stderr is an interactive terminal and ``CI`` is not set, none in logs, pipes and
 CI. ``true`` always shows one (a non-terminal gets its final state), ``false`` never.
 Trainings running at once in threads (the pipeline's trainings) share one rich display, one
-line each. The library layers import no rich (STYLE.md section 4): :func:`progress_bar`
+line each. The library layers import no rich (ARCHITECTURE.md): :func:`progress_bar`
 imports it only when a bar is shown, else the bar does nothing.
 """
 

@@ -1,4 +1,4 @@
-"""One Prefect temporary server for all flow tests (DESIGN.md section 8: ~20 s to start on
+"""One Prefect temporary server for all flow tests (about 20 s to start on
 2 cores), with PREFECT_HOME in a temp dir; library tests never touch Prefect."""
 
 from __future__ import annotations
