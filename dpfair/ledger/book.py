@@ -209,14 +209,15 @@ class SourceLedger:
         with self.store.locked() as conn:
             accounts, new = self._accounts(conn, source, version, fingerprints, disjoint,
                                            account)
-            by_account = self._account_releases(conn, accounts)
-            totals = {a: _composed_epsilon(rs, [event], delta) if rs else own
-                      for a, rs in by_account.items()}
-            worst = max(totals, key=lambda a: totals[a])
-            if lifetime_epsilon is not None and not totals[worst] <= lifetime_epsilon:
-                raise BudgetExceededError(self._refusal(
-                    source, version, by_account[worst], own, totals[worst], delta,
-                    lifetime_epsilon, len(accounts)))
+            if lifetime_epsilon is not None:  # without a limit nothing needs the composition
+                by_account = self._account_releases(conn, accounts)
+                totals = {a: _composed_epsilon(rs, [event], delta) if rs else own
+                          for a, rs in by_account.items()}
+                worst = max(totals, key=lambda a: totals[a])
+                if not totals[worst] <= lifetime_epsilon:
+                    raise BudgetExceededError(self._refusal(
+                        source, version, by_account[worst], own, totals[worst], delta,
+                        lifetime_epsilon, len(accounts)))
             if new:
                 Store.add_version(conn, version, source, accounts, fingerprints or {}, disjoint)
             row = {
