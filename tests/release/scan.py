@@ -25,6 +25,7 @@ public counts never become markers (:func:`tests.release.private_table.public_co
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import gzip
 import hashlib
@@ -65,6 +66,7 @@ _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?
 _HEX_ID = re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b"
                      r"|\b[0-9a-fA-F]{16,}\b")
 _PRINTABLE = re.compile(rb"[\x20-\x7e\t\n\r]{8,}")
+_DATA_URI = re.compile(r"data:[\w/+.-]+;base64,([A-Za-z0-9+/=]+)")
 
 
 @dataclass(frozen=True)
@@ -184,16 +186,26 @@ def _opened(data: bytes) -> Iterator[tuple[str, bytes]]:
 
 def _in_bytes(place: str, where: str, data: bytes, markers: Markers) -> list[Finding]:
     try:
-        found = _in_text(place, where, data.decode("utf-8"), markers)
-    except UnicodeDecodeError:  # binary: strings as bytes, numbers in its printable runs
-        lower = data.lower()
-        found = [Finding(place, where, f"{name} {marker!r}", "(bytes)")
-                 for name, marker in markers.strings.items()
-                 if marker.lower().encode() in lower
-                 or marker.lower().encode("utf-16-le") in lower]
-        for run in _PRINTABLE.finditer(data):
-            found += [f for f in _in_text(place, where, run.group().decode("ascii"), markers)
-                      if not f.marker.startswith(tuple(markers.strings))]
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        # a text file holds numbers as text, never as raw float bytes (four letters of a page
+        # can spell a float32 by chance); the files it embeds (base64 data URIs) are read whole
+        found = _in_text(place, where, text, markers)
+        for i, embedded in enumerate(_DATA_URI.finditer(text)):
+            found += _in_bytes(place, f"{where}!data-uri{i}",
+                               base64.b64decode(embedded.group(1)), markers)
+        return found
+    # binary: strings as bytes, numbers in its printable runs and as float bytes
+    lower = data.lower()
+    found = [Finding(place, where, f"{name} {marker!r}", "(bytes)")
+             for name, marker in markers.strings.items()
+             if marker.lower().encode() in lower
+             or marker.lower().encode("utf-16-le") in lower]
+    for run in _PRINTABLE.finditer(data):
+        found += [f for f in _in_text(place, where, run.group().decode("ascii"), markers)
+                  if not f.marker.startswith(tuple(markers.strings))]
     for name, value in markers.floats.items():
         for kind, pattern in _float_bytes(value).items():
             if pattern in data:

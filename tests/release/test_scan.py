@@ -115,3 +115,20 @@ def test_the_markers_training_rows_are_the_loaders(tmp_path, monkeypatch):
         "datasets": {"loans": {**private_table.OPTIONS, "path": "loans.csv"}},
         "experiment": {"dataset": "loans"}}))
     private_table.check_split_matches(table, Path("params.yaml"))
+
+
+def test_a_page_is_read_as_text_and_its_embedded_files_as_bytes():
+    """Four letters of a text page can spell a float32 by chance: a page is searched as text,
+    and the files it embeds (base64 data URIs) as files of their own."""
+    import base64
+    import struct
+
+    ascii_mean = 52081.38302259496  # the release test's mean once: its float32 is b"GKqb"
+    spelled = struct.pack(">f", ascii_mean).decode("ascii")
+    scan = Scan("test")
+    scan.data("page", f"<p>{spelled} by chance</p>".encode(), Markers({}, {"mean": ascii_mean},
+                                                                      {}))
+    assert scan.findings == []
+    png_like = b"\x89PNG\r\n\x1a\n" + struct.pack(">f", MEAN) + b"\x00\xff" * 8
+    page = f'<img src="data:image/png;base64,{base64.b64encode(png_like).decode()}">'
+    assert _found(page.encode()) == {"mean"}
