@@ -1,6 +1,6 @@
 """Fairness of private training: per-run metrics, privacy cost, tables and significance tests.
 
-Modules, bottom to top (STYLE.md section 4):
+Modules, bottom to top (ARCHITECTURE.md):
 
 * :mod:`.rates` -- selection and error rates per group and their disparities (demographic
   parity, equalized odds, equal opportunity): Fairlearn's ``MetricFrame`` on predictions,
