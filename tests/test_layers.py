@@ -1,4 +1,4 @@
-"""dpfair imports downward only (STYLE.md section 4; ARCHITECTURE.md draws the layers).
+"""dpfair imports downward only (ARCHITECTURE.md draws the layers).
 
 Layers, bottom to top: the leaves (``errors``, ``urls``, ...); ``data``, ``models``,
 ``privacy``; ``fairness`` metrics; ``training``; tuning's core, ``audit``; ``config`` and

@@ -1,4 +1,4 @@
-"""The method registry: a method is one module plus ``@register_method`` (STYLE.md section 1).
+"""The method registry: a method is one module plus ``@register_method``.
 
 Each module of this package holds a method's pydantic config (a :class:`MethodSpec`, strict,
 frozen, discriminated on its ``name`` literal), its rule (a :class:`Method`) and the
