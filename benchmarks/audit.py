@@ -28,7 +28,7 @@ from machine import cpu_model, load_average
 from dpfair.audit import AuditResult, AuditSettings, audit
 from dpfair.audit.plot import score_figure
 from dpfair.data import load_dataset
-from dpfair.privacy.methods import Dpsgd, DpsgdConfig
+from dpfair.methods import Dpsgd, DpsgdConfig
 from dpfair.training import TrainConfig
 
 RESULTS = Path(__file__).parent / "results"
@@ -118,7 +118,7 @@ def report(args: argparse.Namespace, found: list[tuple[str, str, AuditResult, fl
         "*certifiable ≤*: the largest ε these canaries could show with every guess right. "
         "Bound: Steinke, Nasr & Jagielski 2023, (ε, δ) with abstentions, rounded down "
         "(`dpfair/audit/bound.py`). DPSGD-F's claimed ε is each group's own steps accounted "
-        "(`dpfair/privacy/group_accounting.py`).",
+        "(`dpfair/accounting/per_group.py`).",
         "* Canaries: *gradient* = white-box Dirac canaries (a per-sample gradient of norm 1000 "
         "on one random parameter, clipped by the method like any example; score: the "
         "parameter's move against it); *mislabel* = black-box, group members with the other "

@@ -2,7 +2,7 @@
 
 The release: a private search (TNB, η = 1, μ = 5, each run's noisy validation score with
 σ_score = 10σ) and the final run on each of 3 seeds, all on Adult's training rows, must spend
-ε 3 in total at δ 1e-5. Budget-first planning (:func:`dpfair.privacy.budget.
+ε 3 in total at δ 1e-5. Budget-first planning (:func:`dpfair.accounting.calibration.
 noise_scale_for_budget`) finds the one noise factor that meets it, once with RDP alone (the
 old accountant: Papernot & Steinke for the search) and once with the tightest valid accountant
 (PLD for the runs, the privacy-profile bound for the search). The final models are then
@@ -29,9 +29,9 @@ import torch
 from dp_accounting import dp_event
 from machine import cpu_model, load_average
 
+from dpfair import accounting
+from dpfair.accounting.calibration import scale_noise
 from dpfair.data import load_dataset
-from dpfair.privacy import accounting
-from dpfair.privacy.budget import scale_noise
 from dpfair.training import TrainConfig, make_plan, train
 from dpfair.tuning import TuningConfig, search_event
 

@@ -8,7 +8,7 @@ file that is no table, and a row whose category the model never saw. A misspelt 
 Python only; a pair or a category needs the table read (pandas); a model check needs torch as
 well (it builds the model); a row to predict needs MLflow (the model's rules are in its
 tracking store). Every floor imports with the garbage collector paused and ends with its
-objects frozen, as a refusal in `dpfair`'s own process does (dpfair.cli.base.checking).
+objects frozen, as a refusal in `dpfair`'s own process does (dpfair.cli.console.checking).
 Each round runs every arm once as a fresh process, with dpfair's telemetry switches
 (dpfair.NO_TELEMETRY) set for all, in a new random order, so load changes hit all arms
 alike; the table gives wall seconds (median, min–max), the child's CPU seconds, and each
@@ -43,7 +43,7 @@ from dpfair import NO_TELEMETRY  # noqa: E402
 from tests.test_fail_fast import BASE, BN_MODULE, CASES  # noqa: E402
 from tests.test_strict_predictions import census_frame  # noqa: E402
 
-#: the BatchNorm case with the collector running during the checks (as before dpfair.cli.base.
+#: the BatchNorm case with the collector running during the checks (as before dpfair.cli.console.
 #: checking paused it), and ended as app() called from Python ends (nothing frozen, as before
 #: dpfair.cli.main): each one's effect, measured in the same rounds
 UNPAUSED = "batchnorm, collector not paused"

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
+from dpfair import accounting
 from dpfair.fairness.metrics import metric_records
-from dpfair.privacy import accounting
 from dpfair.training import TrainConfig, make_plan
 
 RAW = Path(__file__).resolve().parent / "results" / "raw"

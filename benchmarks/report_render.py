@@ -35,8 +35,8 @@ from report_notes import (
 )
 
 from dpfair import fairness
+from dpfair.accounting.accountant import ACCOUNTANT_RDP
 from dpfair.pipeline import report
-from dpfair.privacy.accounting import ACCOUNTANT_RDP
 from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]

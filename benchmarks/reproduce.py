@@ -7,8 +7,8 @@ Usage::
 Every table is one YAML file in ``benchmarks/configs/`` (dataset and options, model, methods
 with the papers' hyperparameters, epochs, batch size, seeds, the key of the published table in
 ``reference/published.yaml``). Each run trains through the same pipeline as ``dpfair``'s
-experiment flow (:func:`dpfair.pipeline.experiment.train_and_log`, MLflow-logged into a store under
-``outputs/reproduction/``), stores its raw per-run records as JSON next to it, and then
+experiment flow (:func:`dpfair.pipeline.method_steps.train_and_log`, MLflow-logged into a store
+under ``outputs/reproduction/``), stores its raw per-run records as JSON next to it, and then
 ``benchmarks/results/reproduction.md`` is rendered from every table that has results: ours and
 the published numbers side by side, differences beyond two combined standard errors flagged,
 the settings, the wall time and the machine.
@@ -48,11 +48,11 @@ import yaml
 from machine import cpu_model
 from report_render import REFERENCE, grid_reduced, render, seed_list
 
+from dpfair import accounting
+from dpfair.accounting.accountant import Spend
 from dpfair.data import GroupedDataset, load_dataset
 from dpfair.fairness import GroupMetrics
-from dpfair.pipeline.experiment import train_and_log
-from dpfair.privacy import accounting
-from dpfair.privacy.accounting import Spend
+from dpfair.pipeline.method_steps import train_and_log
 from dpfair.release.plan import MethodRelease, method_release
 from dpfair.tracking.runs import TrackingConfig, experiment_id, log_json, log_metrics, run, set_tags
 from dpfair.training import TrainConfig, TrainResult, make_plan, train

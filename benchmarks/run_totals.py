@@ -31,9 +31,9 @@ from dp_accounting import dp_event
 from machine import cpu_model, load_average
 from opacus.accountants import PRVAccountant
 
+from dpfair import accounting
 from dpfair.config.params import load_params
 from dpfair.data import load_dataset
-from dpfair.privacy import accounting
 from dpfair.release.plan import method_release, release_plan, search_release
 from dpfair.training import TrainConfig, make_plan
 

@@ -65,9 +65,9 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from dpfair.data import load_dataset
+from dpfair.engine.step import PrivateStep
+from dpfair.methods import MethodConfig, build_method
 from dpfair.models import build_model, n_params, parse_model_config
-from dpfair.privacy.methods import MethodConfig, build_method
-from dpfair.privacy.step import PrivateStep
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = ROOT / "results" / "step_speed.md"
@@ -849,7 +849,7 @@ Table: median over rounds, interquartile range, ratio to the *plain SGD* step
 the arm is than the Opacus hooks step. Reference arms are in italics. `nonprivate` is
 dpfair's `NonPrivate` method through `PrivateStep` (one ordinary backward, no per-sample
 work). `bam` forms per-sample *ascended* gradients: two ghost-clipping passes with per-sample
-output shifts (`dpfair.privacy.ascent`; materialised on other layers);
+output shifts (`dpfair.engine.ascent`; materialised on other layers);
 `bam (materialized engine)` is BAM on the vmap path; `dpsgd (materialized engine)` is dpsgd
 on the torch.func vmap reference engine;
 `fairlens` adds two double-backward passes (Hessian-vector products) for its batch

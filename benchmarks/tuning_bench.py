@@ -51,8 +51,8 @@ from machine import cpu_model, load_average
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
+from dpfair import accounting
 from dpfair.data import load_dataset
-from dpfair.privacy import accounting
 from dpfair.training import TrainConfig
 from dpfair.tuning import TuningConfig, TuningResult, draw_k, planned_run_event, search_event, tune
 
@@ -298,7 +298,7 @@ def accounting_section(dataset: Any, train_base: dict[str, Any], args: argparse.
                        ) -> str:
     """Each method's search at this file's setting (and a few other laws of K): ε of the
     search (``RepeatAndSelectDpEvent(run ∘ score, μ, η)``) by RDP alone (Papernot & Steinke)
-    and by :func:`dpfair.privacy.accounting.spend` (the privacy-profile bound of Koskela et
+    and by :func:`dpfair.accounting.accountant.spend` (the privacy-profile bound of Koskela et
     al. on the run's PLD, or RDP where smaller), at ``args.delta``."""
     rows = ["| method | law of K | ε one run: RDP | ε one run: tightest | ε search: RDP | "
             "ε search: tightest | tightest / RDP | accountant |",

@@ -11,7 +11,7 @@
 :class:`~dpfair.data.GroupedDataset` and calls :func:`dpfair.training.train` with the module:
 the same validation, plan (σ calibrated to ``target_epsilon`` by
 :func:`~dpfair.training.make_plan`), model check
-(:func:`~dpfair.privacy.model_check.check_model`), privacy gate (``budget``, the lifetime
+(:func:`~dpfair.engine.model_check.check_model`), privacy gate (``budget``, the lifetime
 ledger: :mod:`dpfair.ledger.gate`), secret randomness and accounting as ``dpfair train``.
 """
 
@@ -32,12 +32,12 @@ from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset
 from dpfair.data.options import HoldoutOptions
 from dpfair.data.splits import train_val_test
+from dpfair.engine.model_check import check_model
 from dpfair.errors import ConfigError, DataError, did_you_mean, format_validation_error
 from dpfair.ledger import PrivacyGate
 from dpfair.ledger.gate import check_preprocessing
+from dpfair.methods import registered_methods
 from dpfair.models import check_output_shape
-from dpfair.privacy.methods import registered_methods
-from dpfair.privacy.model_check import check_model
 from dpfair.release.plan import method_release, release_plan
 from dpfair.training import TrainConfig, TrainResult, make_plan, train
 
@@ -98,7 +98,7 @@ def fit(
         test_fraction, validation_fraction, split_seed: the splits of arrays or a DataFrame
             (``test_fraction`` of the rows for test, ``validation_fraction`` of the rest for
             validation); None: the defaults of :class:`dpfair.data.options.HoldoutOptions`.
-        method: a method name (``dpfair.privacy.methods.registered_methods()``).
+        method: a method name (``dpfair.methods.registered_methods()``).
         target_epsilon, sigma: a private method needs exactly one; σ is then the smallest
             reaching ``target_epsilon`` at ``delta``.
         delta, epochs, steps, batch_size, lr: as in ``TrainConfig`` (its defaults when None;

@@ -33,6 +33,18 @@ class DataError(DpfairError, RuntimeError):
     """A dataset could not be produced (missing, corrupt or malformed input)."""
 
 
+class SourceMissingError(DataError):
+    """A source file is in none of the places looked at (mirror, cache) and was not downloaded."""
+
+
+class ChecksumError(DataError):
+    """A source file exists but its md5 differs from the canonical one."""
+
+
+class DownloadError(SourceMissingError):
+    """A source file is absent locally and its canonical URL could not be fetched."""
+
+
 class PrivacyError(DpfairError, ValueError):
     """A privacy computation that cannot be done as asked (unsupported event, bad σ or δ)."""
 

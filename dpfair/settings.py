@@ -17,7 +17,7 @@ from dpfair.workspace import durable_sqlite_uri
 DEFAULT_PARAMS = "params.yaml"
 DEFAULT_URI = "sqlite:///mlflow.db"
 #: The CLI's -q / -v for the steps that run other programs (``quiet``, ``default``,
-#: ``verbose``; set by ``dpfair.cli.base.set_verbosity``, inherited by worker processes).
+#: ``verbose``; set by ``dpfair.cli.console.set_verbosity``, inherited by worker processes).
 VERBOSITY = "DPFAIR_VERBOSITY"
 #: The logger of the experiment flow's one line per step (the CLI shows its messages alone).
 STEPS_LOGGER = "flows.steps"

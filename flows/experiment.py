@@ -39,10 +39,10 @@ from dpfair.config.sections import PipelineSection  # noqa: E402
 from dpfair.data import GroupedDataset, source_version  # noqa: E402
 from dpfair.errors import DpfairError  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
-from dpfair.pipeline import experiment as steps  # noqa: E402
-from dpfair.pipeline.checks import check_run  # noqa: E402
+from dpfair.pipeline import method_steps as steps  # noqa: E402
+from dpfair.pipeline.check_step import check_run  # noqa: E402
 from dpfair.pipeline.data_step import PreparedData  # noqa: E402
-from dpfair.pipeline.experiment import RunRecord, TuneRecord  # noqa: E402
+from dpfair.pipeline.method_steps import RunRecord, TuneRecord  # noqa: E402
 from dpfair.pipeline.resume import (  # noqa: E402
     FINGERPRINT_TAG,
     STUDY_TAG,
@@ -417,7 +417,7 @@ def _share_cores(workers: int) -> None:
 
 def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
                    resume: bool = True, checked: bool = False) -> dict[str, Any]:
-    """Validate params.yaml and what it declares (:func:`dpfair.pipeline.checks.check_run`: the
+    """Validate params.yaml and what it declares (:func:`dpfair.pipeline.check_step.check_run`: the
     data, groups, search space and model; skipped when ``checked`` says the caller ran it), a
     DpfairError before any work, then run the flow. SIGTERM
     ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`

@@ -70,12 +70,12 @@ def epsilon_oracle(*events: object, delta: float) -> float:
     """ε of ``events`` composed, by dp_accounting's own accountants called directly: the smaller
     of RDP and PLD (pessimistic, value_discretization_interval 1e-3; a step's Gaussians on one
     batch written as one, ``accounting.reduced``), both valid upper bounds. It is what
-    ``dpfair.privacy.accounting.epsilon`` reports for events without a search, to 1e-4 (PLDs
+    ``dpfair.accounting.accountant.epsilon`` reports for events without a search, to 1e-4 (PLDs
     composed in another order round differently): compare with ``rel=1e-4``."""
     from dp_accounting.pld import PLDAccountant
     from dp_accounting.rdp import RdpAccountant
 
-    from dpfair.privacy.accounting import reduced
+    from dpfair.accounting.accountant import reduced
 
     rdp, pld = RdpAccountant(), PLDAccountant(value_discretization_interval=1e-3)
     for event in events:

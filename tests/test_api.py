@@ -17,7 +17,7 @@ from dpfair.data import load_dataset
 from dpfair.data.synthetic import SyntheticOptions, generate
 from dpfair.data.tabular_frame import dataset_from_frame
 from dpfair.errors import ConfigError, DataError, PrivacyError
-from dpfair.privacy.methods import registered_methods
+from dpfair.methods import registered_methods
 from dpfair.training import TrainConfig
 
 BATCHNORM = "BatchNorm mixes samples in a batch; use GroupNorm or LayerNorm"

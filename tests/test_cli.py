@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typer.testing import CliRunner
 
 from dpfair import __version__
+from dpfair.accounting.accountant import ACCOUNTANTS
 from dpfair.cli.commands import app, files_status, percent, score
 from dpfair.cli.error_boundary import cli_errors, describe_failure
 from dpfair.data import registry
 from dpfair.data.dataset import Split
 from dpfair.errors import ConfigError
-from dpfair.privacy.accounting import ACCOUNTANTS
 from dpfair.release.plan import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
 from dpfair.training import REPLAYABLE_NOISE
 

@@ -10,8 +10,8 @@ import io
 import pandas as pd
 from rich.console import Console
 
+from dpfair.accounting.accountant import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
 from dpfair.cli.results import WIDTH, compact_table
-from dpfair.privacy.accounting import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
 from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
 
 

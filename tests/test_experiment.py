@@ -1,4 +1,4 @@
-"""dpfair/pipeline/experiment.py helpers that do not need the Prefect flow (the flow:
+"""dpfair/pipeline/method_steps.py helpers that do not need the Prefect flow (the flow:
 tests/flows)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from mlflow import MlflowClient
 
 from dpfair.data import load_dataset
-from dpfair.pipeline.experiment import _trajectory
+from dpfair.pipeline.method_steps import _trajectory
 from dpfair.pipeline.summary import _bounds
 from dpfair.training import TrainConfig, train
 
@@ -58,10 +58,10 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     the table and the pipeline run's description say what ε covers."""
     from mlflow import MlflowClient
 
+    from dpfair.accounting.accountant import ACCOUNTANT_NONE
     from dpfair.config.params import parse_params
-    from dpfair.pipeline.experiment import final_config, plan_release, train_and_log
+    from dpfair.pipeline.method_steps import final_config, plan_release, train_and_log
     from dpfair.pipeline.summary import log_release, summarise
-    from dpfair.privacy.accounting import ACCOUNTANT_NONE
     from dpfair.release.plan import (
         EPSILON_ACCOUNTANT,
         EPSILON_METHOD,
@@ -150,7 +150,7 @@ def pipeline(tmp_path_factory):
     and the non-private reference, one seed; the selected model is registered."""
     from dpfair.config.params import parse_params
     from dpfair.pipeline.data_step import PreparedData, log_pipeline_inputs
-    from dpfair.pipeline.experiment import plan_release, train_logged
+    from dpfair.pipeline.method_steps import plan_release, train_logged
     from dpfair.pipeline.summary import log_release, log_summary, register_model, summarise
     from dpfair.tracking.run_log import pipeline_run_name
     from dpfair.tracking.runs import experiment_id, run
@@ -252,8 +252,8 @@ def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
 
 
 def test_final_runs_have_few_well_named_metrics_and_no_none_params(pipeline):
+    from dpfair import accounting
     from dpfair.fairness import rates
-    from dpfair.privacy import accounting
 
     client = pipeline["client"]
     groups = pipeline["dataset"].group_names

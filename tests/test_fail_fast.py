@@ -138,7 +138,7 @@ def test_a_dataset_whose_preview_was_checked_is_not_checked_again(tmp_path: Path
     same names and shape (a built-in dataset; a table whose categories are all in training), so
     the model is not built and checked a second time (only once more, for its size)."""
     from dpfair.config.params import parse_params
-    from dpfair.pipeline.checks import check_run
+    from dpfair.pipeline.check_step import check_run
 
     (tmp_path / "counted.py").write_text(textwrap.dedent("""
         from pathlib import Path
@@ -164,7 +164,7 @@ def test_a_dataset_whose_preview_was_checked_is_not_checked_again(tmp_path: Path
 
 
 def test_the_collector_is_paused_only_while_a_command_checks() -> None:
-    from dpfair.cli.base import checking
+    from dpfair.cli.console import checking
 
     assert gc.isenabled()
     with checking():
@@ -186,18 +186,18 @@ def test_a_refused_check_freezes_its_objects_only_in_the_commands_own_process(
         monkeypatch) -> None:
     """In `dpfair`'s own process a refusal freezes what the checks loaded (its exit then skips
     scanning them); where app() is called from Python, or the checks pass, nothing is frozen."""
-    from dpfair.cli import base
+    from dpfair.cli import console
 
     assert gc.get_freeze_count() == 0
-    with pytest.raises(ValueError), base.checking():
+    with pytest.raises(ValueError), console.checking():
         raise ValueError("a refused setting")
     assert gc.get_freeze_count() == 0  # this process goes on
-    monkeypatch.setattr(base, "_ends_with_command", True)
-    with base.checking():
+    monkeypatch.setattr(console, "_ends_with_command", True)
+    with console.checking():
         pass
     assert gc.get_freeze_count() == 0  # the checks passed: the work goes on
     try:
-        with pytest.raises(ValueError), base.checking():
+        with pytest.raises(ValueError), console.checking():
             raise ValueError("a refused setting")
         assert gc.get_freeze_count() > 0 and gc.isenabled()
     finally:

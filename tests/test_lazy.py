@@ -22,6 +22,6 @@ def test_the_method_rules_load_torch_only_when_they_run() -> None:
     """A method module's ``torch`` is the real module once used (the rules' arithmetic)."""
     import torch
 
-    from dpfair.privacy.methods import dpsgd
+    from dpfair.methods import dpsgd
 
     assert dpsgd.torch.minimum is torch.minimum

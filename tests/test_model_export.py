@@ -20,7 +20,7 @@ from dpfair.cli.commands import app
 from dpfair.data import load_dataset
 from dpfair.data.dataset import Split
 from dpfair.data.preprocess import TablePreprocessor
-from dpfair.pipeline.experiment import RunRecord
+from dpfair.pipeline.method_steps import RunRecord
 from dpfair.tracking.model_export import (
     PREDICTION,
     PROBABILITY,
@@ -29,7 +29,7 @@ from dpfair.tracking.model_export import (
     model_location,
     predict_csv,
 )
-from dpfair.tracking.registry import register
+from dpfair.tracking.model_registry import register
 from dpfair.tracking.runs import TrackingConfig, experiment_id, run
 from dpfair.training import TrainConfig, train
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dpfair.tracking.model_export import LOAD_REQUIREMENTS, PREDICTION, model_location
-from dpfair.tracking.registry import register
+from dpfair.tracking.model_registry import register
 from tests.conftest import train_and_log
 
 MODULE = '''

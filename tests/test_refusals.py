@@ -231,7 +231,7 @@ def test_no_training_starts_once_the_process_was_told_to_stop(tmp_path: Path,
     from dpfair import processes
     from dpfair.data import load_dataset
     from dpfair.errors import Terminated
-    from dpfair.pipeline.experiment import train_logged
+    from dpfair.pipeline.method_steps import train_logged
     from dpfair.release.plan import method_release
     from dpfair.settings import TrackingConfig
     from dpfair.training import TrainConfig, make_plan

@@ -1,7 +1,7 @@
-"""The Model Registry's conventions (dpfair/tracking/registry.py) on a real MLflow SQLite store:
-every version is @challenger, @champion moves only when at least as good at no more ε or by
-`dpfair promote`, versions link their logged model, and `predict --model NAME` means @champion
-(the pipeline against a real server: tests/flows/test_mlflow_server.py)."""
+"""The Model Registry's conventions (dpfair/tracking/model_registry.py) on a real MLflow
+SQLite store: every version is @challenger, @champion moves only when at least as good at no
+more ε or by `dpfair promote`, versions link their logged model, and `predict --model NAME`
+means @champion (the pipeline against a real server: tests/flows/test_mlflow_server.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from dpfair.cli.commands import app
 from dpfair.errors import DataError
 from dpfair.tracking.model_export import model_location
-from dpfair.tracking.registry import (
+from dpfair.tracking.model_registry import (
     CHALLENGER,
     CHAMPION,
     EPSILON_TAG,

@@ -13,9 +13,9 @@ from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
+from dpfair import accounting
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
-from dpfair.privacy import accounting
 from dpfair.release.allowed import check_budget
 from dpfair.release.plan import (
     EPSILON_METHOD,

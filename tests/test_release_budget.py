@@ -8,10 +8,10 @@ import pytest
 from dp_accounting import dp_event
 from pydantic import ValidationError
 
+from dpfair import accounting
+from dpfair.accounting.calibration import noise_scale_for_budget, scale_noise
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
-from dpfair.privacy import accounting
-from dpfair.privacy.budget import noise_scale_for_budget, scale_noise
 from dpfair.release.budget import budget_first
 from dpfair.release.plan import method_release, release_plan, search_release
 from dpfair.training import TrainConfig, make_plan
@@ -105,7 +105,7 @@ def test_a_pipeline_run_trains_at_the_calibrated_noise(tmp_path, monkeypatch):
 
     from dpfair.config.params import load_params
     from dpfair.data import load_dataset
-    from dpfair.pipeline.experiment import calibrated_params, plan_release
+    from dpfair.pipeline.method_steps import calibrated_params, plan_release
 
     monkeypatch.chdir(tmp_path)
     raw = {

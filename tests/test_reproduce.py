@@ -326,7 +326,7 @@ def test_recorded_gpu_runs_are_a_full_length_table(reproduce: ModuleType, rr: Mo
     text = "\n".join(rr.settings_lines(result["config"], result))
     assert "RECORDED ON A GPU, full length" in text and "2 seeds (0, 1)" in text
     # ε by today's accountant, named; the figure recorded with the runs (RDP then) beside it
-    from dpfair.privacy.accounting import ACCOUNTANT_PLD, ACCOUNTANT_RDP
+    from dpfair.accounting.accountant import ACCOUNTANT_PLD, ACCOUNTANT_RDP
 
     assert result["accountants"]["dpsgd"] == ACCOUNTANT_PLD
     eps = [r["eps"] for r in lines if r["label"] == "dpsgd"]

@@ -13,7 +13,7 @@ from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, UnreachableError
 from dpfair.training import TrainConfig, make_plan
 from dpfair.training.config import MAX_EPOCHS, MAX_STEPS
-from dpfair.training.plan import EvalEpochs, evaluated_epochs
+from dpfair.training.run_plan import EvalEpochs, evaluated_epochs
 from dpfair.tuning.config import MAX_RUNS
 
 
@@ -64,7 +64,7 @@ def test_tuning_counts_have_a_maximum(tuning, message):
 
 
 def test_a_full_artifact_folder_is_refused_before_anything_trains(tmp_path):
-    from dpfair.pipeline.checks import check_model_space
+    from dpfair.pipeline.check_step import check_model_space
 
     params = parse_params({
         "tracking": {"uri": f"sqlite:///{tmp_path / 'm.db'}",

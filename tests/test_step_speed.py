@@ -43,7 +43,7 @@ def test_hand_written_dpsgd_is_the_same_update_as_dpfairs_dpsgd(step_speed):
 def test_issue_18_models_take_the_fast_path_at_every_layer(step_speed, index):
     """The benchmark's transformer and WideResNet measure the fast path, not a fallback: no
     layer is materialised and every layer runs on the batch axis."""
-    from dpfair.privacy.gradients import plan_layers, probe_calls
+    from dpfair.engine.gradients import plan_layers, probe_calls
 
     setting = step_speed.SETTINGS[index]
     model, (x, _, _), info = step_speed._synthetic(setting, torch.device("cpu"), 0)

@@ -18,11 +18,11 @@ from pydantic import ValidationError
 from sklearn.datasets import load_digits
 
 import dpfair.training.loop as loop_module
+from dpfair import accounting
 from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.errors import PrivacyError
 from dpfair.fairness import rates
-from dpfair.privacy import accounting
-from dpfair.privacy.methods import registered_methods
+from dpfair.methods import registered_methods
 from dpfair.tracking.run_log import epsilon_by_group
 from dpfair.training import (
     Predictions,

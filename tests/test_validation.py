@@ -143,21 +143,21 @@ def test_valid_search_space_loads() -> None:
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any training (final runs or a search's) fails the test."""
-    import dpfair.pipeline.experiment
+    import dpfair.pipeline.method_steps
     import dpfair.training
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("something trained before the settings were checked")
 
     monkeypatch.setattr(dpfair.training, "train", refuse)
-    monkeypatch.setattr(dpfair.pipeline.experiment, "train", refuse)
-    monkeypatch.setattr(dpfair.pipeline.experiment, "tune", refuse)
+    monkeypatch.setattr(dpfair.pipeline.method_steps, "train", refuse)
+    monkeypatch.setattr(dpfair.pipeline.method_steps, "tune", refuse)
 
 
 def _plan(tmp_path: Any, data: dict[str, Any], n: int = 400, **options: Any) -> None:
     """Load params and data as the flow does, then plan the release."""
     from dpfair.data import load_dataset
-    from dpfair.pipeline.experiment import plan_release
+    from dpfair.pipeline.method_steps import plan_release
 
     spaces = data.get("tuning", {}).get("spaces", {})
     data = {**data, "datasets": {"synthetic": {"n": n, **options}},

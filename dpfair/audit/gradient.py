@@ -7,7 +7,7 @@ what it allows one example. Scoring is white-box: ``-(θ_T - θ_0)_j``, how far 
 coordinate ``j`` against the canary's gradient.
 
 Injection goes through the engine hook every method already has,
-:meth:`dpfair.privacy.methods.Method.per_sample_gradients`: the audited method is built as
+:meth:`dpfair.methods.Method.per_sample_gradients`: the audited method is built as
 usual and its engine wrapped by :class:`CanaryGradients`, which hands the real rows of a batch
 to the method's own engine and gives canary rows their crafted gradient (norm, and
 ``w_i · norm · e_j`` added to the step's sum). A canary row of the training split holds NaN
@@ -33,16 +33,16 @@ from torch import Tensor, nn
 
 from dpfair.audit.canaries import Canaries, with_canaries
 from dpfair.data.dataset import GroupedDataset, Split
-from dpfair.errors import ConfigError
-from dpfair.models import build_model
-from dpfair.privacy.gradients import (
+from dpfair.engine.gradients import (
     EngineKind,
     LossFn,
     PerSampleGradients,
     trainable_parameters,
 )
-from dpfair.privacy.methods import Method, MethodSpec, PrivacyGuarantee
-from dpfair.privacy.methods.registry import BuildContext
+from dpfair.errors import ConfigError
+from dpfair.methods import Method, MethodSpec, PrivacyGuarantee
+from dpfair.methods.registry import BuildContext
+from dpfair.models import build_model
 from dpfair.training import TrainConfig, TrainResult, make_plan, train
 
 #: a canary's gradient norm: above the clip bound of every method at its usual settings.

@@ -63,7 +63,7 @@ from dpfair.audit.canaries import (
 from dpfair.audit.config import AuditSettings, CanaryKind
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError, did_you_mean
-from dpfair.privacy.methods import PrivacyGuarantee
+from dpfair.methods import PrivacyGuarantee
 from dpfair.training import TrainConfig, TrainResult, make_plan, predict, train
 
 MOST_CANARIES = 10_000

@@ -19,7 +19,7 @@ Global options: ``--version``; ``-q`` (no log lines: results and errors only); `
 and Prefect's INFO lines too; by default they show from WARNING up).
 
 ``dpfair --help`` must stay fast: this module imports only typer, rich, ``dpfair.errors``,
-``dpfair.settings`` and the CLI's own modules (:mod:`dpfair.cli.base`, :mod:`dpfair.cli.data`)
+``dpfair.settings`` and the CLI's own modules (:mod:`dpfair.cli.console`, :mod:`dpfair.cli.data`)
 at import time; each command imports what it needs when it runs.
 
 Output: accuracies in percent with one decimal (as the results tables), other scores to four
@@ -38,7 +38,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from dpfair.cli.base import (
+from dpfair.cli.console import (
     ParamsOption,
     checking,
     console,
@@ -103,7 +103,7 @@ def _method_label(params: Params, label: str) -> str:
 
 def _model_check(params: Params, label: str, seed: int) -> Inspect:
     """The model of ``label`` checked on the dataset's preview, before the rows are split."""
-    from dpfair.pipeline.checks import check_trainable
+    from dpfair.pipeline.check_step import check_trainable
 
     config = params.experiment.train_config(label, seed)
     return lambda preview: check_trainable(config, preview)
@@ -130,9 +130,9 @@ def train_cmd(
         dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                                inspect=_model_check(p, label, seed))
     # what the run needs (the gate, the accounting, MLflow) loads once the checks passed
+    from dpfair import accounting
     from dpfair.cli.results import group_table
     from dpfair.pipeline.standalone import train_standalone
-    from dpfair.privacy import accounting
     from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
     from dpfair.tracking.runs import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
@@ -261,10 +261,10 @@ def run(
         from dpfair.owned_dir import check_replaceable, replace_with_copy
 
         check_replaceable(copy_results)  # before anything runs: never delete others' files
-        from dpfair.pipeline.checks import check_run
+        from dpfair.pipeline.check_step import check_run
 
         dataset = check_run(p)  # data, groups, model: before any server or tracking library
-        from dpfair.pipeline.experiment import check_release
+        from dpfair.pipeline.method_steps import check_release
 
         check_release(p, dataset)  # over budget: refused in seconds (outputs/ kept: dvc.yaml)
         from dpfair.pipeline.preflight import check_storage_server, check_tracking
@@ -385,7 +385,7 @@ def promote_cmd(
 ) -> None:
     """Make a registered version the @champion (what `dpfair predict --model NAME` serves),
     whatever the registry's criterion says."""
-    from dpfair.tracking.registry import promote
+    from dpfair.tracking.model_registry import promote
 
     p = resolve_params(params)
     number = promote(p.tracking, name, version)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from dpfair.cli.base import ParamsOption, console, resolve_params
+from dpfair.cli.console import ParamsOption, console, resolve_params
 from dpfair.cli.error_boundary import cli_errors
 from dpfair.errors import ConfigError, DpfairError
 

@@ -24,11 +24,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from dpfair.cli.base import WIDTH, console, percent, score
+from dpfair.accounting.accountant import ACCOUNTANT_NONE
+from dpfair.cli.console import WIDTH, console, percent, score
 from dpfair.fairness.rate_tables import COST
 from dpfair.fairness.rates import SHORT
 from dpfair.pipeline.dvc_outputs import ACC_GAP, TOTAL_ROW, WORST, number
-from dpfair.privacy.accounting import ACCOUNTANT_NONE
 from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 __all__ = ["WIDTH", "compact_table", "group_table", "print_results"]

@@ -24,9 +24,9 @@ from pydantic import (
 
 from dpfair.errors import TuningError, bools_as_numbers, did_you_mean, format_validation_error
 from dpfair.fairness import rates
+from dpfair.methods import MethodConfig, NonPrivateConfig
 from dpfair.models import ModelConfig
 from dpfair.models.config import MLPConfig
-from dpfair.privacy.methods import MethodConfig, NonPrivateConfig
 from dpfair.training import TrainConfig
 from dpfair.tuning.config import PARAMS_STORAGE, TuningConfig
 from dpfair.tuning.job import allowed_names, check_space_names, check_space_values

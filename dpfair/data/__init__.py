@@ -12,7 +12,6 @@ Public API::
 """
 
 from dpfair.data.dataset import GroupedDataset, Split
-from dpfair.data.errors import ChecksumError, DownloadError, SourceMissingError
 from dpfair.data.prepared import data_version, load_prepared, prepare, summarize
 from dpfair.data.registry import (
     available_datasets,
@@ -23,7 +22,7 @@ from dpfair.data.registry import (
     source_version,
     specs,
 )
-from dpfair.errors import DataError
+from dpfair.errors import ChecksumError, DataError, DownloadError, SourceMissingError
 
 __all__ = [
     "ChecksumError",

@@ -31,11 +31,11 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from dpfair.data.dataset import GroupedDataset
-from dpfair.data.errors import DataError
 from dpfair.data.options import GroupRatioOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import fetch, source
 from dpfair.data.splits import holdout_dataset, ratio_index, rng
+from dpfair.errors import DataError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -26,12 +26,12 @@ import numpy as np
 from pydantic import Field
 
 from dpfair.data.dataset import GroupedDataset
-from dpfair.data.errors import DataError, SourceMissingError
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import cache_dir, mirror_dir
 from dpfair.data.splits import holdout, make_split, rng
 from dpfair.data.version import tree_version
+from dpfair.errors import DataError, SourceMissingError
 
 ATTR_FILE = "list_attr_celeba.txt"
 PARTITION_FILE = "list_eval_partition.txt"

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from dpfair.data.dataset import GroupedDataset
-from dpfair.data.errors import DataError
 from dpfair.data.options import GroupRatioOptions
 from dpfair.data.registry import register
 from dpfair.data.sources import fetch, source
 from dpfair.data.splits import holdout_dataset, ratio_index
+from dpfair.errors import DataError
 
 FILE = "dutch_census_2001.arff"
 TARGET = "occupation"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpfair.data.errors import DataError
+from dpfair.errors import DataError
 
 
 @lru_cache(maxsize=8)

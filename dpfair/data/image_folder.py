@@ -27,12 +27,12 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from dpfair.data.dataset import DatasetPreview, GroupedDataset, Inspect
-from dpfair.data.errors import DataError, SourceMissingError
 from dpfair.data.options import HoldoutOptions
 from dpfair.data.registry import register_kind
 from dpfair.data.splits import make_split, split_index
 from dpfair.data.tabular_frame import Where, check_splits
 from dpfair.data.version import tree_version
+from dpfair.errors import DataError, SourceMissingError
 
 SUFFIXES = (".png", ".jpg", ".jpeg")
 

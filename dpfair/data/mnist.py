@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from dpfair.data.dataset import GroupedDataset
-from dpfair.data.errors import DataError
 from dpfair.data.idx import read_idx
 from dpfair.data.options import DatasetOptions
 from dpfair.data.registry import register
 from dpfair.data.skew import SkewOptions, skew_index
 from dpfair.data.sources import fetch, source
 from dpfair.data.splits import carve_validation, make_split
+from dpfair.errors import DataError
 
 FILES = {
     "train_x": "train-images-idx3-ubyte.gz",

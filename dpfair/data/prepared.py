@@ -38,9 +38,9 @@ from pydantic import BaseModel
 
 from dpfair.data.checks import check_values
 from dpfair.data.dataset import GroupedDataset, Split
-from dpfair.data.errors import DataError
 from dpfair.data.preprocess import TablePreprocessor
 from dpfair.data.registry import load_dataset
+from dpfair.errors import DataError
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@
 
 ``unit: row`` protects the change of one row; ``unit: person`` the change of every row of one
 person (``id_column``), at most ``max_rows_per_person`` of them, so every ε is charged for a
-change of that many rows (group privacy, :func:`dpfair.privacy.accounting.with_group`).
+change of that many rows (group privacy, :func:`dpfair.accounting.accountant.with_group`).
 
 ``account``: without it every private source of a project draws on **one project account**,
 since nothing proves that two tables hold different people (a renamed column or an added

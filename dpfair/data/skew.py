@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field, model_validator
 
-from dpfair.data.errors import DataError
 from dpfair.data.options import DatasetOptions
 from dpfair.data.splits import rng
+from dpfair.errors import DataError
 
 
 class SkewOptions(DatasetOptions):

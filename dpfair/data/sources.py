@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpfair.data.errors import ChecksumError, DownloadError, SourceMissingError
+from dpfair.errors import ChecksumError, DownloadError, SourceMissingError
 
 DOWNLOAD_TIMEOUT_S = 60.0
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpfair.data.dataset import GroupedDataset, Split
-from dpfair.data.errors import DataError
+from dpfair.errors import DataError
 
 if TYPE_CHECKING:
     import torch

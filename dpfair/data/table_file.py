@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from dpfair.data.errors import DataError, SourceMissingError
 from dpfair.data.privacy_unit import PrivacyUnit
 from dpfair.data.registry import register_kind
 from dpfair.data.tabular_frame import TableOptions, Where, build_dataset
 from dpfair.data.version import file_version
-from dpfair.errors import did_you_mean
+from dpfair.errors import DataError, SourceMissingError, did_you_mean
 
 if TYPE_CHECKING:
     import pandas as pd

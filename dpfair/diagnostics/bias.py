@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from dpfair.diagnostics.hvp import FlatModel, LossFn
-from dpfair.privacy.gradients import make_engine
-from dpfair.privacy.methods.dpsgd import Dpsgd
+from dpfair.engine.gradients import make_engine
+from dpfair.methods.dpsgd import Dpsgd
 
 PRIVACY = "non-private"
 

@@ -32,8 +32,8 @@ from typing import Any
 import dp_accounting
 import numpy as np
 
+from dpfair import accounting
 from dpfair.fairness import rates
-from dpfair.privacy import accounting
 
 SENSITIVITY = math.sqrt(3.0)  # one example: +-1 to n_k, c_k and s_k / L of one group
 #: one example: +-1 to its class's positives and to one true- or false-positive count, and its
@@ -61,7 +61,7 @@ def calibrate(
 ) -> float:
     """Smallest noise multiplier whose ``releases`` evaluations (and the fairness counts, when
     ``fairness``) reach ``target_epsilon`` for a unit of ``rows`` rows (group privacy,
-    :func:`dpfair.privacy.accounting.with_group`)."""
+    :func:`dpfair.accounting.accountant.with_group`)."""
     return accounting.noise_for_epsilon(
         target_epsilon,
         lambda z: accounting.with_group(release_event(z, releases, fairness), rows), delta)

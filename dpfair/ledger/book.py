@@ -3,7 +3,7 @@
 A run's budget (:mod:`dpfair.release.plan`) covers one run. Retraining every week on the same
 people spends privacy again, and so does a copy of the same rows under another name. The
 ledger keeps every release as its dp_accounting ``DpEvent`` (serialised by
-:func:`dpfair.privacy.accounting.event_to_json`) in a durable SQL store
+:func:`dpfair.accounting.accountant.event_to_json`) in a durable SQL store
 (:mod:`dpfair.ledger.store`) and refuses a release whose event, composed with everything
 already spent on the same people, would exceed a lifetime ε (``BudgetExceededError``,
 before anything trains).
@@ -23,7 +23,7 @@ own. A data version's accounts are fixed when it is first seen:
   ids are in another account: the declaration is false.
 
 The spend of an account is the accountant's ε of the composition of its events at the new
-release's δ (:func:`dpfair.privacy.accounting.epsilon`), never a sum of epsilons. Releases
+release's δ (:func:`dpfair.accounting.accountant.epsilon`), never a sum of epsilons. Releases
 without a guarantee carry their label, not an ε.
 
 **When a release counts.** :meth:`SourceLedger.reserve` checks and records the planned
@@ -48,11 +48,11 @@ from typing import TYPE_CHECKING, Literal
 
 from dp_accounting import dp_event
 
+from dpfair import accounting
 from dpfair.errors import BudgetExceededError, PrivacyError
 from dpfair.ledger.accounts import PROJECT_ACCOUNT, Account, account_id
 from dpfair.ledger.people import Fingerprints
 from dpfair.ledger.store import Store, import_json_ledger, ledger_url, legacy_json
-from dpfair.privacy import accounting
 
 if TYPE_CHECKING:
     import sqlalchemy as sa

@@ -32,7 +32,7 @@ Parameter counts against the papers (``esipova2023.settings.models`` in publishe
   on MNIST leaves 64x4x4 features and 805,578 parameters. Inputs smaller than 13x13
   (scikit-learn's 8x8 digits) need ``padding: 1``.
 * ``import`` is the user's own module by import path (:class:`ImportModelConfig`); its layers
-  are checked before training by :func:`dpfair.privacy.model_check.check_model`.
+  are checked before training by :func:`dpfair.engine.model_check.check_model`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, did_you_mean
-from dpfair.pipeline.checks import check_trainable
+from dpfair.pipeline.check_step import check_trainable
 
 if TYPE_CHECKING:
     from dpfair.audit import AuditResult, AuditSection

@@ -11,12 +11,13 @@ was killed and :func:`dpfair.tracking.runs.fail_stale_runs` marked it), the new 
 * the same parent run (reopened), the same Optuna studies (their K, drawn once, and their
   finished trials: :mod:`dpfair.tuning` resumes a study until K runs), the same results folder;
 * every search whose run FINISHED with its selected configuration
-  (:data:`dpfair.pipeline.experiment.SELECTED_CONFIG`) and every final training whose run
-  FINISHED with its record (:data:`dpfair.pipeline.experiment.RUN_RECORD`) is read back, not redone;
+  (:data:`dpfair.pipeline.method_steps.SELECTED_CONFIG`) and every final training whose run
+  FINISHED with its record (:data:`dpfair.pipeline.method_steps.RUN_RECORD`) is read back, not
+  redone;
 * the rest runs again. A final training that had started may already have released per-epoch
   metrics, so each such earlier attempt counts as one more training run of its method in the
-  resumed plan (:func:`dpfair.pipeline.experiment.plan_release`'s ``extra_runs``), which the budget
-  checks, and the retrains are reserved in the data source's privacy ledger as a release of
+  resumed plan (:func:`dpfair.pipeline.method_steps.plan_release`'s ``extra_runs``), which the
+  budget checks, and the retrains are reserved in the data source's privacy ledger as a release of
   their own (:func:`retry_event`); the crashed run's own reservation still counts in full.
 
 A crashed run whose ledger release is void (it stopped before anything could be released) is
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event
 
-from dpfair.pipeline.experiment import RUN_RECORD, SELECTED_CONFIG, RunRecord, TuneRecord
+from dpfair.pipeline.method_steps import RUN_RECORD, SELECTED_CONFIG, RunRecord, TuneRecord
 from dpfair.release.plan import ledger_event
 from dpfair.tracking.runs import TrackingConfig, client
 

@@ -11,19 +11,19 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from dpfair import accounting
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
 from dpfair.errors import PrivacyError
 from dpfair.ledger import DataVersion, PrivacyGate
-from dpfair.pipeline.checks import (
+from dpfair.pipeline.check_step import (
     check_budget_delta,
     check_model_space,
     check_preprocessing,
     check_trainable,
 )
-from dpfair.pipeline.experiment import RunRecord, log_search, train_logged
+from dpfair.pipeline.method_steps import RunRecord, log_search, train_logged
 from dpfair.pipeline.preflight import check_tracking
-from dpfair.privacy import accounting
 from dpfair.processes import sigterm_raises
 from dpfair.release.plan import (
     MethodRelease,

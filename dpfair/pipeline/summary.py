@@ -28,16 +28,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpfair import fairness
+from dpfair import accounting, fairness
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
 from dpfair.fairness import rate_tables
 from dpfair.fairness.rates import DISPARITIES
 from dpfair.pipeline import report
 from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV
-from dpfair.pipeline.experiment import REFERENCE, RunRecord
+from dpfair.pipeline.method_steps import REFERENCE, RunRecord
 from dpfair.pipeline.report_page import REPORT_PAGE, write_report_page
-from dpfair.privacy import accounting
 from dpfair.release.plan import (
     EPSILON_ACCOUNTANT,
     EPSILON_METHOD,
@@ -50,9 +49,9 @@ from dpfair.release.plan import (
     epsilon_test_cell,
     epsilon_text,
 )
-from dpfair.tracking import registry
+from dpfair.tracking import model_registry
 from dpfair.tracking.model_export import preprocessing_note
-from dpfair.tracking.registry import EPSILON_TAG
+from dpfair.tracking.model_registry import EPSILON_TAG
 from dpfair.tracking.run_log import NOISE_TOKEN
 from dpfair.tracking.runs import (
     DESCRIPTION_TAG,
@@ -370,7 +369,7 @@ def registry_tags(record: RunRecord, plan: ReleasePlan, dataset: GroupedDataset,
     """The tags of a registered model version, each a machine-readable value: method, seed,
     dataset, guarantee, both ε (``inf`` without guarantee) and their accountants, δ, noise,
     data version, what it predicts for which groups (target, protected attributes, group
-    names) and the test headline as fractions (what :mod:`dpfair.tracking.registry`'s champion
+    names) and the test headline as fractions (what :mod:`dpfair.tracking.model_registry`'s champion
     rule reads), with the fairness disparities of :mod:`dpfair.fairness.rates` where
     released."""
     release = plan.methods[record.label]
@@ -422,7 +421,7 @@ def register_standalone(params: Params, dataset: GroupedDataset, result: TrainRe
                    f"groups {gap:.1f} points; ε {epsilon_text(record.epsilon)} at δ "
                    f"{result.delta:g} for this run. Preprocessing: "
                    f"{preprocessing_note(dataset)}.")
-    return registry.register(tracking, name, record.model_uri, record.run_id, tags,
+    return model_registry.register(tracking, name, record.model_uri, record.run_id, tags,
                              description, criterion=settings.criterion,
                              model_description=model_description(dataset.name))
 
@@ -446,10 +445,10 @@ def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDat
                    parent_run_id: str) -> dict[str, str] | None:
     """Register the selected final model (:func:`select_model`) in MLflow's Model Registry as
     a new version of ``pipeline.registry.name`` with :func:`registry_tags` and its own
-    description; it becomes ``@challenger``, and ``@champion`` by :mod:`dpfair.tracking.registry`'s
-    rule (``pipeline.registry.criterion``). The pipeline run's tag ``dpfair.registered_model``
-    holds ``NAME/VERSION`` or ``none`` (why: its description). Returns ``{"name", "version",
-    "champion"}``, or None (registry disabled, or no candidate)."""
+    description; it becomes ``@challenger``, and ``@champion`` by the rule of
+    :mod:`dpfair.tracking.model_registry` (``pipeline.registry.criterion``). The pipeline run's
+    tag ``dpfair.registered_model`` holds ``NAME/VERSION`` or ``none`` (why: its description).
+    Returns ``{"name", "version", "champion"}``, or None (registry disabled, or no candidate)."""
     settings = params.pipeline.registry
     if not settings.enabled:
         set_tags(tracking, parent_run_id, {"dpfair.registered_model": "none"})
@@ -462,7 +461,7 @@ def register_model(params: Params, tracking: TrackingConfig, dataset: GroupedDat
     name = settings.name or f"{tracking.experiment_prefix}-{dataset.name}"
     version = dataset.meta.get("data_version") or data_tags.get("dpfair.data_version", "")
     tags = {**registry_tags(record, plan, dataset, version), "pipeline_run_id": parent_run_id}
-    registered = registry.register(
+    registered = model_registry.register(
         tracking, name, record.model_uri, record.run_id, tags,
         version_description(record, plan, dataset, rule), criterion=settings.criterion,
         model_description=model_description(dataset.name))

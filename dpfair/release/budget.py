@@ -3,7 +3,7 @@
 Given the release's shape (each method's search, final runs on every seed; the noisy test
 metrics have their own budget and are not part of it), :func:`budget_first` finds the one
 factor by which every noise multiplier of the calibrated methods is multiplied so that the run
-total meets ``budget.epsilon`` (:func:`dpfair.privacy.budget.noise_scale_for_budget`: the
+total meets ``budget.epsilon`` (:func:`dpfair.accounting.calibration.noise_scale_for_budget`: the
 proportional split, by the tightest valid accountant), and returns the plan at that noise,
 whose itemised spend shows the factor, each part's ε and the methods that kept their noise
 (``budget.keep_noise``). Whoever trains the plan multiplies the same noises by
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dpfair.accounting.calibration import noise_scale_for_budget, scale_noise
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
-from dpfair.privacy.budget import noise_scale_for_budget, scale_noise
 from dpfair.release.plan import MethodRelease, ReleasePlan, method_release, release_plan
 
 __all__ = ["budget_first", "scaled_release"]

@@ -5,14 +5,14 @@ Per method a run releases its search (a tuned method: the selected configuration
 with its test metrics. All of them are computed from the same training data, so they compose:
 a method's release is ``ComposedDpEvent([search, run_1, ..., run_S])`` and the run's total is
 the composition of every method's release, evaluated by the tightest valid accountant
-(:func:`dpfair.privacy.accounting.spend`: PLD, with a search's privacy profile, or RDP, the
+(:func:`dpfair.accounting.accountant.spend`: PLD, with a search's privacy profile, or RDP, the
 smaller; every figure names its accountant, :data:`EPSILON_ACCOUNTANT`), never a sum of epsilons,
 known before anything trains and checked against ``budget`` by the gate
 (:func:`dpfair.release.allowed.check_budget`).
 
 A tuned method's final runs train the selected configuration, which the search releases, so
 their event must hold whichever configuration is selected: it is the search's per-run bound
-over its space (:func:`dpfair.tuning.events.combine_run_events`; the selected configuration's
+over its space (:func:`dpfair.tuning.search_events.combine_run_events`; the selected configuration's
 own event whenever the space leaves σ, q and the steps alone).
 
 Releases without a guarantee (the non-private reference; heuristic methods, e.g. FairLens):
@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event
 
-from dpfair.privacy import accounting
+from dpfair import accounting
 from dpfair.training import REPLAYABLE_NOISE, MetricsRelease
-from dpfair.tuning.events import search_event
+from dpfair.tuning.search_events import search_event
 
 if TYPE_CHECKING:
     from dpfair.config.sections import ReleaseMode
-    from dpfair.privacy.methods import PrivacyGuarantee
+    from dpfair.methods import PrivacyGuarantee
     from dpfair.tuning.config import TuningConfig
     from dpfair.tuning.job import TuningResult
 
@@ -330,7 +330,7 @@ def search_release(
 ) -> SearchRelease:
     """The release of a search with settings ``cfg``, per-run event ``run_event`` and K = ``k``.
 
-    ``selected``: :func:`dpfair.tuning.events.search_event` (the bound of ``cfg.mode``, e.g.
+    ``selected``: :func:`dpfair.tuning.search_events.search_event` (the bound of ``cfg.mode``, e.g.
     RepeatAndSelect, Papernot & Steinke 2022 Thm. 2; it covers only the selected run, so K and
     the other trials stay private). ``all_trials``: every run and its score are public, so the
     bound is their composition, ``SelfComposed(run ∘ score, K)`` (the same function in mode

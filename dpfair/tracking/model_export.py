@@ -342,11 +342,11 @@ def model_location(cfg: TrackingConfig, model: str) -> str:
     """Where the files of ``model`` are: a local folder (or ``file://`` URI) the user names, or
     a model of ``cfg``'s store: ``runs:/...``, a logged model ``models:/<model_id>``, a
     registered version ``models:/NAME/VERSION`` or ``NAME/VERSION``, ``NAME@ALIAS``, or
-    ``NAME`` (its ``@champion``, :mod:`dpfair.tracking.registry`). Looked up through ``cfg``'s
+    ``NAME`` (its ``@champion``, :mod:`dpfair.tracking.model_registry`). Looked up through ``cfg``'s
     store, never MLflow's process-wide tracking URI (threads share it). Any other URI (``s3://``,
     ``http://``...) is refused: loading an MLflow model runs its code, so it comes only from
     these places."""
-    from dpfair.tracking.registry import CHAMPION
+    from dpfair.tracking.model_registry import CHAMPION
 
     if Path(model).exists() or model.startswith(("file://", "runs:/")):
         return model

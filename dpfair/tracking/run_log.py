@@ -1,6 +1,6 @@
 """How a run looks in MLflow (issue 17): its name, the headline metrics of a model, the
 dataset as the run's logged input, the per-epoch test metrics, and the run's DpEvent with a
-note. :mod:`dpfair.pipeline.experiment` logs every run through these."""
+note. :mod:`dpfair.pipeline.method_steps` logs every run through these."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import pandas as pd
 
+from dpfair import accounting
 from dpfair.data import GroupedDataset
 from dpfair.fairness import max_gap
 from dpfair.fairness.rates import DISPARITIES
 from dpfair.metric_keys import renamed
-from dpfair.privacy import accounting
 from dpfair.release.plan import NO_NOISE, SECRET_NOISE
 from dpfair.tracking.runs import TrackingConfig, log_dataset, log_metrics, set_tags
 from dpfair.training import REPLAYABLE_NOISE, TrainResult
@@ -98,7 +98,7 @@ READING = ("epsilon_reading: a data-dependent reading of this one run (its clip 
 
 
 def epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
-    """DPSGD-F's per-group ε (:mod:`dpfair.privacy.group_accounting`: each group's own steps
+    """DPSGD-F's per-group ε (:mod:`dpfair.accounting.per_group`: each group's own steps
     accounted) as a table: group name, the data-dependent reading of this run at its δ, the
     bound fixed before training beside it, δ, the accountant, and what the reading is."""
     return pd.DataFrame({"group": dataset.group_names,
@@ -109,7 +109,7 @@ def epsilon_by_group(result: TrainResult, dataset: GroupedDataset) -> Any:
 
 
 def event_with_note(result: TrainResult) -> str:
-    """The run's DpEvent JSON (:func:`~dpfair.privacy.accounting.event_from_json` reads it)
+    """The run's DpEvent JSON (:func:`~dpfair.accounting.accountant.event_from_json` reads it)
     with a ``note`` saying how its noise multipliers relate to the ``sigma`` param."""
     how = ("set by the sigma param" if result.config.sigma is not None else
            f"calibrated so that the run reaches target_epsilon {result.config.target_epsilon:g}")

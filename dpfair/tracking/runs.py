@@ -14,7 +14,7 @@ What MLflow users expect (issue 17): experiments open on their runs (the experim
 :data:`EXPERIMENT_KIND`), runs carry MLflow's standard source tags (user, entry point, git
 commit when known), datasets are logged inputs (:func:`log_dataset`), tables are MLflow table
 artifacts (:func:`log_table`) and the selected model is a Model Registry version
-(:mod:`dpfair.tracking.registry`).
+(:mod:`dpfair.tracking.model_registry`).
 
 A tracking server (an ``http(s)://`` URI) decides where artifacts go: experiments are created
 without an artifact location, so a server started with ``--artifacts-destination`` stores

@@ -21,14 +21,14 @@ if TYPE_CHECKING:
         predict,
     )
     from dpfair.training.loop import poisson_batch, resolve_device, train
-    from dpfair.training.plan import (
+    from dpfair.training.result import REPLAYABLE_NOISE, Callback, TrainResult
+    from dpfair.training.run_plan import (
         EXACT_TEST_METRICS,
         MetricsRelease,
         RunPlan,
         make_plan,
         metrics_release,
     )
-    from dpfair.training.result import REPLAYABLE_NOISE, Callback, TrainResult
 
 # The loop, plan and evaluation (dp_accounting, scipy) load on first use: the configuration
 # check reads only TrainConfig and must stay light.
@@ -37,7 +37,7 @@ __getattr__ = lazy_getattr(__name__, {
                      "predict"], "evaluation"),
     **dict.fromkeys(["poisson_batch", "resolve_device", "train"], "loop"),
     **dict.fromkeys(["EXACT_TEST_METRICS", "MetricsRelease", "RunPlan", "make_plan",
-                     "metrics_release"], "plan"),
+                     "metrics_release"], "run_plan"),
     **dict.fromkeys(["REPLAYABLE_NOISE", "Callback", "TrainResult"], "result"),
 })
 

@@ -18,8 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from dpfair.methods import MethodConfig
 from dpfair.models import ModelConfig
-from dpfair.privacy.methods import MethodConfig
 from dpfair.training.progress import ProgressMode
 
 #: The most epochs and optimiser steps one run may take (resource bounds: a typo such as

@@ -2,11 +2,11 @@
 
 One step: every training example joins the batch independently with probability
 ``q = batch_size / n_train`` (so the realised batch size is random and may be 0); the private
-step (:class:`dpfair.privacy.step.PrivateStep`) sets every parameter's ``.grad`` to the
+step (:class:`dpfair.engine.step.PrivateStep`) sets every parameter's ``.grad`` to the
 method's noised, weighted sum divided by the *expected* batch size, and the optimizer steps.
 The optimizer only post-processes the private gradient, so SGD, momentum, weight decay and
 Adam all keep the guarantee. An epoch is ``ceil(n_train / batch_size)`` steps, the count
-:func:`dpfair.privacy.accounting.steps_for_epochs` accounts for (and Opacus runs). q, the
+:func:`dpfair.accounting.accountant.steps_for_epochs` accounts for (and Opacus runs). q, the
 steps, σ and the run's privacy event are fixed first, by :func:`dpfair.training.make_plan`.
 
 Randomness: the seed is split (numpy
@@ -49,22 +49,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpfair import accounting
+from dpfair.accounting import per_group as group_accounting
+from dpfair.accounting.accountant import Spend
 from dpfair.data.dataset import GroupedDataset
+from dpfair.engine.model_check import check_model
+from dpfair.engine.step import PrivateStep
 from dpfair.errors import ConfigError
 from dpfair.fairness.noisy import noisy_group_metrics
 from dpfair.fairness.rates import fairlearn_rates
+from dpfair.methods import Method, build_method
 from dpfair.models import build_model, check_output_shape
-from dpfair.privacy import accounting, group_accounting
-from dpfair.privacy.accounting import Spend
-from dpfair.privacy.methods import Method, build_method
-from dpfair.privacy.model_check import check_model
-from dpfair.privacy.step import PrivateStep
 from dpfair.training.config import TrainConfig
 from dpfair.training.entropy import reseed_secretly
 from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
-from dpfair.training.plan import RunPlan, make_plan
 from dpfair.training.progress import progress_bar
 from dpfair.training.result import Callback, TrainResult
+from dpfair.training.run_plan import RunPlan, make_plan
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,7 +95,7 @@ def _init_model(
     config: TrainConfig, dataset: GroupedDataset, seed: int, given: nn.Module | None
 ) -> nn.Module:
     """``config.model`` built and initialised from ``seed``, or a copy of the ``given`` module
-    (its own initialisation); checked by :func:`~dpfair.privacy.model_check.check_model`."""
+    (its own initialisation); checked by :func:`~dpfair.engine.model_check.check_model`."""
     if (given is None) == (config.model is None):
         raise ConfigError("give exactly one model: config.model or train(..., model=module)")
     with torch.random.fork_rng(devices=[]):
@@ -126,7 +127,7 @@ def _nanmean(values: list[float]) -> float:
 def _group_epsilons(plan: RunPlan, method: Method,
                     trajectory: list[dict[str, Any]]) -> tuple[list[Spend], list[Spend]] | None:
     """Per-group ε of DPSGD-F and its accountant from its per-step bounds ``C_k``, each
-    group's steps accounted on their own (:mod:`dpfair.privacy.group_accounting`): the
+    group's steps accounted on their own (:mod:`dpfair.accounting.per_group`): the
     data-dependent reading of this run, and beside it the bound fixed before training from
     the method's clip range; None for other methods. Steps missing from the trajectory count
     at the top bound (the run's own ε)."""

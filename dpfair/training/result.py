@@ -10,11 +10,11 @@ import torch
 from dp_accounting import dp_event
 from torch import nn
 
+from dpfair.methods import PrivacyGuarantee
 from dpfair.models import build_model
-from dpfair.privacy.methods import PrivacyGuarantee
 from dpfair.training.config import TrainConfig
 from dpfair.training.evaluation import Predictions
-from dpfair.training.plan import MetricsRelease
+from dpfair.training.run_plan import MetricsRelease
 
 #: How every output of a ``reproducible`` run (or search) is labelled: its batches and noise
 #: are drawn from the logged seed, so anyone can replay them and tell whether a record was in
@@ -32,9 +32,9 @@ class TrainResult:
     release (no per-class metric, no count) and ``test_predictions`` is None. ``nonprivate_stats``
     (training-batch loss, computed from the raw batch) is *not* private; it is only recorded
     when ``TrainConfig.nonprivate_stats`` is set. ``event`` is the planned run event
-    (:class:`dpfair.training.plan.RunPlan`) and ``epsilon`` its ε at ``delta``; DPSGD-F's
+    (:class:`dpfair.training.run_plan.RunPlan`) and ``epsilon`` its ε at ``delta``; DPSGD-F's
     ``group_epsilons`` are each group's ε at ``delta`` read from that group's own per-step clip
-    bounds (:mod:`dpfair.privacy.group_accounting`), each at most ``epsilon``: a
+    bounds (:mod:`dpfair.accounting.per_group`), each at most ``epsilon``: a
     data-dependent reading of this one run (the bounds come from noisy counts), not a
     guarantee fixed in advance; ``group_accountants`` name the accountant of each, and
     ``group_epsilon_bounds`` are the per-group bounds fixed before training from the clip

@@ -13,12 +13,12 @@ or from the seed with ``reproducible``, :mod:`~dpfair.tuning.k_draw`):
   the study carry ``tuning_privacy: "none"`` and the search's epsilon is ``inf``.
 
 A search is :func:`prepare` (validate, predict every configuration's run event and account
-the search before any training: :mod:`~dpfair.tuning.events`; check the budget; create or
+the search before any training: :mod:`~dpfair.tuning.search_events`; check the budget; create or
 reopen the study: :mod:`~dpfair.tuning.study`), the workers (:mod:`~dpfair.tuning.worker`:
 each run trains one random configuration and releases a noisy validation score,
 :mod:`~dpfair.tuning.score`), then :func:`finish` (select the best run). :func:`tune` does all
 three; calling it again resumes the study. The study's trials are the privacy ledger
-(:mod:`~dpfair.tuning.ledger`).
+(:mod:`~dpfair.tuning.trial_records`).
 
 Importing this package loads only the settings (:class:`TuningConfig`) and the errors; the
 rest (which needs optuna and dp_accounting) is imported on first use of its name.
@@ -34,7 +34,7 @@ from dpfair.tuning.config import Scalar, ScoreName, TuningConfig
 
 __all__ = [
     "BudgetExceededError",
-    "LedgerRow",
+    "TrialRow",
     "Scalar",
     "ScoreName",
     "TuningConfig",
@@ -58,17 +58,17 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dpfair.tuning.events import planned_run_event, result_event, search_event
     from dpfair.tuning.job import TuningJob, TuningResult, allowed_names, make_config
     from dpfair.tuning.k_draw import draw_k, sample_tnb
-    from dpfair.tuning.ledger import LedgerRow
     from dpfair.tuning.score import release_score
     from dpfair.tuning.search import finish, prepare, tune
+    from dpfair.tuning.search_events import planned_run_event, result_event, search_event
     from dpfair.tuning.study import make_storage
+    from dpfair.tuning.trial_records import TrialRow
     from dpfair.tuning.worker import run_worker, write_spec
 
 _LAZY = {
-    "LedgerRow": "ledger",
+    "TrialRow": "trial_records",
     "TuningJob": "job",
     "TuningResult": "job",
     "allowed_names": "job",
@@ -76,13 +76,13 @@ _LAZY = {
     "finish": "search",
     "make_config": "job",
     "make_storage": "study",
-    "planned_run_event": "events",
+    "planned_run_event": "search_events",
     "prepare": "search",
     "release_score": "score",
-    "result_event": "events",
+    "result_event": "search_events",
     "run_worker": "worker",
     "sample_tnb": "k_draw",
-    "search_event": "events",
+    "search_event": "search_events",
     "tune": "search",
     "write_spec": "worker",
 }

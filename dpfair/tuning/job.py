@@ -31,7 +31,6 @@ from dpfair.errors import TuningError, bools_as_numbers, did_you_mean
 from dpfair.tuning.config import Scalar, TuningConfig
 
 if TYPE_CHECKING:
-    from dpfair.tuning.ledger import LedgerRow
     from dpfair.tuning.protocols import (
         DatasetLike,
         EventFn,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
         RunOutcome,
         TrainFn,
     )
+    from dpfair.tuning.trial_records import TrialRow
 
 __all__ = [
     "SEED_STREAM",
@@ -100,7 +100,7 @@ class TuningResult:
     best_trial: int | None
     K: int
     n_runs: int
-    trials: list[LedgerRow]
+    trials: list[TrialRow]
     epsilon_training: float
     epsilon_search: float
     delta: float

@@ -22,7 +22,7 @@ from typing import overload
 
 import numpy as np
 
-from dpfair.privacy import accounting
+from dpfair import accounting
 from dpfair.tuning.config import TuningConfig
 
 __all__ = ["K_STREAM", "draw_k", "sample_tnb"]

@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from dp_accounting.dp_event import DpEvent
     from numpy.typing import ArrayLike
 
-    from dpfair.privacy.methods import MethodConfig
+    from dpfair.methods import MethodConfig
     from dpfair.training import Predictions, TrainConfig, TrainResult
-    from dpfair.tuning.ledger import LedgerRow
+    from dpfair.tuning.trial_records import TrialRow
 
 __all__ = [
     "DatasetLike",
@@ -66,7 +66,7 @@ TrainFn: TypeAlias = "Callable[[RunConfig, DatasetLike], RunOutcome]"
 #: ``event_fn(config, dataset)``: the training event of a run, predicted before it runs.
 EventFn: TypeAlias = "Callable[[RunConfig, DatasetLike], DpEvent]"
 #: ``on_trial(row, result)``: called after each completed run with its ledger row.
-OnTrial: TypeAlias = "Callable[[LedgerRow, RunOutcome], None]"
+OnTrial: TypeAlias = "Callable[[TrialRow, RunOutcome], None]"
 
 
 class SearchHooks(TypedDict, total=False):
@@ -74,7 +74,7 @@ class SearchHooks(TypedDict, total=False):
 
     ``allowed``: the hyperparameter names a space may use (default: the fields of the method
     and training configs). ``event_fn(config, dataset)`` predicts a run's training event
-    (default :func:`dpfair.tuning.events.planned_run_event`). ``on_trial(row, result)`` is
+    (default :func:`dpfair.tuning.search_events.planned_run_event`). ``on_trial(row, result)`` is
     called in the worker after each completed run with its ledger row and the train_fn result
     (e.g. to log a nested MLflow run); its errors are logged, never fail the run.
     """

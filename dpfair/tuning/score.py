@@ -4,7 +4,7 @@
 (the default) a run releases the contingency table of validation examples by (group, class,
 correct) plus N(0, σ_score²) on every cell: one example changes one cell by 1, so this is one
 Gaussian query of L2 sensitivity 1 (``GaussianDpEvent(σ_score)``, composed into the run event
-by :mod:`dpfair.tuning.events`). Accuracy, macro accuracy (mean over classes) and worst-group
+by :mod:`dpfair.tuning.search_events`). Accuracy, macro accuracy (mean over classes) and worst-group
 accuracy are post-processing of the noisy table (cells clamped at 0; a class/group whose noisy
 count is 0 is skipped). For ``loss`` each example contributes ``(min(ℓ_i, L)/L, 1)/√2`` (norm
 ≤ 1, L = ``loss_clip``): the noisy sum gives the mean clipped loss ``L·v0/v1``. With

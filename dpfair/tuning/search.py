@@ -2,7 +2,7 @@
 workers, and :func:`finish` (wait for the runs and select the best); :func:`tune` does all three.
 
 The search's epsilon depends only on the distribution of K (μ, η), the run event and the score
-event (:mod:`dpfair.tuning.events`), so it is computed and checked against ``budget_epsilon``
+event (:mod:`dpfair.tuning.search_events`), so it is computed and checked against ``budget_epsilon``
 before the first run. Resuming (calling ``tune`` again with the same study) continues until K
 runs are claimed, then waits until no run is RUNNING, and selects the best completed run.
 """
@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 from dp_accounting import dp_event
 from pydantic import BaseModel, ValidationError
 
+from dpfair import accounting
 from dpfair.errors import BudgetExceededError, ConfigError, TuningError, format_validation_error
-from dpfair.privacy import accounting
 from dpfair.tuning.config import Scalar, TuningConfig
-from dpfair.tuning.events import combine_run_events, planned_run_event, search_event
 from dpfair.tuning.job import (
     TuningJob,
     TuningResult,
@@ -34,8 +33,9 @@ from dpfair.tuning.job import (
     resolve,
     seed_of_run,
 )
-from dpfair.tuning.ledger import best_run, guarantee, is_run, ledger_row, settled_trials
+from dpfair.tuning.search_events import combine_run_events, planned_run_event, search_event
 from dpfair.tuning.study import load_study, make_storage, open_study
+from dpfair.tuning.trial_records import best_run, guarantee, is_run, settled_trials, trial_row
 from dpfair.tuning.worker import run_worker, spawn_workers
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ def finish(
         best_config=best_config, best_params=best_params,
         best_score=best_t.value if best_t is not None else None,
         best_trial=best_t.number if best_t is not None else None,
-        K=job.k, n_runs=n_runs, trials=[ledger_row(t, job.k, cfg.tuning_privacy) for t in trials],
+        K=job.k, n_runs=n_runs, trials=[trial_row(t, job.k, cfg.tuning_privacy) for t in trials],
         epsilon_training=job.epsilon_training, epsilon_search=job.epsilon_search, delta=job.delta,
         event_json=job.search_event_json, run_event_json=job.run_event_json,
         tuning_privacy=cfg.tuning_privacy, score_privacy=cfg.score_privacy, score=cfg.score,
@@ -188,11 +188,11 @@ def _check_validation_split(dataset: p.DatasetLike) -> None:
 
 def _check_search_delta(delta: float, dataset: p.DatasetLike, train_cfg_base: p.RunConfig) -> None:
     """``tuning.delta`` < 1/n_train, as every training run's delta
-    (:func:`dpfair.training.plan.check_delta`; its opt-out is the training config's)."""
+    (:func:`dpfair.training.run_plan.check_delta`; its opt-out is the training config's)."""
     labels = getattr(getattr(dataset, "train", None), "y", None)
     if labels is None:
         return
-    from dpfair.training.plan import check_delta  # imports torch: only when there is data
+    from dpfair.training.run_plan import check_delta  # imports torch: only when there is data
 
     allowed = bool(dump(train_cfg_base).get("allow_large_delta", False))
     check_delta(delta, len(labels), allowed=allowed, key="tuning.delta",

@@ -6,7 +6,7 @@ One process runs :func:`run_worker` in-process; ``workers=N`` (N > 1) spawns N p
 exit, SIGTERM included; one left by a killed owner is removed by the next start of any command,
 :func:`dpfair.processes.remove_stale_job_dirs`). A spawned worker dies with its owner
 (:func:`dpfair.processes.die_with_parent`) and starts no trial once it is gone.
-How slots are claimed and what counts as a run: :mod:`dpfair.tuning.ledger`. After each run
+How slots are claimed and what counts as a run: :mod:`dpfair.tuning.trial_records`. After each run
 the event the trainer reports must equal the one the search was accounted with, else the
 tuning stops with an error.
 """
@@ -31,7 +31,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from dpfair.privacy import accounting
+from dpfair import accounting
 from dpfair.processes import (
     JOB_DIR_PREFIX,
     parent_gone,
@@ -40,11 +40,11 @@ from dpfair.processes import (
     stop_requested,
     uninterrupted,
 )
-from dpfair.tuning.events import result_event
 from dpfair.tuning.job import TuningJob, config_json, make_config, params_key, resolve, seed_of_run
-from dpfair.tuning.ledger import Heartbeat, fail_stale, is_run, ledger_row
 from dpfair.tuning.score import n_classes_groups, release_score, score_rng
+from dpfair.tuning.search_events import result_event
 from dpfair.tuning.study import distributions, load_study, sampler_for, search_space
+from dpfair.tuning.trial_records import Heartbeat, fail_stale, is_run, trial_row
 
 if TYPE_CHECKING:
     from dpfair.data.dataset import GroupedDataset
@@ -64,7 +64,7 @@ class _AccountingMismatch(RuntimeError):
 def run_worker(
     job: TuningJob, index: int = 0, *, keep_best: bool = False, parent: int | None = None
 ) -> tuple[int, RunOutcome] | None:
-    """Claim and run trials until K runs are claimed (see :mod:`dpfair.tuning.ledger`). With
+    """Claim and run trials until K runs are claimed (see :mod:`dpfair.tuning.trial_records`). With
     ``keep_best`` returns ``(trial number, train_fn result)`` of this worker's best run (else
     None). Before each claim: no new trial once this process was told to stop (SIGTERM,
     :func:`~dpfair.processes.stop_requested`) or, for a spawned worker, once the ``parent``
@@ -91,7 +91,7 @@ def run_worker(
         if on_trial_fn is not None:
             try:
                 frozen = study._storage.get_trial(trial._trial_id)
-                on_trial_fn(ledger_row(frozen, job.k, cfg.tuning_privacy), result)
+                on_trial_fn(trial_row(frozen, job.k, cfg.tuning_privacy), result)
             except Exception as exc:
                 _log.warning("on_trial failed for trial %d: %r", trial.number, exc)
         if keep_best and (best is None or sign * value > sign * best[0]):

@@ -13,7 +13,7 @@ from dpfair.cli.commands import app
 from dpfair.cli.error_boundary import EXIT_VIOLATION
 from dpfair.config.params import parse_params
 from dpfair.ledger import SourceLedger
-from dpfair.privacy.methods import Dpsgd, DpsgdConfig
+from dpfair.methods import Dpsgd, DpsgdConfig
 
 runner = CliRunner()
 

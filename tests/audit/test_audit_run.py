@@ -14,7 +14,7 @@ from dpfair.audit.canaries import coin_generator, make_canaries, with_canaries
 from dpfair.audit.run import MOST_CANARIES, plan_canaries
 from dpfair.data import load_dataset
 from dpfair.errors import ConfigError, DataError
-from dpfair.privacy.methods import Dpsgd, DpsgdConfig
+from dpfair.methods import Dpsgd, DpsgdConfig
 from dpfair.training import TrainConfig, make_plan
 
 

@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from dpfair.data import load_dataset, prepare
-from dpfair.data.errors import SourceMissingError
-from dpfair.errors import DataError
+from dpfair.errors import DataError, SourceMissingError
 
 from .own_tables import TARGET, loans_frame, table_options
 

@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 import yaml
 
+from dpfair.accounting.accountant import ACCOUNTANTS
 from dpfair.data import data_version
 from dpfair.data.prepared import PUBLIC_SUMMARY
 from dpfair.data.sources import md5sum
 from dpfair.errors import DataError
-from dpfair.privacy.accounting import ACCOUNTANTS
 
 FILES = ("params.yaml", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
          "bin/dvc-python", "data/raw/.gitkeep")
@@ -270,8 +270,8 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path):
     """The evaluate stage's numbers are the table's: every group's accuracy by name, the worst
     group, the largest accuracy and cost gaps, ε only for methods with a guarantee."""
+    from dpfair.accounting.accountant import ACCOUNTANT_NONE, ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
     from dpfair.pipeline.dvc_outputs import TEST_METRICS_LABEL, write_outputs
-    from dpfair.privacy.accounting import ACCOUNTANT_NONE, ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
     from dpfair.release.plan import (
         EPSILON_ACCOUNTANT,
         EPSILON_METHOD,
@@ -362,8 +362,8 @@ def test_a_declared_own_csv_gets_its_stage_and_reruns_when_the_file_changes(tmp_
 def test_dvc_metrics_show_fits_120_columns_with_the_default_methods(tmp_path, repo_root):
     """Issue 43: `dvc metrics show` was 2,037 columns wide; the metrics of the default
     experiment's four methods (the long names included) fit 120, the rest is in details.json."""
+    from dpfair.accounting.accountant import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
     from dpfair.pipeline.dvc_outputs import write_outputs
-    from dpfair.privacy.accounting import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
     from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
 
     methods = ["nonprivate", "dpsgd", "dpsgd_f", "dpsgd_global_adapt"]

@@ -10,6 +10,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 from scipy.stats import norm
 
+from dpfair import accounting
 from dpfair.fairness import rates
 from dpfair.fairness.noisy import (
     COUNTS_SENSITIVITY,
@@ -18,7 +19,6 @@ from dpfair.fairness.noisy import (
     noisy_group_metrics,
     release_event,
 )
-from dpfair.privacy import accounting
 from tests.conftest import epsilon_oracle
 
 

@@ -77,14 +77,14 @@ def fail_training_of(monkeypatch: pytest.MonkeyPatch, method: str,
                      error: Exception | None = None) -> None:
     """Every training of ``method`` raises ``error`` (default: a RuntimeError, a bug)
     mid-pipeline; the other methods train as usual (``monkeypatch.undo()`` or setting
-    ``experiment.train`` back ends it)."""
-    from dpfair.pipeline import experiment
+    ``method_steps.train`` back ends it)."""
+    from dpfair.pipeline import method_steps
 
-    real_train = experiment.train
+    real_train = method_steps.train
 
     def train_or_fail(config, dataset, callbacks=()):
         if config.method.name == method:
             raise error or RuntimeError("boom in the middle of training")
         return real_train(config, dataset, callbacks)
 
-    monkeypatch.setattr(experiment, "train", train_or_fail)
+    monkeypatch.setattr(method_steps, "train", train_or_fail)

@@ -12,10 +12,10 @@ import yaml
 from dp_accounting import dp_event
 from mlflow import MlflowClient
 
+from dpfair import accounting
 from dpfair.config.params import ConfigError, load_params
 from dpfair.data import data_version, load_dataset, source_version
 from dpfair.errors import PrivacyError
-from dpfair.privacy import accounting
 from dpfair.release.plan import (
     EPSILON_METHOD,
     EPSILON_RUN,
@@ -269,7 +269,7 @@ def test_all_trials_release_and_heuristic_methods(prefect_harness, tmp_path, rep
 
 def test_over_budget_run_is_refused_before_anything_trains(prefect_harness, tmp_path, repo_root,
                                                           monkeypatch):
-    from dpfair.pipeline import experiment
+    from dpfair.pipeline import method_steps
     from flows.experiment import run_experiment
 
     monkeypatch.chdir(tmp_path)
@@ -277,8 +277,8 @@ def test_over_budget_run_is_refused_before_anything_trains(prefect_harness, tmp_
     def no_training(*args, **kwargs):
         raise AssertionError("trained although the run is over budget")
 
-    monkeypatch.setattr(experiment, "train", no_training)
-    monkeypatch.setattr(experiment, "tune", no_training)
+    monkeypatch.setattr(method_steps, "train", no_training)
+    monkeypatch.setattr(method_steps, "tune", no_training)
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT,
                                  budget={"epsilon": 6.0, "allow_nonprivate_reference": True})
     with pytest.raises(PrivacyError) as err:
@@ -319,7 +319,7 @@ def test_failing_method_keeps_the_others(prefect_harness, tmp_path, repo_root, m
 
     from dpfair.cli.error_boundary import user_errors_once
     from dpfair.errors import DataError
-    from dpfair.pipeline import experiment
+    from dpfair.pipeline import method_steps
     from flows.experiment import run_experiment
 
     monkeypatch.chdir(tmp_path)
@@ -329,7 +329,7 @@ def test_failing_method_keeps_the_others(prefect_harness, tmp_path, repo_root, m
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     loggers = [logging.getLogger(n) for n in ("prefect.task_runs", "prefect.flow_runs")]
-    failing_train = experiment.train
+    failing_train = method_steps.train
 
     def train_watched(config, dataset, callbacks=()):  # Prefect's logging is configured now
         for logger in loggers:
@@ -337,7 +337,7 @@ def test_failing_method_keeps_the_others(prefect_harness, tmp_path, repo_root, m
                 logger.addHandler(handler)
         return failing_train(config, dataset, callbacks)
 
-    monkeypatch.setattr(experiment, "train", train_watched)
+    monkeypatch.setattr(method_steps, "train", train_watched)
     user_errors_once()
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT)
     try:
@@ -388,7 +388,7 @@ def test_all_methods_failing_is_reported_and_stale_runs_are_failed(prefect_harne
                                                                    repo_root, monkeypatch):
     """No training finishes: the methods' errors are raised, with the summary's own error
     after them (not instead); a run a killed process left RUNNING is marked FAILED first."""
-    from dpfair.pipeline import experiment
+    from dpfair.pipeline import method_steps
     from flows.experiment import MethodsFailed, run_experiment
     from tests.test_tracking import killed_run
 
@@ -397,7 +397,7 @@ def test_all_methods_failing_is_reported_and_stale_runs_are_failed(prefect_harne
     def always_fail(config, dataset, callbacks=()):
         raise RuntimeError(f"boom in {config.method.name}")
 
-    monkeypatch.setattr(experiment, "train", always_fail)
+    monkeypatch.setattr(method_steps, "train", always_fail)
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT)
     params = load_params(params_path)
     stale = killed_run(params.tracking, experiment_id(params.tracking, "synthetic"))

@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from dpfair.cli.commands import app
-from dpfair.tracking.registry import CHALLENGER, CHAMPION, EPSILON_TAG, MODEL_ID_TAG
+from dpfair.tracking.model_registry import CHALLENGER, CHAMPION, EPSILON_TAG, MODEL_ID_TAG
 from dpfair.tracking.runs import TrackingConfig, ui_hint
 from tests.flows.conftest import make_workspace
 

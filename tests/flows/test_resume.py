@@ -17,11 +17,11 @@ import pytest
 from dp_accounting import dp_event
 from mlflow import MlflowClient
 
+from dpfair import accounting
 from dpfair.config.params import load_params
 from dpfair.data import load_dataset
 from dpfair.ledger import SourceLedger
 from dpfair.pipeline.resume import find_resumable
-from dpfair.privacy import accounting
 from dpfair.tracking.runs import read_results
 from dpfair.training import make_plan
 from tests.conftest import epsilon_oracle
@@ -55,13 +55,13 @@ def _run_event(params_path: Path, label: str, seed: int) -> dp_event.DpEvent:
 
 def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_root,
                                                 monkeypatch):
-    from dpfair.pipeline import experiment
+    from dpfair.pipeline import method_steps
     from flows.experiment import MethodsFailed, run_experiment
 
     monkeypatch.chdir(tmp_path)
     tuning = {"mode": "fixed", "n_runs": 2, "spaces": {"dpsgd": {"lr": [0.2, 0.5]}}}
     params_path = make_workspace(tmp_path, repo_root, SMALL_EXPERIMENT, tuning)
-    real_train = experiment.train
+    real_train = method_steps.train
     fail_training_of(monkeypatch, "dpsgd_global")
     with pytest.raises(MethodsFailed, match="dpsgd_global"):
         run_experiment(str(params_path), str(tmp_path))
@@ -72,9 +72,9 @@ def test_rerun_after_a_failed_method_resumes_it(prefect_harness, tmp_path, repo_
         "tags.`dpfair.stage` = 'pipeline'")
     assert crashed.info.status == "FAILED"
 
-    monkeypatch.setattr(experiment, "train", real_train)
-    trained = _counting(monkeypatch, experiment, "train")
-    searched = _counting(monkeypatch, experiment, "tune")
+    monkeypatch.setattr(method_steps, "train", real_train)
+    trained = _counting(monkeypatch, method_steps, "train")
+    searched = _counting(monkeypatch, method_steps, "tune")
     out = run_experiment(str(params_path), str(tmp_path))
 
     # the same pipeline run and study, finished; only the failed method trained again
@@ -120,20 +120,20 @@ def test_rerun_after_a_failed_search_reopens_its_study(prefect_harness, tmp_path
     never open a new one (a fresh draw of K would let a rerun choose among draws)."""
     import optuna
 
-    from dpfair.pipeline import experiment
+    from dpfair.pipeline import method_steps
     from flows.experiment import MethodsFailed, run_experiment
 
     monkeypatch.chdir(tmp_path)
     tuning = {"mode": "fixed", "n_runs": 2, "spaces": {"dpsgd": {"lr": [0.2, 0.5]}}}
     small = {**SMALL_EXPERIMENT, "seeds": [0], "methods": {"dpsgd": {"C": 1.0}}}
     params_path = make_workspace(tmp_path, repo_root, small, tuning)
-    real_tune, studies = experiment.tune, []
+    real_tune, studies = method_steps.tune, []
 
     def crashing_tune(method, base, dataset, cfg):
         studies.append(cfg.study_name)
         raise RuntimeError("the search crashed")
 
-    monkeypatch.setattr(experiment, "tune", crashing_tune)
+    monkeypatch.setattr(method_steps, "tune", crashing_tune)
     with pytest.raises(MethodsFailed, match="the search crashed"):
         run_experiment(str(params_path), str(tmp_path))
 
@@ -141,7 +141,7 @@ def test_rerun_after_a_failed_search_reopens_its_study(prefect_harness, tmp_path
         studies.append(cfg.study_name)
         return real_tune(method, base, dataset, cfg)
 
-    monkeypatch.setattr(experiment, "tune", recording_tune)
+    monkeypatch.setattr(method_steps, "tune", recording_tune)
     out = run_experiment(str(params_path), str(tmp_path))
     assert len(studies) == 2 and studies[0] == studies[1]
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -155,13 +155,13 @@ def test_rerun_after_a_failed_search_reopens_its_study(prefect_harness, tmp_path
 
 _KILLED_RUN = """
 import sys, time
-from dpfair.pipeline import experiment
-real = experiment.train
+from dpfair.pipeline import method_steps
+real = method_steps.train
 def train(config, dataset, callbacks=()):
     if config.method.name == "dpsgd":
         time.sleep(600)  # killed here
     return real(config, dataset, callbacks)
-experiment.train = train
+method_steps.train = train
 from flows.experiment import run_experiment
 run_experiment(*sys.argv[1:])
 """
@@ -169,7 +169,7 @@ run_experiment(*sys.argv[1:])
 
 def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path, repo_root,
                                                       monkeypatch):
-    from dpfair.pipeline import experiment
+    from dpfair.pipeline import method_steps
     from flows.experiment import run_experiment
 
     monkeypatch.chdir(tmp_path)
@@ -190,7 +190,7 @@ def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path,
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
 
-    trained = _counting(monkeypatch, experiment, "train")
+    trained = _counting(monkeypatch, method_steps, "train")
     out = run_experiment(str(params_path), str(tmp_path))
     assert [(c.method.name, c.seed) for c in trained] == [("dpsgd", 0)]
     client = MlflowClient(load_params(params_path).tracking.uri)

@@ -139,12 +139,12 @@ def test_a_failed_retrain_is_charged_and_retried_on_the_next_trigger(prefect_har
     """A retrain that fails after its trainings started may have released something: it is
     charged, but it completes nothing, so the next trigger retries it (charged again) instead
     of skipping the version as unchanged."""
-    from dpfair.pipeline import experiment
+    from dpfair.pipeline import method_steps
     from flows.schedule import retrain_flow
 
     monkeypatch.chdir(tmp_path)
     make_workspace(tmp_path, repo_root, TINY, pipeline={"use_dvc": False})
-    real_train = experiment.train
+    real_train = method_steps.train
     fail_training_of(monkeypatch, "dpsgd")
     with pytest.raises(Exception, match="boom in the middle of training"):
         retrain_flow(params_path="params.yaml", root=str(tmp_path))
@@ -152,7 +152,7 @@ def test_a_failed_retrain_is_charged_and_retried_on_the_next_trigger(prefect_har
     [failed] = ledger.releases("synthetic")
     assert failed.status == "failed" and failed.epsilon > 0
     assert ledger.latest_version("synthetic") is None
-    monkeypatch.setattr(experiment, "train", real_train)
+    monkeypatch.setattr(method_steps, "train", real_train)
     retried = retrain_flow(params_path="params.yaml", root=str(tmp_path))
     assert not retried["skipped"] and retried["registered_model"] is not None
     first, second = ledger.releases("synthetic")

@@ -9,12 +9,12 @@ import sys
 import pytest
 from dp_accounting import dp_event
 
+from dpfair import accounting
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import BudgetExceededError, PrivacyError
 from dpfair.ledger import PrivacyGate, SourceLedger
 from dpfair.ledger.accounts import Account, account_of
 from dpfair.ledger.gate import DataVersion
-from dpfair.privacy import accounting
 from dpfair.release.plan import method_release, release_plan
 from tests.conftest import epsilon_oracle
 
@@ -157,7 +157,7 @@ def test_a_plans_releases_without_guarantee_carry_a_label(tmp_path):
 _WRITER = """
 import sys
 from dp_accounting import dp_event
-from dpfair.privacy import accounting
+from dpfair import accounting
 from dpfair.ledger import SourceLedger
 ledger = SourceLedger(sys.argv[1])
 for i in range(3):

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 from dp_accounting import dp_event
 
+from dpfair import accounting
 from dpfair.config.sections import BudgetSection
 from dpfair.data import load_dataset
 from dpfair.errors import BudgetExceededError, PrivacyError
 from dpfair.ledger import PrivacyGate
 from dpfair.ledger.people import frame_fingerprints
-from dpfair.privacy import accounting
 from tests.conftest import epsilon_oracle
 
 DELTA = 1e-5

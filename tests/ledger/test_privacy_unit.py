@@ -18,11 +18,11 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from typer.testing import CliRunner
 
+from dpfair import accounting
 from dpfair.cli.commands import app
 from dpfair.errors import BudgetExceededError, PrivacyError
 from dpfair.ledger import SourceLedger
 from dpfair.ledger.accounts import PROJECT
-from dpfair.privacy import accounting
 
 runner = CliRunner()
 LEDGER = ".dpfair/ledger.sqlite"

@@ -11,9 +11,9 @@ import sys
 import pytest
 from dp_accounting import dp_event
 
+from dpfair import accounting
 from dpfair.ledger import SourceLedger
 from dpfair.ledger.store import ledger_url
-from dpfair.privacy import accounting
 from dpfair.urls import mask_url as mask_password
 from dpfair.workspace import durable_sqlite_uri, project_root
 
@@ -64,7 +64,7 @@ _WRITER = """
 import sys, time
 from dp_accounting import dp_event
 from dpfair.ledger import SourceLedger
-from dpfair.privacy import accounting
+from dpfair import accounting
 time.sleep(max(0.0, float(sys.argv[3]) - time.time()))  # every machine opens it at once
 ledger = SourceLedger(sys.argv[1])
 event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
@@ -109,7 +109,7 @@ from dpfair.ledger import PrivacyGate
 from dpfair.ledger.gate import DataVersion
 from dpfair.release.plan import method_release, release_plan
 from dpfair.config.sections import BudgetSection
-from dpfair.privacy import accounting
+from dpfair import accounting
 from dp_accounting import dp_event
 event = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
 plan = release_plan([method_release("dpsgd", "proven", [0], [event], None, False, 1e-5)], 1e-5)

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 from dp_accounting import dp_event
 
-from dpfair.privacy import accounting
+from dpfair import accounting
 from dpfair.tuning import TuningConfig, TuningJob, TuningResult, draw_k, prepare, tune
 
 THIS = str(Path(__file__).resolve())

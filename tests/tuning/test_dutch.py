@@ -7,8 +7,8 @@ import math
 import pytest
 from dp_accounting import dp_event
 
+from dpfair import accounting
 from dpfair.data import load_dataset
-from dpfair.privacy import accounting
 from dpfair.training import TrainConfig
 from dpfair.tuning import TuningConfig, tune
 from tests.conftest import requires_dataset

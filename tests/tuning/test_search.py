@@ -11,8 +11,7 @@ import optuna
 import pytest
 from dp_accounting import dp_event
 
-from dpfair import tuning
-from dpfair.privacy import accounting
+from dpfair import accounting, tuning
 from dpfair.tuning.study import CONFIG_SEED
 from tests.tuning.conftest import (
     BASE,
@@ -233,7 +232,7 @@ def test_with_dpfair_training(tmp_path):
         import torch
 
         from dpfair.data.dataset import GroupedDataset, Split
-        from dpfair.privacy.methods import MethodConfig  # noqa: F401
+        from dpfair.methods import MethodConfig  # noqa: F401
         from dpfair.training import TrainConfig
     except ImportError as exc:
         pytest.skip(f"dpfair.training not available yet: {exc}")

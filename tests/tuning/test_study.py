@@ -14,9 +14,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from dpfair import accounting
 from dpfair.errors import TuningError
-from dpfair.privacy import accounting
-from dpfair.tuning.ledger import ledger_row
+from dpfair.tuning.trial_records import trial_row
 from tests.tuning.conftest import BASE, SPACE, cfg, fast_tune, prepare_untrained
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -42,7 +42,7 @@ def test_v1_study_resumes_with_the_same_k_and_ledger(tmp_path):
     db = tmp_path / "study.db"
     shutil.copy(FIXTURES / "v1_study.db", db)
     written = optuna.load_study(study_name="v1", storage=f"sqlite:///{db}").get_trials()
-    assert [ledger_row(t, EXPECTED["K"], "tnb") for t in written] == EXPECTED["rows_written"]
+    assert [trial_row(t, EXPECTED["K"], "tnb") for t in written] == EXPECTED["rows_written"]
 
     res = fast_tune(v1_settings(db))
 

@@ -16,8 +16,8 @@ import pytest
 
 import dpfair.tuning.worker as worker_module
 from dpfair import tuning
-from dpfair.tuning.ledger import is_run
 from dpfair.tuning.study import CONFIG_SEED, TrialSeededRandomSampler, distributions
+from dpfair.tuning.trial_records import is_run
 from tests.tuning.conftest import (
     BASE,
     METHOD,

@@ -1,0 +1,499 @@
+"""Per-sample gradient engine: per-sample norms, then the reweighted sum ``sum_i w_i g_i``.
+
+Two implementations of one interface:
+
+* :class:`GhostClipping` -- the fast path. One forward and one backward (to the layer outputs
+  only, so no parameter gradient is formed twice); forward hooks keep each supported layer's
+  input ``a`` and output, autograd gives the output gradients ``d``. A layer's per-sample
+  gradient is ``sum_t d_t a_t^T`` (``t`` runs over sequence positions, or over the im2col
+  patches of a convolution), so its squared norm is ``|a|^2 |d|^2`` for a Linear applied once
+  per sample (the ghost-norm trick), else ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the
+  norm of the materialised per-sample gradient of that layer, whichever is expected faster.
+  A convolution's per-sample gradient is materialised by one batched matmul over the im2col
+  patches of all its kernel taps, only for its norms, a chunk of samples at a time (chunks
+  sized to a memory budget, :mod:`dpfair.engine.factors`). An embedding's norm is exact from
+  the token ids (:mod:`dpfair.engine.layer_grads`). The weighted sum is one contraction of
+  the ``w``-scaled output gradients with the inputs, added in place to the tensors the caller
+  passes (the step's noise). LayerNorm and GroupNorm parameters are small: their per-sample
+  gradients are materialised from the same captured input and output gradient. Any other
+  layer with trainable parameters is materialised alone, by vmap of that layer
+  (:mod:`dpfair.engine.layer_fallback`): a model falls back layer by layer. Where the
+  layers' output gradients would not fit the memory budget, the norms are formed inside the
+  backward pass, and the weighted sum partly by a second backward
+  (:mod:`dpfair.engine.low_memory`).
+* :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
+  every per-sample gradient; it serves BAM where its fast ascent does not
+  (:mod:`dpfair.engine.ascent`), models whose parameters are shared between modules, and
+  models with a layer run without the batch axis.
+
+``loss_fn(outputs, y)`` must return per-sample losses (``reduction="none"``). Samples must not
+interact in the forward pass (no BatchNorm in training mode).
+
+Overflow: both paths form ``|g_i|^2`` as a sum of squares in the model's dtype, so a sample whose
+squared norm overflows (``|g_i|`` above ``sqrt(finfo.max)``, about ``1.8e19`` in float32) has an
+infinite norm in both, and the rule gives it weight 0 (``Method.rule``); every other sample has
+the same norm in both. Where a factor's squared norm ``|a|^2`` or ``|d|^2`` over- or underflows
+while ``|g_i|^2`` does not (a saturated ``tanh`` on a huge input: ``d = 0``, ``|a|^2 = inf``),
+the fast path first rescales the factors by opposite powers of two (exact; in
+:mod:`dpfair.engine.layer_grads`), so that its products, and ``w_i a`` or ``w_i d`` in the
+weighted sum, stay in range.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from dpfair.engine.factors import cast_float, engine_budget, in_dtype, mask_rows
+from dpfair.engine.layer_dots import layer_dots
+from dpfair.engine.layer_fallback import (
+    LayerPlan,
+    output_tensors,
+    plan_layers,
+    probe_calls,
+    vmap_layer_grads,
+)
+from dpfair.engine.layer_grads import LayerGrads, check_weight_factors, model_layer_grads
+from dpfair.engine.low_memory import (
+    NormSink,
+    Tap,
+    cuda_devices,
+    rng_state,
+    set_rng_state,
+)
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+EngineKind = Literal["auto", "fast", "materialized"]
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters a step sets ``.grad`` for, in ``model.parameters()`` order."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def global_norm(tensors: list[Tensor]) -> Tensor:
+    """The L2 norm of ``tensors`` taken together as one vector."""
+    return torch.stack([t.square().sum() for t in tensors]).sum().sqrt()
+
+
+def _per_sample_losses(losses: Tensor, batch_size: int) -> Tensor:
+    if losses.shape != (batch_size,):
+        raise ValueError(
+            f"loss_fn must return one loss per sample (reduction='none'): expected shape "
+            f"({batch_size},), got {tuple(losses.shape)}"
+        )
+    return losses
+
+
+class PerSampleGradients(ABC):
+    """Computes per-sample gradient norms, then ``sum_i w_i g_i`` for any weights ``w``.
+
+    ``compute`` must be called before ``weighted_grad``; ``losses`` then holds the detached
+    per-sample losses of the batch (not private: for monitoring only).
+    """
+
+    losses: Tensor
+    #: Whether ``g_i`` depends on sample ``i`` alone, so a batch may be formed in chunks
+    #: (physical batches, :class:`dpfair.engine.step.PrivateStep`).
+    chunkable: bool = True
+
+    @abstractmethod
+    def compute(
+        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
+    ) -> Tensor:
+        """Per-sample gradient norms ``|g_i|``, shape ``(B,)``.
+
+        ``groups`` is only read by gradient formers whose ``g_i`` depends on group ids (FairLens).
+        """
+
+    @abstractmethod
+    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
+        """``sum_i w_i g_i`` for every trainable parameter; samples with ``w_i = 0`` are skipped."""
+
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        """Adds ``sum_i w_i g_i`` in place to ``into`` (one contiguous tensor per trainable
+        parameter): the step adds the update to its freshly drawn noise this way."""
+        for out, grad in zip(into, self.weighted_grad(weights), strict=True):
+            out.add_(grad)
+
+    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
+        """``<g_i, r>`` for every sample (``r``: one tensor per trainable parameter), from the
+        per-sample state :meth:`compute` kept, or ``None`` where it keeps none (the caller
+        then takes a double backward)."""
+        return None
+
+    def observe(self, private_grad: list[Tensor]) -> None:
+        """Told each step's released (noised) gradient as the step ends (DP-SAT's former keeps
+        it); the step's per-sample state is let go (:meth:`release`)."""
+        self.release()
+
+    def release(self) -> None:  # noqa: B027 - engines holding no state need nothing here
+        """Drops what :meth:`compute` kept for :meth:`weighted_grad`."""
+
+
+# --------------------------------------------------------------------------- fast path
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, Tensor) else value
+
+
+class GhostClipping(PerSampleGradients):
+    """Fast path: ghost norms, Gram tricks, sparse embedding rows and small materialised norm
+    layers (:mod:`dpfair.engine.layer_grads`) for the layers it knows; any other module owning
+    trainable parameters gets its per-sample gradients by ``vmap`` of that layer alone
+    (:mod:`dpfair.engine.layer_fallback`), so a model falls back layer by layer, never whole.
+
+    A layer called several times in one forward (weight sharing) is handled by concatenating
+    its calls along the position axis, which is exact since the per-sample gradient is a sum
+    over positions. A parameter must be used only through its own module's forward (a weight
+    read directly by another module is not seen); parameters shared between modules go to the
+    materialised path (:func:`fast_path_obstacle`).
+
+    Args:
+        clone_outputs: copy each layer output before handing it on, for models that modify
+            layer outputs in place (``ReLU(inplace=True)``), which would otherwise change the
+            tensor whose gradient is taken. ``make_engine`` sets it when it sees such a module.
+    """
+
+    #: Whether :meth:`compute` keeps each fast layer's captured (input, output gradient) calls
+    #: in ``_calls``, for a subclass's second pass (:class:`dpfair.engine.ascent.AscentGhost`).
+    keeps_calls = False
+    #: Whether the convolutions keep the per-sample kernels their norms form (BAM's pass 1).
+    keeps_kernels = False
+
+    def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
+        self.clone_outputs, self.low_memory = clone_outputs, low_memory
+        self._held_per_input = 0.0  # bytes of layer output gradients per input element
+        self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
+        self._rest: list[int] = []  # the parameters (indices) whose sum takes that graph
+        self._normal = False  # whether the last factor path's overflow check passed
+        self._calls: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
+        self._layers: list[LayerGrads] = []
+        self._params: list[nn.Parameter] = []
+        self._all_finite = True
+        self._plan: tuple[nn.Module, LayerPlan, Materialized | None] | None = None
+        # the model's parameters and which were trainable when the plan was made
+        self._plan_params: tuple[list[nn.Parameter], list[bool]] = ([], [])
+
+    def _layer_plan(self, model: nn.Module, x: Tensor) -> LayerPlan:
+        """The model's layer plan and trainable parameters (``self._params``), made again only
+        for another model or when a parameter's ``requires_grad`` changed."""
+        every, trainable = self._plan_params
+        if (
+            self._plan is None or self._plan[0] is not model
+            or [p.requires_grad for p in every] != trainable
+        ):
+            every = list(model.parameters())
+            self._plan_params = (every, [p.requires_grad for p in every])
+            plan = plan_layers(model)
+            shared, held = probe_calls(model, plan, x)
+            self._held_per_input = held / max(x[:1].numel(), 1)
+            if shared:
+                log_once(
+                    "per-sample gradients: materialised path, because "
+                    f"{', '.join(shared)} run on an input without the batch axis (their output "
+                    "gradient sums over samples); give them a batched input, e.g. "
+                    "pos(positions.expand(batch_size, -1)), to keep the fast path"
+                )
+            self._plan = (model, plan, self._whole_engine() if shared else None)
+        return self._plan[1]
+
+    def _whole_engine(self) -> Materialized:
+        """The materialised engine that serves a model some layer of which runs without the
+        batch axis (a subclass forming ``g_i`` differently returns its own)."""
+        return Materialized()
+
+    def compute(
+        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
+    ) -> Tensor:
+        plan = self._layer_plan(model, x)
+        every, trainable = self._plan_params
+        self._params = [p for p, t in zip(every, trainable, strict=True) if t]
+        whole = self._whole_model()
+        if whole is not None:
+            norms = whole.compute(model, loss_fn, x, y, groups)
+            self.losses = whole.losses
+            return norms
+        self._layers, self._graph = [], None  # the last step's state, before this one's
+        # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
+        calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
+        budget = engine_budget(x.device)
+        sink = NormSink(calls, self._params[0].dtype, x.device, budget) if self._low_memory(
+            plan, x, budget) else None
+        rng = rng_state(x.device) if sink is not None else None
+
+        def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            outs = output_tensors(output)
+            if sink is not None:  # shapes only (autograd forbids in-place changes of a tap)
+                outs = [torch.empty_like(o, device="meta") for o in outs]
+            calls.append((
+                module, tuple(_detached(a) for a in args),
+                {k: _detached(v) for k, v in kwargs.items()}, outs, [o._version for o in outs],
+            ))
+            if sink is not None:  # only fast layers, one tensor out: norms in the backward
+                return Tap.apply(output, sink.anchor, sink, len(calls) - 1)
+            if not self.clone_outputs:
+                return output
+            if isinstance(output, Tensor):
+                return output.clone()
+            return type(output)(_clone(o) for o in output)
+
+        modules = plan.fast + [m for _, m, _ in plan.slow]
+        handles = [m.register_forward_hook(capture, with_kwargs=True) for m in modules]
+        try:
+            outputs = model(x)
+        finally:
+            for h in handles:
+                h.remove()
+        losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
+        self.losses = losses.detach()
+        targets = [o for c in calls for o in c[3] if o.requires_grad]
+        if sink is not None:  # a layer called twice: the factor path, on a replay
+            unique = len({id(c[0]) for c in calls}) == len(calls)
+            norms = sink.norms(losses, x.shape[0]) if unique else None
+            if norms is not None:
+                self._layers, self._all_finite = sink.layers, True
+                self._rest = [i for i, p in enumerate(self._params) if id(p) not in sink.kept]
+                self._graph = losses if sink.second and self._rest else None
+                return norms
+            with torch.random.fork_rng(devices=cuda_devices(x.device)):  # as the first forward drew
+                set_rng_state(rng, x.device)  # type: ignore[arg-type]
+                self.low_memory, low = False, self.low_memory
+                try:
+                    return self.compute(model, loss_fn, x, y, groups)
+                finally:
+                    self.low_memory = low
+        found = iter(torch.autograd.grad(losses.sum(), targets, allow_unused=True))
+        fast, batch = plan.fast_ids, x.shape[0]
+        per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
+        self._layers = []
+        dtype = self._params[0].dtype  # under autocast: norms and sums in the parameters' dtype
+        with _autocast_off(x.device.type):
+            for module, args, kwargs, outs, versions in calls:
+                if any(o._version != v for o, v in zip(outs, versions, strict=True)):
+                    raise RuntimeError(
+                        f"the output of {module} was modified in place after the layer ran; "
+                        "use GhostClipping(clone_outputs=True) or an out-of-place activation"
+                    )
+                grads = [cast_float(next(found), dtype) if o.requires_grad else None for o in outs]
+                if outs[0].dim() == 0 or outs[0].shape[0] != batch:
+                    raise RuntimeError(f"{module} ran on an input without the batch axis")
+                if id(module) in fast:
+                    grad = torch.zeros_like(outs[0], dtype=dtype) if grads[0] is None else grads[0]
+                    per_layer.setdefault(module, []).append((cast_float(args[0], dtype), grad))
+                else:
+                    self._layers.append(vmap_layer_grads(
+                        module, tuple(cast_float(a, dtype) for a in args),
+                        {k: cast_float(v, dtype) for k, v in kwargs.items()},
+                        [cast_float(o.detach(), dtype) for o in outs], grads,
+                        tolerance=1e-4 if outs[0].dtype == dtype else 5e-2,
+                    ))
+            check = check_weight_factors(per_layer)
+            self._normal = bool(check[1])
+            self._layers += model_layer_grads(per_layer, check=check, keep=self.keeps_kernels)
+            self._calls = per_layer if self.keeps_calls else {}
+            squares = [layer.sq_norms() for layer in self._layers]
+            if len(squares) > 2:  # one stack and one sum, not a sum per layer
+                norms = torch.stack(squares).sum(0).sqrt()
+            elif squares:
+                norms = functools.reduce(torch.add, squares).sqrt()
+            else:
+                norms = self._params[0].new_zeros(batch)
+        # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
+        # The norms are >= 0 or NaN, so their sum is finite only if every one is (one reduction;
+        # a sum overflowing on finite norms only takes the masking path, exact as well).
+        self._all_finite = math.isfinite(norms.sum())
+        return norms
+
+    def _low_memory(self, plan: LayerPlan, x: Tensor, budget: int) -> bool:
+        """Whether this step forms its norms inside the backward pass and its weighted sum by a
+        second one (:mod:`dpfair.engine.low_memory`): where ``low_memory`` says so, or
+        (``None``) where the layers' output gradients would take more than ``budget``, as the
+        plan's one-sample probe (:func:`probe_calls`) measured them, scaled to this batch: so a
+        run's first step takes its later steps' path; never for a model with fallback layers,
+        in-place activations or a subclass's second pass, nor under autocast (the second
+        backward would run in bfloat16, not at the norms' precision)."""
+        if self.low_memory is False or self.keeps_calls or self.clone_outputs or plan.slow:
+            return False
+        if torch.is_autocast_enabled(x.device.type):
+            return False
+        held = self._held_per_input * x.numel()
+        return bool(self.low_memory) or held > budget
+
+    def _whole_model(self) -> Materialized | None:
+        """The materialised engine serving the whole model, where some layer runs without the
+        batch axis (found once per model by :func:`probe_calls`)."""
+        return None if self._plan is None else self._plan[2]
+
+    def release(self) -> None:  # the factors, the retained graph, the captured calls
+        self._layers, self._graph, self._calls = [], None, {}
+        whole = self._whole_model()
+        if whole is not None:
+            whole.release()
+
+    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
+        summed = [torch.zeros_like(p) for p in self._params]
+        self.add_weighted_grad(weights, summed)
+        return summed
+
+    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
+        whole = self._whole_model()
+        if whole is not None:
+            whole.add_weighted_grad(weights, into)
+            return
+        if self._graph is not None:  # the layers without factors: through the retained graph
+            grads = torch.autograd.grad(
+                self._graph, [self._params[i] for i in self._rest],
+                in_dtype(weights, self._graph.dtype), retain_graph=True, allow_unused=True,
+            )
+            pairs = [(into[i], g) for i, g in zip(self._rest, grads, strict=True) if g is not None]
+            if pairs:
+                torch._foreach_add_([o for o, _ in pairs], [g for _, g in pairs])
+        keep = None if self._all_finite else weights != 0
+        targets = dict(zip(self._params, into, strict=True))
+        for layer in self._layers:
+            layer.add_weighted(weights, keep, targets)
+
+    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
+        """From each layer's kept factors (:func:`dpfair.engine.layer_dots.layer_dots`);
+        ``None`` on the low-memory path, which keeps none."""
+        whole = self._whole_model()
+        if whole is not None:
+            return whole.per_sample_dots(vectors)
+        if self._graph is not None or not self._layers:
+            return None
+        r = dict(zip(self._params, vectors, strict=True))
+        return torch.stack([layer_dots(layer, r) for layer in self._layers]).sum(0)
+
+
+def _autocast_off(device_type: str) -> AbstractContextManager:
+    """Leaves autocast for the norms and sums, where it is on (entering it costs a step of a
+    small model more than the check)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return nullcontext()
+
+
+def _clone(value: Any) -> Any:
+    return value.clone() if isinstance(value, Tensor) else value
+
+
+# --------------------------------------------------------------------- materialised path
+
+PerSampleFn = Callable[[dict[str, Tensor], Tensor, Tensor], tuple[dict[str, Tensor], Tensor]]
+
+
+class Materialized(PerSampleGradients):
+    """Reference path: every per-sample gradient by ``vmap(grad(loss of one sample))``.
+
+    Subclasses change how ``g_i`` is formed by overriding :meth:`per_sample_fn` (BAM).
+    """
+
+    def __init__(self) -> None:
+        self._grads: list[Tensor] = []
+
+    def per_sample_fn(self, grad_value: PerSampleFn) -> PerSampleFn:
+        """Maps (trainable params, x_i, y_i) to (g_i, loss_i); the default is ``grad_value``."""
+        return grad_value
+
+    def compute(
+        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
+    ) -> Tensor:
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+        fixed = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
+        fixed.update(dict(model.named_buffers()))
+
+        def loss_one(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+            out = functional_call(model, (p, fixed), (xi.unsqueeze(0),))
+            return loss_fn(out, yi.unsqueeze(0)).sum()
+
+        fn = self.per_sample_fn(grad_and_value(loss_one))
+        # autocast and torch.func's grad do not mix (dtype errors in the backward): this path
+        # runs in the parameters' dtype
+        with torch.autocast(x.device.type, enabled=False):
+            grads, losses = vmap(fn, in_dims=(None, 0, 0), randomness="different")(params, x, y)
+        self.losses = _per_sample_losses(losses, x.shape[0]).detach()
+        self._grads = [grads[n] for n in names]
+        return torch.stack([g.flatten(1).square().sum(1) for g in self._grads]).sum(0).sqrt()
+
+    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
+        keep = weights != 0
+        return [torch.tensordot(weights.to(g.dtype), mask_rows(g, keep), 1) for g in self._grads]
+
+    def release(self) -> None:
+        self._grads = []
+
+    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
+        return torch.stack(
+            [g.flatten(1) @ r.reshape(-1) for g, r in zip(self._grads, vectors, strict=True)]
+        ).sum(0)
+
+
+# ------------------------------------------------------------------------------ factory
+
+
+def fast_path_obstacle(model: nn.Module) -> str | None:
+    """Why the fast path (with its layer-by-layer fallback) cannot serve ``model`` at all, or
+    ``None`` when it can: only a trainable parameter shared by two units (tied weights), whose
+    per-sample norm is not the sum of the units' norms."""
+    plan = plan_layers(model)
+    seen: set[nn.Parameter] = set()
+    units = [(m, False) for m in plan.fast] + [(m, True) for _, m, _ in plan.slow]
+    for module, subtree in units:
+        own = {p for p in module.parameters(recurse=subtree) if p.requires_grad}
+        if seen & own:
+            return f"{type(module).__name__} shares a parameter with another module"
+        seen |= own
+    return None
+
+
+@functools.cache
+def log_once(message: str) -> None:
+    log.info(message)
+
+
+def make_engine(model: nn.Module, kind: EngineKind = "auto") -> PerSampleGradients:
+    """The per-sample gradient engine for ``model``.
+
+    ``"auto"`` takes the fast path, where layers without a fast rule are materialised one layer
+    at a time (which layers and why is logged once); only parameters shared between modules
+    send the whole model to the materialised path (logged once too). ``"fast"`` raises unless
+    every layer has a fast rule.
+    """
+    if kind not in ("auto", "fast", "materialized"):
+        raise ValueError(f"engine must be 'auto', 'fast' or 'materialized', got {kind!r}")
+    if kind == "materialized":
+        return Materialized()
+    reason = fast_path_obstacle(model)
+    slow = plan_layers(model).slow
+    if kind == "fast" and (reason or slow):
+        why = reason or "; ".join(f"{name} ({why})" for name, _, why in slow)
+        raise ValueError(f"the fast per-sample gradient path cannot serve this model: {why}")
+    if reason is not None:
+        log_once(f"per-sample gradients: materialised path, because {reason}")
+        return Materialized()
+    if slow:
+        log_once(
+            "per-sample gradients: fast path; materialised layer by layer for "
+            + "; ".join(f"{name} ({why})" for name, _, why in slow)
+        )
+    return GhostClipping(clone_outputs=modifies_in_place(model))
+
+
+def modifies_in_place(model: nn.Module) -> bool:
+    """Whether some module of ``model`` may modify its input in place (``inplace=True``), so the
+    fast path must clone layer outputs (``GhostClipping(clone_outputs=True)``)."""
+    return any(getattr(m, "inplace", False) for m in model.modules())
