@@ -77,10 +77,13 @@ def show_version(value: bool) -> None:
 def set_verbosity(quiet: bool, verbose: bool) -> None:
     """Log levels: by default dpfair's own lines (one per step of the flow, warnings) and the
     third-party libraries' warnings only; ``verbose``: also their INFO lines (Prefect's task
-    runs, Optuna's studies, MLflow's "View run" links, Dask's cluster, DVC's stages); ``quiet``:
-    errors only. Set through the environment before MLflow, Prefect and Dask are imported
-    (they read it then), so worker processes inherit it (a user's own variables win, but
-    under ``-q`` and ``-v``); :func:`library_levels` again once Optuna is imported."""
+    runs, Optuna's studies, MLflow's "View run" links, Dask's cluster, DVC's stages) and
+    dp_accounting's notes on the RDP orders it leaves out (absl warnings: an order left out
+    only loosens RDP's bound, and the smaller of PLD and RDP is reported); ``quiet``: errors
+    only. Set through the environment before MLflow, Prefect and Dask are imported (they read
+    it then), so worker processes inherit it (a Dask worker sets absl's level from
+    ``DASK_LOGGING__ABSL``; a user's own variables win, but under ``-q`` and ``-v``);
+    :func:`library_levels` again once Optuna is imported."""
     if quiet and verbose:
         raise typer.BadParameter("-q and -v exclude each other")
     level = "ERROR" if quiet else "INFO" if verbose else "WARNING"
@@ -88,6 +91,7 @@ def set_verbosity(quiet: bool, verbose: bool) -> None:
     for var, value in (("MLFLOW_LOGGING_LEVEL", level), ("PREFECT_LOGGING_LEVEL", level),
                        ("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", level),
                        ("DASK_LOGGING__DISTRIBUTED", level),
+                       ("DASK_LOGGING__ABSL", "INFO" if verbose else "ERROR"),
                        ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", str(not verbose).lower())):
         if quiet or verbose:
             os.environ[var] = value
@@ -106,10 +110,12 @@ def set_verbosity(quiet: bool, verbose: bool) -> None:
 
 
 def library_levels() -> None:
-    """Optuna's level (:func:`set_verbosity`'s): Optuna sets its own to INFO when imported."""
+    """Optuna's level (:func:`set_verbosity`'s): Optuna sets its own to INFO when imported;
+    absl's (dp_accounting's RDP notes) in this process."""
     verbosity = os.environ.get(VERBOSITY, "default")
     logging.getLogger("optuna").setLevel(
         {"quiet": "ERROR", "verbose": "INFO"}.get(verbosity, "WARNING"))
+    logging.getLogger("absl").setLevel(os.environ.get("DASK_LOGGING__ABSL", "ERROR"))
 
 
 def percent(fraction: float) -> str:
