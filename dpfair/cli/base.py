@@ -20,8 +20,8 @@ from dpfair.settings import DEFAULT_PARAMS, STEPS_LOGGER, VERBOSITY
 if TYPE_CHECKING:
     from dpfair.config.params import Params
 
-__all__ = ["WIDTH", "ParamsOption", "checking", "console", "ends_with_command", "percent",
-           "print_fitting", "print_registered",
+__all__ = ["WIDTH", "ParamsOption", "checking", "console", "ends_with_command", "fit",
+           "percent", "print_fitting", "print_registered",
            "library_levels", "resolve_params", "score", "set_verbosity", "show_version"]
 
 console = Console(soft_wrap=True)
@@ -144,19 +144,38 @@ def resolve_params(path: Path | None) -> Params:
     return load_params(path)
 
 
+def fit(text: str) -> str:
+    """``text`` with each line longer than 120 columns wrapped between words (a word longer
+    than a line, such as a path or a URL, on a line of its own, whole); a wrapped line's
+    continuations keep its indentation."""
+    import textwrap
+
+    lines = []
+    for line in text.splitlines() or [""]:
+        indent = line[: len(line) - len(line.lstrip())]
+        lines += [line] if len(line) <= WIDTH else textwrap.wrap(
+            line, WIDTH, subsequent_indent=indent, break_long_words=False,
+            break_on_hyphens=False)
+    return "\n".join(lines)
+
+
 def print_fitting(text: str, tail: str) -> None:
     """``text tail`` on one line where it fits 120 columns, else ``tail`` (a path, a URL, a
     command) on a line of its own."""
     line = f"{text} {tail}"
-    console.print(line if len(line) <= WIDTH else f"{text}\n  {tail}", soft_wrap=True,
+    console.print(line if len(line) <= WIDTH else f"{fit(text)}\n  {tail}", soft_wrap=True,
                   markup=False, highlight=False)
 
 
 def print_registered(registered: dict[str, str]) -> None:
-    """The registered model's line: its version, aliases and the command that predicts."""
+    """The registered model's lines: its version and aliases, the command that predicts and,
+    for a version that is not @champion, the command that makes it so."""
     name, number, champion = (registered[k] for k in ("name", "version", "champion"))
-    why = ("@challenger, @champion" if champion == number else
-           f"@challenger; @champion stays version {champion}: `dpfair promote {name} {number}` "
-           "serves it")
-    print_fitting(f"registered: {name} version {number} ({why}); predict:",
-                   f"dpfair predict --model {name} --input rows.csv --output preds.csv")
+    aliases = ("@challenger, @champion" if champion == number else
+               f"@challenger; @champion stays version {champion}")
+    command = f"dpfair predict --model {name} --input rows.csv --output preds.csv"
+    if len(command) > WIDTH - 2:  # a long name: the files on a shell continuation line
+        command = command.replace(" --input", " \\\n    --input")
+    print_fitting(f"registered: {name} version {number} ({aliases}); predict:", command)
+    if champion != number:
+        print_fitting("to serve it as @champion:", f"dpfair promote {name} {number}")
