@@ -11,7 +11,8 @@ folders that killed processes left (:mod:`dpfair.processes`).
 Exit codes (README, "Exit codes"): 0 done; 1 a bug; 2 bad input (configuration, data, a path,
 an unknown model; also typer's usage errors); 3 a privacy budget refused the release
 (``BudgetExceededError``: nothing ran); 4 a service or folder could not be reached
-(``UnreachableError``: the tracking server, a storage); 5 ``dpfair audit`` printed a
+(``UnreachableError``: the tracking server, a storage; a path without permission or on a
+read-only file system); 5 ``dpfair audit`` printed a
 VIOLATION (the run leaks more than its ε claims; not an error of dpfair's).
 Imports only typer, rich, pydantic, ``dpfair.errors`` and ``dpfair.cli.base`` (``dpfair --help``
 stays fast).
@@ -19,6 +20,7 @@ stays fast).
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import re
@@ -115,11 +117,17 @@ def describe_failure(exc: Exception) -> tuple[str, str] | None:
     return None
 
 
+#: The system errors of a place that exists but may not be used (exit code 4, as an unwritable
+#: folder that dpfair's checks find): no permission, a read-only file system.
+_UNUSABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def exit_code(exc: Exception) -> int:
     """The exit code of an expected failure (module docstring)."""
     if isinstance(exc, BudgetExceededError):
         return EXIT_BUDGET
-    if isinstance(exc, UnreachableError):
+    if isinstance(exc, UnreachableError) or (isinstance(exc, OSError)
+                                             and exc.errno in _UNUSABLE):
         return EXIT_UNREACHABLE
     return EXIT_USAGE
 
