@@ -102,11 +102,18 @@ def set_verbosity(quiet: bool, verbose: bool) -> None:
     for own in ("dpfair", "flows", "tasks"):
         logging.getLogger(own).setLevel("ERROR" if quiet else "INFO")
     steps = logging.getLogger(STEPS_LOGGER)
-    if not steps.handlers:  # the step lines: the message alone, on stderr
+    if not steps.handlers:  # the step lines: the message alone, on stderr, within 120 columns
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_FittingFormatter("%(message)s"))
         steps.addHandler(handler)
         steps.propagate = False
+
+
+class _FittingFormatter(logging.Formatter):
+    """A log record's text with every line within 120 columns (:func:`fit`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return fit(super().format(record))
 
 
 def library_levels() -> None:

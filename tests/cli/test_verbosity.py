@@ -43,3 +43,20 @@ def test_absl_and_dask_levels_follow_q_and_v(quiet, verbose, absl, dask):
     absl_logger = logging.getLogger("absl")
     assert logging.getLevelName(absl_logger.level) == absl
     assert absl_logger.isEnabledFor(logging.WARNING) == verbose
+
+
+@pytest.mark.usefixtures("levels_restored")
+def test_a_long_step_line_is_wrapped_within_120_columns():
+    """The flow's one line per step (many methods searched) fits 120 columns on stderr."""
+    from dpfair.cli.base import WIDTH
+    from dpfair.settings import STEPS_LOGGER
+
+    set_verbosity(False, False)
+    [handler] = [h for h in logging.getLogger(STEPS_LOGGER).handlers
+                 if type(h) is logging.StreamHandler]  # not pytest's capturing ones
+    message = "tune and train: 60 final runs of 30 methods (" + ", ".join(
+        f"method_{i}" for i in range(30)) + " searched)"
+    text = handler.format(logging.LogRecord(STEPS_LOGGER, logging.INFO, __file__, 1, message,
+                                            None, None))
+    assert len(text.splitlines()) > 1 and all(len(line) <= WIDTH for line in text.splitlines())
+    assert text.split() == message.split()
