@@ -8,8 +8,8 @@ STAMP   := $(VENV)/.installed
 
 # The install byte-compiles dpfair as a regular (non-editable) install would, so a command
 # does not compile its modules at every start (0.1-0.3 s where PYTHONDONTWRITEBYTECODE is set),
-# and puts bin/_dpfair_dvc_on_path.py in the venv's site-packages with a .pth importing it: a
-# DVC the venv runs has the venv's bin first on PATH (DVC's queue starts `dvc` by name).
+# and puts bin/_dpfair_dvc_on_path.py in the venv's site-packages with a .pth importing it: the
+# venv's `dvc queue start` has the venv's bin first on PATH (its workers start `dvc` by name).
 $(STAMP): pyproject.toml constraints.txt bin/_dpfair_dvc_on_path.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -399,27 +399,34 @@ def _hook():
     return importlib.import_module("_dpfair_dvc_on_path")
 
 
-def test_a_dvc_process_of_the_venv_puts_the_venvs_bin_first_on_path(repo_root):
-    """The installed hook is the repository's, and it changes PATH in DVC's processes only
-    (`.venv/bin/dvc`, `python -m dvc`), once."""
+def test_dvc_commands_that_start_queue_workers_put_the_venvs_bin_first_on_path(repo_root):
+    """The installed hook is the repository's, and it changes PATH only in the DVC commands that
+    start queue workers (`.venv/bin/dvc queue start`, `python -m dvc queue start`, `dvc exp run
+    --run-all`), once; every other command keeps its PATH (`dvc repro` needs nothing there)."""
     hook = _hook()
     assert Path(hook.__file__).read_bytes() == (repo_root / "bin" / "_dpfair_dvc_on_path.py"
                                                 ).read_bytes()
     venv_python = "/p/.venv/bin/python"
     for argv in (["/p/.venv/bin/python", "/p/.venv/bin/dvc", "queue", "start"],
-                 ["python", "-m", "dvc", "exp", "queue-worker"], ["python", "-I", "-m", "dvc"]):
+                 ["python", "-m", "dvc", "queue", "start", "-j", "2"],
+                 ["python", "-I", "-m", "dvc", "-v", "--cd", "repo", "queue", "start"],
+                 ["/p/.venv/bin/python", "/p/.venv/bin/dvc", "exp", "run", "--run-all"]):
         environ = {"PATH": "/usr/bin:/bin"}
         hook.put_venv_first(argv, venv_python, environ)
         assert environ["PATH"] == "/p/.venv/bin:/usr/bin:/bin", argv
-        hook.put_venv_first(argv, venv_python, environ)  # a worker started from it: once
+        hook.put_venv_first(argv, venv_python, environ)  # once
         assert environ["PATH"] == "/p/.venv/bin:/usr/bin:/bin", argv
     for argv in (["python", "-c", "print()"], ["/p/.venv/bin/dpfair", "run"], ["python"],
-                 ["python", "dvc_notes.py"], ["python", "-m", "dvcx"]):
+                 ["/p/.venv/bin/python", "/p/.venv/bin/dvc", "repro"],
+                 ["python", "-m", "dvc", "exp", "run", "--queue", "evaluate"],
+                 ["python", "-m", "dvc", "--cd", "queue", "repro"],
+                 ["python", "dvc_notes.py", "queue"], ["python", "-m", "dvcx", "queue"]):
         environ = {"PATH": "/usr/bin:/bin"}
         hook.put_venv_first(argv, venv_python, environ)
         assert environ == {"PATH": "/usr/bin:/bin"}, argv
     environ = {"PATH": "/other/dvc/bin:/p/.venv/bin"}  # another dvc first: the venv's first
-    hook.put_venv_first(["/p/.venv/bin/python", "/p/.venv/bin/dvc"], venv_python, environ)
+    hook.put_venv_first(["/p/.venv/bin/python", "/p/.venv/bin/dvc", "queue", "start"],
+                        venv_python, environ)
     assert environ["PATH"].split(os.pathsep)[0] == "/p/.venv/bin"
 
 
