@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -155,8 +156,6 @@ def fit(text: str) -> str:
     """``text`` with each line longer than 120 columns wrapped between words (a word longer
     than a line, such as a path or a URL, on a line of its own, whole); a wrapped line's
     continuations keep its indentation."""
-    import textwrap
-
     lines = []
     for line in text.splitlines() or [""]:
         indent = line[: len(line) - len(line.lstrip())]
