@@ -405,7 +405,7 @@ def test_dvc_commands_that_start_queue_workers_put_the_venvs_bin_first_on_path(r
     --run-all`), once; every other command keeps its PATH (`dvc repro` needs nothing there)."""
     hook = _hook()
     assert Path(hook.__file__).read_bytes() == (repo_root / "bin" / "_dpfair_dvc_on_path.py"
-                                                ).read_bytes()
+                                                ).read_bytes(), "an older copy: `make install`"
     venv_python = "/p/.venv/bin/python"
     for argv in (["/p/.venv/bin/python", "/p/.venv/bin/dvc", "queue", "start"],
                  ["python", "-m", "dvc", "queue", "start", "-j", "2"],
