@@ -7,12 +7,17 @@ STAMP   := $(VENV)/.installed
 .PHONY: install run test lint data queue reproduce clean
 
 # The install byte-compiles dpfair as a regular (non-editable) install would, so a command
-# does not compile its modules at every start (0.1-0.3 s where PYTHONDONTWRITEBYTECODE is set).
-$(STAMP): pyproject.toml constraints.txt
+# does not compile its modules at every start (0.1-0.3 s where PYTHONDONTWRITEBYTECODE is set),
+# and puts bin/_dpfair_dvc_on_path.py in the venv's site-packages with a .pth importing it: the
+# venv's `dvc queue start` has the venv's bin first on PATH (its workers start `dvc` by name).
+$(STAMP): pyproject.toml constraints.txt bin/_dpfair_dvc_on_path.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m compileall -q dpfair tasks flows
+	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  cp bin/_dpfair_dvc_on_path.py "$$site/" && \
+	  echo "import _dpfair_dvc_on_path" > "$$site/_dpfair_dvc_on_path.pth"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,8 +31,8 @@ test: $(STAMP)
 data: $(STAMP)  ## every DVC prepare stage (`dvc repro` runs the whole pipeline)
 	$(BIN)/dvc repro prepare
 
-queue: $(STAMP)  ## DVC's queue worker starts `dvc` by name: the venv on PATH
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc queue start
+queue: $(STAMP)  ## DVC's queue worker: the queued experiments of `dvc exp run --queue`
+	$(BIN)/dvc queue start
 
 lint: $(STAMP)
 	$(BIN)/ruff check dpfair tasks flows tests benchmarks

@@ -485,7 +485,7 @@ def test_sys_exit_in_user_code_is_an_error_and_sigterm_still_ends_the_command():
 
     out = runner.invoke(demo, ["exit"])
     assert out.exit_code == 2
-    assert "called sys.exit(0): your code may not end the process" in out.output
+    assert "called sys.exit(0): your code may not end the process" in _printed(out.output)
     assert runner.invoke(demo, ["term"]).exit_code == 143
 
 

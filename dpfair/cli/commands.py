@@ -86,7 +86,8 @@ def main(
     """Differentially private training that removes DP's disparate impact on groups.
 
     Exit codes: 0 done, 1 a bug in dpfair, 2 bad input (configuration, data, paths), 3 a
-    privacy budget refused the release (nothing ran), 4 a service or folder is unreachable."""
+    privacy budget refused the release (nothing ran), 4 a service or folder is unreachable,
+    5 `dpfair audit` found a VIOLATION."""
     set_verbosity(quiet, verbose)
 
 MethodOption = Annotated[

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +21,8 @@ from dpfair.settings import DEFAULT_PARAMS, STEPS_LOGGER, VERBOSITY
 if TYPE_CHECKING:
     from dpfair.config.params import Params
 
-__all__ = ["WIDTH", "ParamsOption", "checking", "console", "ends_with_command", "percent",
-           "print_fitting", "print_registered",
+__all__ = ["WIDTH", "ParamsOption", "checking", "console", "ends_with_command", "fit",
+           "percent", "print_fitting", "print_registered",
            "library_levels", "resolve_params", "score", "set_verbosity", "show_version"]
 
 console = Console(soft_wrap=True)
@@ -77,10 +78,13 @@ def show_version(value: bool) -> None:
 def set_verbosity(quiet: bool, verbose: bool) -> None:
     """Log levels: by default dpfair's own lines (one per step of the flow, warnings) and the
     third-party libraries' warnings only; ``verbose``: also their INFO lines (Prefect's task
-    runs, Optuna's studies, MLflow's "View run" links, Dask's cluster, DVC's stages); ``quiet``:
-    errors only. Set through the environment before MLflow, Prefect and Dask are imported
-    (they read it then), so worker processes inherit it (a user's own variables win, but
-    under ``-q`` and ``-v``); :func:`library_levels` again once Optuna is imported."""
+    runs, Optuna's studies, MLflow's "View run" links, Dask's cluster, DVC's stages) and
+    dp_accounting's notes on the RDP orders it leaves out (absl warnings: an order left out
+    only loosens RDP's bound, and the smaller of PLD and RDP is reported); ``quiet``: errors
+    only. Set through the environment before MLflow, Prefect and Dask are imported (they read
+    it then), so worker processes inherit it (a Dask worker sets absl's level from
+    ``DASK_LOGGING__ABSL``; a user's own variables win, but under ``-q`` and ``-v``);
+    :func:`library_levels` again once Optuna is imported."""
     if quiet and verbose:
         raise typer.BadParameter("-q and -v exclude each other")
     level = "ERROR" if quiet else "INFO" if verbose else "WARNING"
@@ -88,6 +92,7 @@ def set_verbosity(quiet: bool, verbose: bool) -> None:
     for var, value in (("MLFLOW_LOGGING_LEVEL", level), ("PREFECT_LOGGING_LEVEL", level),
                        ("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", level),
                        ("DASK_LOGGING__DISTRIBUTED", level),
+                       ("DASK_LOGGING__ABSL", "INFO" if verbose else "ERROR"),
                        ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", str(not verbose).lower())):
         if quiet or verbose:
             os.environ[var] = value
@@ -98,18 +103,27 @@ def set_verbosity(quiet: bool, verbose: bool) -> None:
     for own in ("dpfair", "flows", "tasks"):
         logging.getLogger(own).setLevel("ERROR" if quiet else "INFO")
     steps = logging.getLogger(STEPS_LOGGER)
-    if not steps.handlers:  # the step lines: the message alone, on stderr
+    if not steps.handlers:  # the step lines: the message alone, on stderr, within 120 columns
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_FittingFormatter("%(message)s"))
         steps.addHandler(handler)
         steps.propagate = False
 
 
+class _FittingFormatter(logging.Formatter):
+    """A log record's text with every line within 120 columns (:func:`fit`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return fit(super().format(record))
+
+
 def library_levels() -> None:
-    """Optuna's level (:func:`set_verbosity`'s): Optuna sets its own to INFO when imported."""
+    """Optuna's level (:func:`set_verbosity`'s): Optuna sets its own to INFO when imported;
+    absl's (dp_accounting's RDP notes) in this process."""
     verbosity = os.environ.get(VERBOSITY, "default")
     logging.getLogger("optuna").setLevel(
         {"quiet": "ERROR", "verbose": "INFO"}.get(verbosity, "WARNING"))
+    logging.getLogger("absl").setLevel(os.environ.get("DASK_LOGGING__ABSL", "ERROR"))
 
 
 def percent(fraction: float) -> str:
@@ -138,19 +152,36 @@ def resolve_params(path: Path | None) -> Params:
     return load_params(path)
 
 
+def fit(text: str) -> str:
+    """``text`` with each line longer than 120 columns wrapped between words (a word longer
+    than a line, such as a path or a URL, on a line of its own, whole); a wrapped line's
+    continuations keep its indentation."""
+    lines = []
+    for line in text.splitlines() or [""]:
+        indent = line[: len(line) - len(line.lstrip())]
+        lines += [line] if len(line) <= WIDTH else textwrap.wrap(
+            line, WIDTH, subsequent_indent=indent, break_long_words=False,
+            break_on_hyphens=False)
+    return "\n".join(lines)
+
+
 def print_fitting(text: str, tail: str) -> None:
     """``text tail`` on one line where it fits 120 columns, else ``tail`` (a path, a URL, a
     command) on a line of its own."""
     line = f"{text} {tail}"
-    console.print(line if len(line) <= WIDTH else f"{text}\n  {tail}", soft_wrap=True,
+    console.print(line if len(line) <= WIDTH else f"{fit(text)}\n  {tail}", soft_wrap=True,
                   markup=False, highlight=False)
 
 
 def print_registered(registered: dict[str, str]) -> None:
-    """The registered model's line: its version, aliases and the command that predicts."""
+    """The registered model's lines: its version and aliases, the command that predicts and,
+    for a version that is not @champion, the command that makes it so."""
     name, number, champion = (registered[k] for k in ("name", "version", "champion"))
-    why = ("@challenger, @champion" if champion == number else
-           f"@challenger; @champion stays version {champion}: `dpfair promote {name} {number}` "
-           "serves it")
-    print_fitting(f"registered: {name} version {number} ({why}); predict:",
-                   f"dpfair predict --model {name} --input rows.csv --output preds.csv")
+    aliases = ("@challenger, @champion" if champion == number else
+               f"@challenger; @champion stays version {champion}")
+    command = f"dpfair predict --model {name} --input rows.csv --output preds.csv"
+    if len(command) > WIDTH - 2:  # a long name: the files on a shell continuation line
+        command = command.replace(" --input", " \\\n    --input")
+    print_fitting(f"registered: {name} version {number} ({aliases}); predict:", command)
+    if champion != number:
+        print_fitting("to serve it as @champion:", f"dpfair promote {name} {number}")

@@ -11,13 +11,16 @@ folders that killed processes left (:mod:`dpfair.processes`).
 Exit codes (README, "Exit codes"): 0 done; 1 a bug; 2 bad input (configuration, data, a path,
 an unknown model; also typer's usage errors); 3 a privacy budget refused the release
 (``BudgetExceededError``: nothing ran); 4 a service or folder could not be reached
-(``UnreachableError``: the tracking server, a storage); 5 ``dpfair audit`` printed a
+(``UnreachableError``: the tracking server, a storage; a path without permission or on a
+read-only file system); 5 ``dpfair audit`` printed a
 VIOLATION (the run leaks more than its ε claims; not an error of dpfair's).
-Imports only typer, rich, pydantic and ``dpfair.errors`` (``dpfair --help`` stays fast).
+Imports only typer, rich, pydantic, ``dpfair.errors`` and ``dpfair.cli.base`` (``dpfair --help``
+stays fast).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import re
@@ -31,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.text import Text
 
+from dpfair.cli.base import fit
 from dpfair.errors import (
     BudgetExceededError,
     ConfigError,
@@ -113,11 +117,17 @@ def describe_failure(exc: Exception) -> tuple[str, str] | None:
     return None
 
 
+#: The system errors of a place that exists but may not be used (exit code 4, as an unwritable
+#: folder that dpfair's checks find): no permission, a read-only file system.
+_UNUSABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def exit_code(exc: Exception) -> int:
     """The exit code of an expected failure (module docstring)."""
     if isinstance(exc, BudgetExceededError):
         return EXIT_BUDGET
-    if isinstance(exc, UnreachableError):
+    if isinstance(exc, UnreachableError) or (isinstance(exc, OSError)
+                                             and exc.errno in _UNUSABLE):
         return EXIT_UNREACHABLE
     return EXIT_USAGE
 
@@ -134,9 +144,8 @@ def cli_errors(func: F) -> F:
         except (typer.Exit, typer.Abort, typer.BadParameter, Terminated):
             raise  # typer's own exits and usage errors; SIGTERM
         except SystemExit as exc:  # user code's sys.exit: never a silent exit code 0
-            err_console.print(Text.assemble(("configuration error:", "bold red"), " ", str(
-                user_exit(exc, "code of yours (a model, a factory or a callback)"))),
-                soft_wrap=True, highlight=False)
+            _print_error("configuration error", str(
+                user_exit(exc, "code of yours (a model, a factory or a callback)")))
             raise typer.Exit(EXIT_USAGE) from None
         except Exception as exc:
             known = describe_failure(exc)
@@ -144,17 +153,24 @@ def cli_errors(func: F) -> F:
                 from importlib.metadata import version
 
                 sys.stderr.write(mask_text("".join(traceback.format_exception(exc))))
-                err_console.print(f"This is a bug in dpfair {version('dpfair')} (Python "
-                                  f"{sys.version.split()[0]}), not in your input: please report "
-                                  "it with the command you ran and the traceback above.",
-                                  soft_wrap=True, highlight=False, markup=False)
+                err_console.print(fit(f"This is a bug in dpfair {version('dpfair')} (Python "
+                                      f"{sys.version.split()[0]}), not in your input: please "
+                                      "report it with the command you ran and the traceback "
+                                      "above."), soft_wrap=True, highlight=False, markup=False)
                 raise typer.Exit(EXIT_BUG) from None
             label, message = known
-            err_console.print(Text.assemble((f"{label}:", "bold red"), " ", mask_text(message)),
-                              soft_wrap=True, highlight=False)
+            _print_error(label, mask_text(message))
             raise typer.Exit(exit_code(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _print_error(label: str, message: str) -> None:
+    """``label: message`` on stderr, the label in bold red, every line within 120 columns
+    (:func:`dpfair.cli.base.fit`)."""
+    text = Text(fit(f"{label}: {message}"))
+    text.stylize("bold red", 0, len(label) + 1)
+    err_console.print(text, soft_wrap=True, highlight=False)
 
 
 #: Prefect's one line of a failed task or flow run: "... encountered an exception[:] Class: ..."

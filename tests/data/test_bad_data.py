@@ -192,6 +192,19 @@ def test_yaml_booleans_where_strings_were_meant_say_quote_them(tmp_path: Path):
     assert "quote them: ['no', 'yes']" in msg and "Buerge" in msg, msg
 
 
+def test_a_yaml_boolean_positive_label_says_quote_it(tmp_path: Path):
+    """`positive_label: yes` reaches dpfair as True: the error names the target's values and
+    says how to write the label."""
+    import yaml
+
+    frame = loans_frame(300)
+    frame[TARGET] = np.where(frame[TARGET] == "ja", "yes", "no")
+    declared = yaml.safe_load("positive_label: yes")["positive_label"]
+    msg = _error(_csv(tmp_path, frame), positive_label=declared)
+    assert "'True' is not a value" in msg and "values: no, yes" in msg, msg
+    assert 'quote it: "yes" is a string, yes is a boolean' in msg, msg
+
+
 def test_a_date_column_is_refused_with_the_fix(tmp_path: Path):
     """A date column is neither a number nor a category: refused with the fix (leave it out of
     features or derive numbers); without it in the features the table loads."""

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -387,3 +388,86 @@ def test_dvc_metrics_show_fits_120_columns_with_the_default_methods(tmp_path, re
     shown = _dvc(tmp_path, "metrics", "show", quiet=True)
     assert max(map(len, shown.splitlines())) <= 120, shown
     assert all(f"worst.{m}" in shown for m in methods) and "epsilon_total" in shown
+
+
+def _hook():
+    """The module `make install` puts in the venv's site-packages (bin/_dpfair_dvc_on_path.py)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("_dpfair_dvc_on_path")
+    assert spec is not None, "the venv lacks bin/_dpfair_dvc_on_path.py: run `make install`"
+    return importlib.import_module("_dpfair_dvc_on_path")
+
+
+def test_dvc_commands_that_start_queue_workers_put_the_venvs_bin_first_on_path(repo_root):
+    """The installed hook is the repository's, and it changes PATH only in the DVC commands that
+    start queue workers (`.venv/bin/dvc queue start`, `python -m dvc queue start`, `dvc exp run
+    --run-all`), once; every other command keeps its PATH (`dvc repro` needs nothing there)."""
+    hook = _hook()
+    assert Path(hook.__file__).read_bytes() == (repo_root / "bin" / "_dpfair_dvc_on_path.py"
+                                                ).read_bytes(), "an older copy: `make install`"
+    venv_python = "/p/.venv/bin/python"
+    for argv in (["/p/.venv/bin/python", "/p/.venv/bin/dvc", "queue", "start"],
+                 ["python", "-m", "dvc", "queue", "start", "-j", "2"],
+                 ["python", "-I", "-m", "dvc", "-v", "--cd", "repo", "queue", "start"],
+                 ["/p/.venv/bin/python", "/p/.venv/bin/dvc", "exp", "run", "--run-all"]):
+        environ = {"PATH": "/usr/bin:/bin"}
+        hook.put_venv_first(argv, venv_python, environ)
+        assert environ["PATH"] == "/p/.venv/bin:/usr/bin:/bin", argv
+        hook.put_venv_first(argv, venv_python, environ)  # once
+        assert environ["PATH"] == "/p/.venv/bin:/usr/bin:/bin", argv
+    for argv in (["python", "-c", "print()"], ["/p/.venv/bin/dpfair", "run"], ["python"],
+                 ["/p/.venv/bin/python", "/p/.venv/bin/dvc", "repro"],
+                 ["python", "-m", "dvc", "exp", "run", "--queue", "evaluate"],
+                 ["python", "-m", "dvc", "--cd", "queue", "repro"],
+                 ["python", "dvc_notes.py", "queue"], ["python", "-m", "dvcx", "queue"]):
+        environ = {"PATH": "/usr/bin:/bin"}
+        hook.put_venv_first(argv, venv_python, environ)
+        assert environ == {"PATH": "/usr/bin:/bin"}, argv
+    environ = {"PATH": "/other/dvc/bin:/p/.venv/bin"}  # another dvc first: the venv's first
+    hook.put_venv_first(["/p/.venv/bin/python", "/p/.venv/bin/dvc", "queue", "start"],
+                        venv_python, environ)
+    assert environ["PATH"].split(os.pathsep)[0] == "/p/.venv/bin"
+
+
+@pytest.mark.slow
+def test_dvc_queue_start_works_without_the_venv_on_path(tmp_path, repo_root):
+    """Issue 43: `.venv/bin/dvc queue start` from a shell without the venv on PATH printed
+    "Started" and its worker failed on "no such file: 'dvc'" (DVC starts it by name). In a git
+    clone with the tiny pipeline: a queued experiment runs the whole pipeline and succeeds."""
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    _hook()
+    repo = _copy_repo(repo_root, tmp_path / "repo", ("dpfair", "flows", "tasks"))
+    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "tiny")
+    env = {**_env(), "PREFECT_HOME": str(tmp_path / "prefect")}
+    assert shutil.which("dvc", path=env["PATH"]) is None  # nothing else to find
+    dvc = str(Path(sys.executable).parent / "dvc")  # the venv's script, as a user types it
+
+    def run(*args: str) -> str:
+        done = subprocess.run([dvc, *args], cwd=repo, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run("exp", "run", "--queue", "evaluate", "-S", "experiment.seeds=[1]", "--name", "seed1")
+    assert "Started" in run("queue", "start")
+
+    def state() -> str:  # the experiment's line of `dvc queue status`: its last word
+        [line] = [line for line in run("queue", "status").splitlines() if " seed1 " in line]
+        return line.split()[-1]
+
+    for _ in range(600):  # until the worker has finished the experiment (or given up)
+        if state() not in ("Queued", "Running"):
+            break
+        time.sleep(1)
+    assert state() == "Success", run("queue", "status") + run("queue", "logs", "seed1")
+    shown = json.loads(run("exp", "show", "--json"))
+    [experiment] = [e for row in shown for e in row.get("experiments") or ()
+                    if e.get("name") == "seed1"]
+    [revision] = experiment["revs"]
+    metrics = revision["data"]["metrics"]["evaluation/metrics.json"]["data"]
+    assert set(metrics["worst"]) == {"dpsgd", "nonprivate"} and metrics["epsilon_total"] > 0

@@ -149,6 +149,9 @@ def test_pipeline_on_a_server_keeps_artifacts_there_and_serves_the_champion(
                                    f"{out['parent_run_id']}")
     page = _page_text(out["tracking_url"])
     assert parent.info.run_name in page and "worst_group_accuracy/dpsgd" in page, page[:3000]
+    # its "Model metrics" tab: one section of charts per group, a chart per method in each
+    page = _page_text(f"{out['tracking_url']}/model-metrics")
+    assert all(f"group_accuracy/{d} (2)" in page for d in range(10)), page[:3000]
     compared = client.search_runs([out["experiment_id"]],
                                   "tags.`dpfair.stage` = 'comparison'")
     assert {r.data.tags["dpfair.method"] for r in compared} == {"dpsgd", "nonprivate"}

@@ -68,3 +68,29 @@ def test_dpfair_run_on_the_default_params_is_short_and_fits_120_columns(short_tm
     assert shown.returncode == 0 and not shown.stderr, shown.stdout + shown.stderr
     table = done.stdout.split("full table, notes")[0].splitlines()[1:]  # without the title
     assert shown.stdout.splitlines()[1:len(table) + 1] == table, shown.stdout
+
+
+def test_dpfair_run_quiet_on_a_local_dask_cluster_prints_the_table_only(tmp_path, repo_root):
+    """`dpfair -q run` with `pipeline.task_runner: dask` (a local cluster: scheduler and worker
+    processes): stdout is the results table, stderr is empty: none of Dask's INFO lines (the
+    issue counted 37), nor Prefect's, nor dp_accounting's absl warnings from the worker."""
+    pytest.importorskip("prefect_dask", reason="prefect-dask is not installed (pyproject.toml)")
+    from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
+
+    experiment = {**SMALL_EXPERIMENT, "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0],
+                  "nonprivate_reference": False,
+                  "train": {**SMALL_EXPERIMENT["train"], "epochs": 1}}
+    make_workspace(tmp_path, repo_root, experiment,
+                   pipeline={"task_runner": "dask", "max_workers": 1, "use_dvc": False})
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_API", "PREFECT_LOGGING", "MLFLOW_", "DASK_"))}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    done = subprocess.run([str(BIN / "dpfair"), "-q", "run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("synthetic: pipeline run ") and lines[-1].startswith("ε by: ")
+    assert max(len(line) for line in lines) <= 120, done.stdout
+    for noise in ("INFO", "WARNING", "distributed", "absl", "Task run", "View run"):
+        assert noise not in done.stdout, done.stdout
