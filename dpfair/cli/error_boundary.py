@@ -14,7 +14,7 @@ an unknown model; also typer's usage errors); 3 a privacy budget refused the rel
 (``UnreachableError``: the tracking server, a storage; a path without permission or on a
 read-only file system); 5 ``dpfair audit`` printed a
 VIOLATION (the run leaks more than its ε claims; not an error of dpfair's).
-Imports only typer, rich, pydantic, ``dpfair.errors`` and ``dpfair.cli.base`` (``dpfair --help``
+Imports only typer, rich, pydantic, ``dpfair.errors`` and ``dpfair.cli.console`` (``dpfair --help``
 stays fast).
 """
 
@@ -34,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from dpfair.cli.base import fit
+from dpfair.cli.console import fit
 from dpfair.errors import (
     BudgetExceededError,
     ConfigError,
@@ -167,7 +167,7 @@ def cli_errors(func: F) -> F:
 
 def _print_error(label: str, message: str) -> None:
     """``label: message`` on stderr, the label in bold red, every line within 120 columns
-    (:func:`dpfair.cli.base.fit`)."""
+    (:func:`dpfair.cli.console.fit`)."""
     text = Text(fit(f"{label}: {message}"))
     text.stylize("bold red", 0, len(label) + 1)
     err_console.print(text, soft_wrap=True, highlight=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from dpfair.cli.base import WIDTH, fit
+from dpfair.cli.console import WIDTH, fit
 from dpfair.cli.error_boundary import cli_errors
 from dpfair.errors import BudgetExceededError, DataError
 
@@ -61,7 +61,7 @@ def test_fit_keeps_a_wrapped_lines_indentation():
 def test_the_registered_model_line_fits_120_columns_with_a_long_name(capsys):
     """The line of a registered challenger (about 150 columns in the issue): its text wrapped,
     the predict command on lines of its own, the promote command on the last."""
-    from dpfair.cli.base import print_registered
+    from dpfair.cli.console import print_registered
 
     name = "dpfair-" + "loans-of-the-northern-region-" * 2
     print_registered({"name": name, "version": "12", "champion": "3"})

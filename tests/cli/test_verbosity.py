@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dpfair.cli.base import set_verbosity
+from dpfair.cli.console import set_verbosity
 
 LOGGERS = ("absl", "optuna", "mlflow", "dpfair", "flows", "tasks")
 VARIABLES = ("DASK_LOGGING__ABSL", "DASK_LOGGING__DISTRIBUTED", "DPFAIR_VERBOSITY",
@@ -48,7 +48,7 @@ def test_absl_and_dask_levels_follow_q_and_v(quiet, verbose, absl, dask):
 @pytest.mark.usefixtures("levels_restored")
 def test_a_long_step_line_is_wrapped_within_120_columns():
     """The flow's one line per step (many methods searched) fits 120 columns on stderr."""
-    from dpfair.cli.base import WIDTH
+    from dpfair.cli.console import WIDTH
     from dpfair.settings import STEPS_LOGGER
 
     set_verbosity(False, False)
