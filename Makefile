@@ -25,8 +25,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/dpfair run
 
+# One pytest worker per core (pytest-xdist); a test file runs whole on one worker, so its
+# module fixtures (one release of every command, one trained model) run once.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 data: $(STAMP)  ## every DVC prepare stage (`dvc repro` runs the whole pipeline)
 	$(BIN)/dvc repro prepare

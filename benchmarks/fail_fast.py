@@ -1,7 +1,7 @@
 """Time from a dpfair command to its one error, for the wrong inputs of issue 27 (target:
 under 3 s on the 2-core machine), against the imports each case cannot avoid.
 
-The cases: `dpfair run` on `tests/test_fail_fast.py`'s wrong settings (an own census CSV; a
+The cases: `dpfair run` on `tests/cli/test_fail_fast.py`'s wrong settings (an own census CSV; a
 misspelt key, a wrong `experiment.pair`, a category missing from its declaration, a BatchNorm
 model); `dpfair train`, `tune` and `audit` on the BatchNorm model; `dpfair predict` given a
 file that is no table, and a row whose category the model never saw. A misspelt key needs
@@ -40,8 +40,9 @@ from machine import cpu_model, load_average
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpfair import NO_TELEMETRY  # noqa: E402
-from tests.test_fail_fast import BASE, BN_MODULE, CASES  # noqa: E402
-from tests.test_strict_predictions import census_frame  # noqa: E402
+from tests.cli.conftest import CENSUS_PARAMS as BASE  # noqa: E402
+from tests.cli.test_fail_fast import BN_MODULE, CASES  # noqa: E402
+from tests.data.own_tables import census_frame  # noqa: E402
 
 #: the BatchNorm case with the collector running during the checks (as before dpfair.cli.console.
 #: checking paused it), and ended as app() called from Python ends (nothing frozen, as before
@@ -100,8 +101,8 @@ def _predict_cases(folder: Path) -> dict[str, list[str]]:
     training) and `dpfair predict` on a Parquet file named .csv and on a row with an unseen
     category."""
     from dpfair.data.tabular_frame import dataset_from_frame
-    from tests.conftest import train_and_log
-    from tests.test_strict_predictions import OPTIONS
+    from tests.data.own_tables import CENSUS_OPTIONS as OPTIONS
+    from tests.tracking.conftest import train_and_log
 
     frame = census_frame()
     tracking, _, uri = train_and_log(folder, dataset_from_frame(frame, name="census", **OPTIONS),

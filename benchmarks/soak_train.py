@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from typer.testing import CliRunner  # noqa: E402
 
 from dpfair.cli.commands import app  # noqa: E402
-from tests.test_refusals import BASE  # noqa: E402
-from tests.test_strict_predictions import census_frame  # noqa: E402
+from tests.cli.conftest import CENSUS_TUNE_PARAMS as BASE  # noqa: E402
+from tests.data.own_tables import census_frame  # noqa: E402
 
 #: what a run is expected to write into the project folder (anything else is a leftover)
 EXPECTED = {"census.csv", "params.yaml", "mlflow.db", "art", "mlartifacts", ".dpfair"}

@@ -153,22 +153,6 @@ def postgres_url():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def train_and_log(tmp_path: Path, dataset, model: dict, name: str) -> tuple:
-    """One quick dpsgd training of ``model`` on ``dataset``, logged as an MLflow Model in a
-    store under ``tmp_path``: ``(tracking, run_id, model_uri)``."""
-    from dpfair.tracking.model_export import log_model
-    from dpfair.tracking.runs import TrackingConfig, experiment_id, run
-    from dpfair.training import TrainConfig, train
-
-    config = TrainConfig(method={"name": "dpsgd", "C": 1.0}, model=model, epochs=1,
-                         batch_size=50, lr=0.5, sigma=1.0, progress=False, device="cpu")
-    tracking = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                              artifact_root=str(tmp_path / "art"))
-    exp = experiment_id(tracking, name)
-    with run(tracking, exp, "train") as run_id:
-        uri = log_model(tracking, exp, run_id, train(config, dataset), dataset, {})
-    return tracking, run_id, uri
-
 
 def cli_in_a_fresh_python(folder: Path, commands: dict[str, list[str]],
                            watched: tuple[str, ...]) -> tuple[dict[str, list], list[str]]:

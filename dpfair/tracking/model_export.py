@@ -249,7 +249,7 @@ sys.modules.setdefault("dpfair.model_export", sys.modules[__name__])
 
 
 #: The installable distributions that loading a model imports (dpfair's own code travels with
-#: the model; ``tests/test_model_export.py`` checks this list against a fresh interpreter).
+#: the model; ``tests/tracking/test_model_export.py`` checks this list against a fresh interpreter).
 LOAD_REQUIREMENTS = ("torch", "numpy", "pandas", "scipy", "mlflow", "pydantic", "dp-accounting",
                      "pyyaml", "scikit-learn")
 

@@ -37,3 +37,21 @@ def table_options(path: Path, **overrides: object) -> dict:
 def write_params(path: Path, datasets: dict, dataset: str) -> Path:
     path.write_text(yaml.safe_dump({"datasets": datasets, "experiment": {"dataset": dataset}}))
     return path
+
+
+def census_frame(n: int = 500, seed: int = 0) -> pd.DataFrame:
+    """Integer codes for a category and the target, a three-valued protected column, ids."""
+    rng = np.random.default_rng(seed)
+    activity = rng.choice([1, 2, 3], n)
+    hours = rng.integers(10, 60, n)
+    nation = rng.choice(["A", "B", "C"], n, p=[0.5, 0.3, 0.2])
+    gender = rng.choice(["F", "M"], n)
+    income = ((activity == 2) + (hours > 35) + rng.normal(0, 0.5, n) > 1.0).astype(int)
+    return pd.DataFrame({"person": np.arange(1000, 1000 + n), "Activity": activity,
+                         "Hours": hours, "Gender": gender, "Nationality": nation,
+                         "Income": income})
+
+
+#: how a dataset declares :func:`census_frame`'s columns (integer-coded categories)
+CENSUS_OPTIONS = {"target": "Income", "protected": "Nationality", "id_columns": ["person"],
+                  "categories": {"Activity": [1, 2, 3]}, "test_fraction": 0.3}

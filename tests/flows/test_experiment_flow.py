@@ -390,7 +390,7 @@ def test_all_methods_failing_is_reported_and_stale_runs_are_failed(prefect_harne
     after them (not instead); a run a killed process left RUNNING is marked FAILED first."""
     from dpfair.pipeline import method_steps
     from flows.experiment import MethodsFailed, run_experiment
-    from tests.test_tracking import killed_run
+    from tests.tracking.conftest import killed_run
 
     monkeypatch.chdir(tmp_path)
 

@@ -5,6 +5,7 @@ client's disk, and the registered @champion loads through the server alone."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -56,7 +57,9 @@ def mlflow_server(tmp_path_factory):
     proc = subprocess.Popen(
         [str(program), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
          "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT)
+         "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT,
+        # no job runner (its queue consumers are four more processes; nothing here submits jobs)
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     try:

@@ -118,8 +118,8 @@ def test_census_with_three_nationalities_and_integer_codes_end_to_end(
     from dpfair.cli.commands import app
     from dpfair.pipeline.dvc_outputs import write_outputs
     from flows.experiment import run_experiment
-    from tests.test_model_travels import predict_elsewhere
-    from tests.test_strict_predictions import census_frame
+    from tests.data.own_tables import census_frame
+    from tests.tracking.conftest import predict_elsewhere
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

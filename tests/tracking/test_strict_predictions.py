@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -17,24 +16,10 @@ from dpfair.cli.commands import app
 from dpfair.data.tabular_frame import dataset_from_frame
 from dpfair.errors import DataError
 from dpfair.tracking.model_export import PREDICTION, load, predict_csv
-from tests.conftest import cli_in_a_fresh_python, train_and_log
-
-
-def census_frame(n: int = 500, seed: int = 0) -> pd.DataFrame:
-    """Integer codes for a category and the target, a three-valued protected column, ids."""
-    rng = np.random.default_rng(seed)
-    activity = rng.choice([1, 2, 3], n)
-    hours = rng.integers(10, 60, n)
-    nation = rng.choice(["A", "B", "C"], n, p=[0.5, 0.3, 0.2])
-    gender = rng.choice(["F", "M"], n)
-    income = ((activity == 2) + (hours > 35) + rng.normal(0, 0.5, n) > 1.0).astype(int)
-    return pd.DataFrame({"person": np.arange(1000, 1000 + n), "Activity": activity,
-                         "Hours": hours, "Gender": gender, "Nationality": nation,
-                         "Income": income})
-
-
-OPTIONS = {"target": "Income", "protected": "Nationality", "id_columns": ["person"],
-           "categories": {"Activity": [1, 2, 3]}, "test_fraction": 0.3}
+from tests.conftest import cli_in_a_fresh_python
+from tests.data.own_tables import CENSUS_OPTIONS as OPTIONS
+from tests.data.own_tables import census_frame
+from tests.tracking.conftest import train_and_log
 
 
 def _logged(tmp_path, **options) -> tuple:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli.conftest import CENSUS_PARAMS
 from tests.conftest import cli_in_a_fresh_python
-from tests.test_strict_predictions import census_frame
+from tests.data.own_tables import census_frame
 
 BN_MODULE = """
 import torch.nn as nn
@@ -27,19 +28,6 @@ def make_net(input_shape, n_classes):
                          nn.Linear(8, n_classes))
 """
 
-BASE = {
-    "datasets": {"census": {"kind": "table", "path": "census.csv", "target": "Income",
-                            "protected": "Nationality", "id_columns": ["person"],
-                            "categories": {"Activity": [1, 2, 3], "Gender": ["F", "M"]},
-                            "numeric_ranges": {"Hours": [0, 100]}}},
-    "experiment": {"dataset": "census", "model": {"name": "logistic_regression"},
-                   "train": {"epochs": 1, "batch_size": 16, "lr": 0.5, "sigma": 1.0,
-                             "delta": 1e-5, "progress": False},
-                   "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0],
-                   "nonprivate_reference": False},
-    # nothing may reach it: a server that does not exist
-    "tracking": {"uri": "http://127.0.0.1:9", "artifact_root": "art"},
-}
 
 CASES = {
     "pair": (lambda p: p["experiment"].update(pair={"census": ["A", "Z"]}),
@@ -56,7 +44,7 @@ def test_run_refuses_each_wrong_setting_once_before_any_heavy_work(tmp_path: Pat
     census_frame(600).to_csv(tmp_path / "census.csv", index=False)
     (tmp_path / "bn_models.py").write_text(BN_MODULE)
     for name, (edit, _, _) in CASES.items():
-        params = copy.deepcopy(BASE)
+        params = copy.deepcopy(CENSUS_PARAMS)
         edit(params)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(params))
     heavy = ("prefect", "mlflow", "optuna", "sklearn", "dp_accounting")
@@ -83,7 +71,7 @@ def test_a_typo_is_refused_before_the_data_and_the_tracking_libraries_load(tmp_p
     """A misspelt key is refused when params.yaml loads, before `dpfair run` imports torch (the
     method and model settings load without it), what the checks of the data need (pandas,
     sklearn), the accounting (dp_accounting, scipy) or anything of Prefect, MLflow or Optuna."""
-    params = copy.deepcopy(BASE)
+    params = copy.deepcopy(CENSUS_PARAMS)
     params["experiment"]["datset"] = params["experiment"].pop("dataset")
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
     found, loaded = cli_in_a_fresh_python(
@@ -101,7 +89,7 @@ def test_train_tune_and_audit_refuse_a_batchnorm_model_before_the_split(tmp_path
     accounting, Optuna, MLflow)."""
     census_frame(600).to_csv(tmp_path / "census.csv", index=False)
     (tmp_path / "bn_models.py").write_text(BN_MODULE)
-    params = copy.deepcopy(BASE)
+    params = copy.deepcopy(CENSUS_PARAMS)
     CASES["batchnorm"][0](params)
     params["tuning"] = {"spaces": {"dpsgd": {"lr": [0.1, 0.5]}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -153,7 +141,7 @@ def test_a_dataset_whose_preview_was_checked_is_not_checked_again(tmp_path: Path
     monkeypatch.syspath_prepend(str(tmp_path))
     census_frame(600).to_csv(tmp_path / "census.csv", index=False)
     for dataset in ("synthetic", "census"):
-        params = copy.deepcopy(BASE)
+        params = copy.deepcopy(CENSUS_PARAMS)
         params["experiment"].update(
             dataset=dataset, model={"name": "import", "target": "counted:make_net"},
             methods={"dpsgd": {"C": 1.0}, "dpsgd_f": {}})
@@ -211,7 +199,7 @@ def test_the_dpfair_command_ends_its_process_with_a_refusal_frozen(tmp_path: Pat
     from importlib.metadata import entry_points
 
     assert entry_points(group="console_scripts")["dpfair"].value == "dpfair.cli:main"
-    params = copy.deepcopy(BASE)
+    params = copy.deepcopy(CENSUS_PARAMS)
     params["experiment"]["datset"] = params["experiment"].pop("dataset")
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(params))
     probe = ("import atexit, gc, sys; "
@@ -233,7 +221,7 @@ def test_a_command_works_with_the_collector_running(tmp_path: Path, monkeypatch)
     from dpfair.cli import app
 
     census_frame(600).to_csv(tmp_path / "census.csv", index=False)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(CENSUS_PARAMS))
     monkeypatch.chdir(tmp_path)
     seen: list[bool] = []
 

@@ -18,47 +18,8 @@ from typer.testing import CliRunner
 
 from dpfair.cli.commands import app
 from dpfair.ledger import SourceLedger
+from tests.cli.conftest import CENSUS_TUNE_PARAMS, census_folder
 from tests.conftest import cli_in_a_fresh_python
-from tests.test_fail_fast import BASE as FAIL_FAST
-from tests.test_strict_predictions import census_frame
-
-MODELS = """
-import torch
-import torch.nn as nn
-
-
-class Rounded(nn.Module):
-    def __init__(self, d, k):
-        super().__init__()
-        self.lin = nn.Linear(d, k)
-
-    def forward(self, x):
-        return self.lin(x).round().long()
-
-
-class Constant(nn.Module):
-    def __init__(self, k):
-        super().__init__()
-        self.k = k
-
-    def forward(self, x):
-        return torch.zeros(x.shape[0], self.k)
-
-
-def integer_logits(input_shape, n_classes):
-    return Rounded(input_shape[0], n_classes)
-
-
-def no_parameters(input_shape, n_classes):
-    return Constant(n_classes)
-"""
-
-#: the census set-up of test_fail_fast, with a search space and a local tracking store
-BASE: dict[str, Any] = {
-    **FAIL_FAST,
-    "tuning": {"mode": "fixed", "n_runs": 2, "spaces": {"dpsgd": {"lr": [0.1, 0.5]}}},
-    "tracking": {"uri": "sqlite:///mlflow.db", "artifact_root": "art"},
-}
 
 
 def _train(**values: Any):
@@ -76,7 +37,7 @@ def _target_epsilon(p: dict) -> None:
 
 TRAIN = ["train", "--method", "dpsgd"]
 TUNE = ["tune", "--method", "dpsgd", "--study", "s"]
-#: name: (edit of BASE, command, what the message says)
+#: name: (edit of CENSUS_TUNE_PARAMS, command, what the message says)
 CASES: dict[str, tuple[Any, list[str], str]] = {
     # numbers that overflow or underflow the training
     "lr_1e300": (_train(lr=1e300), TRAIN, "lr: 1e+300 is over the maximum 10000"),
@@ -120,21 +81,15 @@ if importlib.util.find_spec("boto3") is None:
                                  TRAIN, "needs the Python module 'boto3'")
 
 
-def _folder(tmp_path: Path) -> Path:
-    census_frame(600).to_csv(tmp_path / "census.csv", index=False)
-    (tmp_path / "own_models.py").write_text(MODELS)
-    return tmp_path
-
-
 def _nothing_charged(folder: Path) -> None:
     assert SourceLedger(".dpfair/ledger.sqlite", folder).releases() == []
 
 
 def test_each_case_is_one_clear_refusal_before_anything_is_charged(tmp_path: Path) -> None:
-    folder = _folder(tmp_path)
+    folder = census_folder(tmp_path)
     commands = {}
     for name, (edit, command, _) in CASES.items():
-        params = copy.deepcopy(BASE)
+        params = copy.deepcopy(CENSUS_TUNE_PARAMS)
         if edit is not None:
             edit(params)
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(params))
@@ -152,7 +107,7 @@ def test_each_case_is_one_clear_refusal_before_anything_is_charged(tmp_path: Pat
 
 
 def test_predict_and_evaluate_never_overwrite_their_input(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(_folder(tmp_path))
+    monkeypatch.chdir(census_folder(tmp_path))
     before = Path("census.csv").read_bytes()
     for args in (["predict", "--model", "m", "--input", "census.csv", "--output",
                   "./census.csv"],
@@ -205,9 +160,9 @@ def test_an_unreachable_database_is_exit_4_before_anything_is_charged(tmp_path: 
     """`train` with a postgresql:// tracking store and `tune` with a postgresql:// storage that
     do not answer: exit 4 with the address (password masked), nothing recorded."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    folder = _folder(tmp_path)
+    folder = census_folder(tmp_path)
     url = f"postgresql://bob:hunter2@127.0.0.1:{_closed_port()}/db"
-    params = copy.deepcopy(BASE)
+    params = copy.deepcopy(CENSUS_TUNE_PARAMS)
     (folder / "params.yaml").write_text(yaml.safe_dump(params))
     params["tracking"]["uri"] = url
     (folder / "pg.yaml").write_text(yaml.safe_dump(params))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dvc.utils.hydra import apply_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _changed(tmp_path: Path, *overrides: str) -> list[tuple[str, str]]:

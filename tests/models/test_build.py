@@ -30,7 +30,7 @@ from dpfair.models import (
 )
 from dpfair.training import train
 
-PUBLISHED_YAML = Path(__file__).resolve().parents[2] / "shared" / "reference" / "published.yaml"
+PUBLISHED_YAML = Path(__file__).resolve().parents[3] / "shared" / "reference" / "published.yaml"
 
 # Esipova et al. 2023, App. B.3 (published.yaml: esipova2023.settings.models), with the input
 # shapes of her code's preprocessing: Adult one-hot d = 98, Dutch one-hot d = 59.
@@ -129,7 +129,7 @@ def test_bad_shapes_are_clear_errors() -> None:
 
 # ---------------------------------------------------------------- own model by import path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCHNORM = "BatchNorm mixes samples in a batch; use GroupNorm or LayerNorm"
 
 

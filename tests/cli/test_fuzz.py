@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from dpfair.cli.commands import app
 from dpfair.ledger import SourceLedger
-from tests.test_refusals import BASE, _folder
+from tests.cli.conftest import CENSUS_TUNE_PARAMS, census_folder
 
 EXTREMES = [0, -1, 1e-300, 1e300, 10**12, math.inf, -math.inf, math.nan, True, False, None,
             "", "1.0", [1], {"a": 1}]
@@ -91,9 +91,9 @@ def _set(params: dict, path: str, value: Any) -> None:
 @given(data=st.data())
 def test_every_input_is_done_or_one_clear_refusal_that_charges_nothing(data: Any) -> None:
     if not (FOLDER / "census.csv").exists():
-        _folder(FOLDER)
+        census_folder(FOLDER)
     port = _closed_port()
-    params = copy.deepcopy(BASE)
+    params = copy.deepcopy(CENSUS_TUNE_PARAMS)
     # a server that does not answer: an accepted input ends at the preflight, uncharged
     server = data.draw(st.sampled_from(["closed", "closed", "closed", "local"]))
     if server == "closed":

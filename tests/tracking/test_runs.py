@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dpfair.tracking.runs import (
     run,
     run_url,
 )
+from tests.tracking.conftest import killed_run
 
 
 def test_metric_key_keeps_allowed_and_spells_out_comparisons():
@@ -108,28 +108,6 @@ def test_experiments_open_on_their_runs_in_the_ui(tmp_path):
     remote = TrackingConfig(uri="https://mlflow.example.org/")
     assert run_url(remote, "1", "abc") == "https://mlflow.example.org/#/experiments/1/runs/abc"
 
-
-_OPEN_AND_SLEEP = """
-import sys, time
-from dpfair.tracking.runs import TrackingConfig, run
-cfg = TrackingConfig(uri=sys.argv[1], artifact_root=sys.argv[2])
-with run(cfg, sys.argv[3], "pipeline:synthetic", tags={"dpfair.stage": "pipeline"}) as run_id:
-    print(run_id, flush=True)
-    time.sleep(600)
-"""
-
-
-def killed_run(cfg: TrackingConfig, exp: str) -> str:
-    """The id of a run opened by a subprocess that was then killed with SIGKILL."""
-    proc = subprocess.Popen([sys.executable, "-c", _OPEN_AND_SLEEP, cfg.uri, cfg.artifact_root,
-                             exp], stdout=subprocess.PIPE, text=True)
-    try:
-        run_id = proc.stdout.readline().strip()
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert run_id
-    return run_id
 
 
 def _cfg(tmp_path) -> TrackingConfig:

@@ -13,7 +13,7 @@ import optuna
 import yaml
 
 from dpfair.ledger import SourceLedger
-from tests.test_refusals import BASE, _folder
+from tests.cli.conftest import CENSUS_TUNE_PARAMS, census_folder
 
 TUNE = """
 import sys, time
@@ -27,8 +27,8 @@ sys.exit(out.exit_code)
 
 
 def test_two_processes_on_one_study_charge_it_once(tmp_path: Path) -> None:
-    folder = _folder(tmp_path)
-    (folder / "params.yaml").write_text(yaml.safe_dump(BASE))  # mode fixed, n_runs 2
+    folder = census_folder(tmp_path)
+    (folder / "params.yaml").write_text(yaml.safe_dump(CENSUS_TUNE_PARAMS))  # mode fixed, n_runs 2
     start = time.time() + 8.0  # after both interpreters have imported dpfair's CLI
     procs = [subprocess.Popen([sys.executable, "-c", TUNE, str(start)], cwd=folder,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

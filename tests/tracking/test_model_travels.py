@@ -4,20 +4,16 @@ in another directory, with neither on its path, loads it and predicts."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
-import textwrap
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
-from pathlib import Path
 
 import pytest
 
-from dpfair.tracking.model_export import LOAD_REQUIREMENTS, PREDICTION, model_location
+from dpfair.tracking.model_export import LOAD_REQUIREMENTS, model_location
 from dpfair.tracking.model_registry import register
-from tests.conftest import train_and_log
+from tests.tracking.conftest import predict_elsewhere, train_and_log
 
 MODULE = '''
 import torch.nn as nn
@@ -28,27 +24,6 @@ def make_net(input_shape, n_classes, width=8):
                          nn.Linear(width, n_classes))
 '''
 
-
-def predict_elsewhere(location: str, rows: Path, cwd: Path, module: str) -> dict:
-    """Load the model at ``location`` in a fresh interpreter in ``cwd`` without PYTHONPATH
-    (neither the project nor this checkout on its path) and predict ``rows``: the predictions
-    and the files that dpfair and ``module`` were imported from."""
-    cwd.mkdir(exist_ok=True)
-    script = textwrap.dedent(f"""
-        import json, sys
-        import mlflow, pandas as pd
-        assert "dpfair" not in sys.modules
-        model = mlflow.pyfunc.load_model({location!r})
-        out = model.predict(pd.read_csv({str(rows)!r}))
-        import dpfair, {module}
-        print(json.dumps({{"predictions": out["{PREDICTION}"].tolist(),
-                           "dpfair": dpfair.__file__, "module": {module}.__file__}}))
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """A final model as an MLflow pyfunc Model: it applies the dataset's preprocessing to raw rows
 and predicts as the training-time evaluation did; `dpfair predict` does the same from a CSV;
-which final model a pipeline run registers (the registry itself: tests/test_experiment.py)."""
+which final model a pipeline run registers (the registry itself: test_registry.py)."""
 
 from __future__ import annotations
 
