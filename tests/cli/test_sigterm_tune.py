@@ -1,0 +1,68 @@
+"""SIGTERM of `dpfair tune` (a real signal to the command's process) while a trial trains: the
+process ends with 143, the trial in flight is told FAIL with the reason (never left RUNNING),
+no trial starts after the signal, and the search's ledger release is settled, not pending."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import optuna
+import yaml
+
+from dpfair.ledger import SourceLedger
+
+
+def _params(folder: Path) -> None:
+    params = {
+        "datasets": {"synthetic": {"n": 400}},
+        "experiment": {
+            "dataset": "synthetic", "model": {"name": "logistic_regression"},
+            "train": {"epochs": 5000, "batch_size": 50, "lr": 0.5, "sigma": 1.0,
+                      "delta": 1e-5, "progress": False},  # a trial that would take long
+            "methods": {"dpsgd": {"C": 1.0}}, "seeds": [0]},
+        "tuning": {"mode": "fixed", "n_runs": 3, "spaces": {"dpsgd": {"lr": [0.1, 0.5]}}},
+        "tracking": {"uri": f"sqlite:///{folder / 'm.db'}", "artifact_root": str(folder / "a")},
+    }
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def _running_trials(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db) as con:
+            return con.execute("select count(*) from trials where state = 'RUNNING'").fetchone()[0]
+    except sqlite3.Error:  # tables not created yet
+        return 0
+
+
+def test_sigterm_of_tune_leaves_no_trial_running_and_starts_none(tmp_path: Path) -> None:
+    _params(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "dpfair.cli", "tune", "--method", "dpsgd",
+                             "--study", "s"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not _running_trials(tmp_path / "optuna.db"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no trial started: {proc.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+    signalled = datetime.now()  # Optuna's trial times are naive local times
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    trials = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
+                               ).get_trials(deepcopy=False)
+    runs = [t for t in trials if t.user_attrs.get("dpfair.ledger") == "run"]
+    assert [t.state.name for t in runs] == ["FAIL"], [(t.state, t.user_attrs) for t in trials]
+    assert runs[0].user_attrs["dpfair.error"].startswith("stopped (Terminated)")
+    assert all(t.datetime_start is not None and t.datetime_start <= signalled for t in trials)
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    [search] = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
+    assert search.status == "failed", search
