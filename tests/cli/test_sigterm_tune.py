@@ -1,6 +1,7 @@
-"""SIGTERM of `dpfair tune` (a real signal to the command's process) while a trial trains: the
-process ends with 143, the trial in flight is told FAIL with the reason (never left RUNNING),
-no trial starts after the signal, and the search's ledger release is settled, not pending."""
+"""SIGTERM of `dpfair tune` (a real signal to the command's process) while a trial trains, in
+the command's process or in spawned workers (which the command then ends with SIGTERM): the
+process ends with 143, every trial in flight is told FAIL with the reason (never left
+RUNNING), no trial starts after the signal, and the search's ledger release is settled."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 
 from dpfair.ledger import SourceLedger
@@ -42,10 +44,13 @@ def _running_trials(db: Path) -> int:
         return 0
 
 
-def test_sigterm_of_tune_leaves_no_trial_running_and_starts_none(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])  # in the command's process; spawned workers
+def test_sigterm_of_tune_leaves_no_trial_running_and_starts_none(tmp_path: Path,
+                                                                 workers: int) -> None:
     _params(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "dpfair.cli", "tune", "--method", "dpsgd",
-                             "--study", "s"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             "--study", "s", "--workers", str(workers)], cwd=tmp_path,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not _running_trials(tmp_path / "optuna.db"):
@@ -60,8 +65,9 @@ def test_sigterm_of_tune_leaves_no_trial_running_and_starts_none(tmp_path: Path)
     trials = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
                                ).get_trials(deepcopy=False)
     runs = [t for t in trials if t.user_attrs.get("dpfair.ledger") == "run"]
-    assert [t.state.name for t in runs] == ["FAIL"], [(t.state, t.user_attrs) for t in trials]
-    assert runs[0].user_attrs["dpfair.error"].startswith("stopped (Terminated)")
+    assert runs and {t.state.name for t in runs} == {"FAIL"}, [(t.state, t.user_attrs)
+                                                               for t in trials]
+    assert all(t.user_attrs["dpfair.error"].startswith("stopped (Terminated)") for t in runs)
     assert all(t.datetime_start is not None and t.datetime_start <= signalled for t in trials)
     assert not [t for t in trials if t.state.name == "RUNNING"]
     [search] = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
