@@ -24,6 +24,7 @@ LIBRARY = (
     "dpfair.errors",
     "dpfair.metric_keys",
     "dpfair.urls",
+    "dpfair.processes",  # the stop flag a training checks before each step
     "dpfair.data",
     "dpfair.models",
     "dpfair.privacy",
@@ -46,7 +47,6 @@ UPPER = (
     "dpfair.pipeline",
     "dpfair.cli",
     "dpfair.workspace",
-    "dpfair.processes",
     "flows",
     "tasks",
 )
@@ -128,6 +128,7 @@ BELOW = {
     "ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.pipeline", "dpfair.cli",
                "dpfair.config.params", "flows", "tasks"),
     "workspace": ("dpfair",),
+    "processes": (*UPPER, "dpfair.data", "dpfair.models", "dpfair.privacy", "dpfair.training"),
     "audit": UPPER,
     # fit() is an entry point: it goes through the privacy gate, and no adapter
     "api": (*ADAPTERS, "dpfair.tracking", "dpfair.pipeline", "dpfair.cli", "dpfair.config.params",
