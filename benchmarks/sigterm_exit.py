@@ -81,7 +81,7 @@ def main() -> None:
     args.out.write_text(
         f"# SIGTERM of `dpfair run` during the finals\n\n"
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {os.cpu_count()} cores, "
-        f"load average before {load_average()}.\n\n"
+        f"load average at the end {load_average()}.\n\n"
         "Seconds after the signal. Trainings ended: the last final run's MLflow end time (its "
         "training stopped at a step, the run marked FAILED). Exit: the process's.\n\n"
         "| repeat | entry | trainings ended (s) | exit (s) | exit code |\n|---|---|---|---|---|\n"
