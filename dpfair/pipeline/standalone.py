@@ -134,9 +134,9 @@ def _tune_logged(params: Params, label: str, cfg: TuningConfig, dataset: Grouped
     """The search, then its MLflow run (opened after the last trial: no timestamp spans K)."""
     mode = params.tuning.release
     with spending as spend:
-        exp_id, data_tags = _standalone(params, dataset, data)
-        if spend is not None:
+        if spend is not None:  # from its reservation on, other processes may join the search
             spend.may_release()
+        exp_id, data_tags = _standalone(params, dataset, data)
         result = tune(base.method, base, dataset, cfg)  # no MLflow run spans the trials
         search = search_release(cfg, accounting.event_from_json(
             result.run_event_json or "null"), result.K, mode)
