@@ -33,7 +33,8 @@ from types import FrameType
 from dpfair.errors import Terminated
 
 __all__ = ["JOB_DIR_PREFIX", "alive", "die_with_parent", "host", "parent_gone",
-           "remove_stale_job_dirs", "sigterm_raises", "started_at", "stop_requested",
+           "remove_stale_job_dirs", "request_stop", "sigterm_raises", "started_at",
+           "stop_requested",
            "uninterrupted"]
 
 #: The temporary folder of a multi-worker tuning job: ``<tmp>/dpfair-tuning-<owner pid>-*``.
@@ -141,6 +142,12 @@ def uninterrupted() -> Iterator[None]:
     if not _held["depth"] and _held["signal"]:
         signum, _held["signal"] = _held["signal"], 0
         raise Terminated(128 + signum)
+
+
+def request_stop() -> None:
+    """Tell this process's threads to stop (as a SIGTERM inside :func:`sigterm_raises` does):
+    for a signal that another handler took (Prefect's, inside a flow run)."""
+    _STOP.set()
 
 
 def stop_requested() -> bool:

@@ -32,6 +32,7 @@ from typing import Any
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow  # noqa: E402
+from prefect.exceptions import TerminationSignal  # noqa: E402
 from prefect.futures import PrefectFuture  # noqa: E402
 
 from dpfair.config.params import DEFAULT_PARAMS, Params, load_params  # noqa: E402
@@ -52,7 +53,7 @@ from dpfair.pipeline.resume import (  # noqa: E402
     retry_event,
 )
 from dpfair.pipeline.summary import Summary  # noqa: E402
-from dpfair.processes import sigterm_raises  # noqa: E402
+from dpfair.processes import request_stop, sigterm_raises  # noqa: E402
 from dpfair.release.plan import ReleasePlan, epsilon_text  # noqa: E402
 from dpfair.settings import STEPS_LOGGER  # noqa: E402
 from dpfair.tracking.run_log import pipeline_run_name  # noqa: E402
@@ -149,21 +150,35 @@ def experiment_flow(params_path: str = DEFAULT_PARAMS, root: str = ".",
     evaluate -> register -> publish. Resuming, the privacy ledger and failure handling live
     in the steps below (a method's failure is kept in ``run.failures``, never loses the others,
     and ends the flow with :class:`MethodsFailed` once every step has run)."""
-    run = prepare(params_path, root, resume)
-    _step(f"prepare: {run.prepared.name}, data version {run.data.public_id}")
-    plan = plan_release(run)
-    with reserve(run, plan) as reserved:
-        _step(f"reserve: ε {epsilon_text(reserved.epsilon)} at δ {reserved.delta:g} in the "
-              f"privacy ledger; MLflow parent run {run.parent}")
-        tuned = tune(run, plan)
-        runs = train(run, plan, tuned)
-        _step(f"tune and train: {len(runs)} final runs of {len({r.label for r in runs})} "
-              f"methods" + (f" ({', '.join(run.studies)} searched)" if run.studies else ""))
-        summary = evaluate(run, plan, runs)
-        registered = register(run, plan, runs)
-        publish(run, reserved, summary, registered)
-        raise_failures(run)
-    return outcome(run, plan, reserved, runs, summary, registered)
+    with _stops_on_signal():
+        run = prepare(params_path, root, resume)
+        _step(f"prepare: {run.prepared.name}, data version {run.data.public_id}")
+        plan = plan_release(run)
+        with reserve(run, plan) as reserved:
+            _step(f"reserve: ε {epsilon_text(reserved.epsilon)} at δ {reserved.delta:g} in the "
+                  f"privacy ledger; MLflow parent run {run.parent}")
+            tuned = tune(run, plan)
+            runs = train(run, plan, tuned)
+            _step(f"tune and train: {len(runs)} final runs of {len({r.label for r in runs})} "
+                  f"methods" + (f" ({', '.join(run.studies)} searched)" if run.studies else ""))
+            summary = evaluate(run, plan, runs)
+            registered = register(run, plan, runs)
+            publish(run, reserved, summary, registered)
+            raise_failures(run)
+        return outcome(run, plan, reserved, runs, summary, registered)
+
+
+@contextmanager
+def _stops_on_signal() -> Iterator[None]:
+    """Inside a flow run Prefect's SIGTERM handler replaces dpfair's: it raises
+    ``TerminationSignal`` in the main thread, and the task runner then waits for its threads.
+    Set the process's stop flag then too, so the trainings in those threads stop at their next
+    step and no queued one starts (:func:`dpfair.processes.stop_requested`)."""
+    try:
+        yield
+    except TerminationSignal:
+        request_stop()
+        raise
 
 
 @dataclass
@@ -421,8 +436,9 @@ def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
     data, groups, search space and model; skipped when ``checked`` says the caller ran it), a
     DpfairError before any work, then run the flow. SIGTERM
     ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`
-    around it): the pipeline run ends FAILED, the trainings in progress finish and are logged
-    before the process exits, and Prefect stops its temporary server (:mod:`flows.server`)."""
+    around it): the pipeline run ends FAILED, the trainings in progress stop at their next
+    step and end FAILED, none queued starts, and Prefect stops its temporary server
+    (:mod:`flows.server`)."""
     params = load_params(params_path)
     if not checked:
         check_run(params)

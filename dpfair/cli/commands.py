@@ -358,6 +358,9 @@ def predict_cmd(
         "--input", "-i", help="CSV of raw rows holding the model's input columns")],
     out: Annotated[Path, typer.Option(
         "--output", "-o", help="CSV to write: prediction and probability_<class> per row")],
+    trust_model: Annotated[bool, typer.Option(
+        "--trust-model", help="load a model folder that only its pickle (python_model.pkl) can "
+        "load, which can run any code: only for a folder whose writers you trust")] = False,
     params: ParamsOption = None,
 ) -> None:
     """Predict with a logged or registered dpfair model (its preprocessing included)."""
@@ -369,10 +372,10 @@ def predict_cmd(
         check_not_an_input(out, "--output", {"--input": rows})
         p = resolve_params(params)
         frame, _ = read_rows(rows)  # a file that is no table is refused before MLflow loads
-        from dpfair.tracking.model_export import checked_rows, write_predictions
+        from dpfair.tracking.model_load import checked_rows, from_store, write_predictions
 
         location, frame = checked_rows(p.tracking, model, frame, rows)
-    n = write_predictions(location, frame, out)
+    n = write_predictions(location, frame, out, trust_model or from_store(model))
     console.print(f"{n} predictions written to {out}", soft_wrap=True)
 
 

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from dpfair.cli.console import fit
+from dpfair.cli.console import fit, freeze_if_ending
 from dpfair.errors import (
     BudgetExceededError,
     ConfigError,
@@ -141,8 +141,11 @@ def cli_errors(func: F) -> F:
         remove_stale_job_dirs()  # what a SIGKILLed tuning left (a pickled dataset): gone
         try:
             return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, typer.BadParameter, Terminated):
-            raise  # typer's own exits and usage errors; SIGTERM
+        except Terminated:  # SIGTERM: the process ends now
+            freeze_if_ending()
+            raise
+        except (typer.Exit, typer.Abort, typer.BadParameter):
+            raise  # typer's own exits and usage errors
         except SystemExit as exc:  # user code's sys.exit: never a silent exit code 0
             _print_error("configuration error", str(
                 user_exit(exc, "code of yours (a model, a factory or a callback)")))

@@ -44,8 +44,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
+import sqlalchemy as sa
 from dp_accounting import dp_event
 
 from dpfair import accounting
@@ -53,9 +54,6 @@ from dpfair.errors import BudgetExceededError, PrivacyError
 from dpfair.ledger.accounts import PROJECT_ACCOUNT, Account, account_id
 from dpfair.ledger.people import Fingerprints
 from dpfair.ledger.store import Store, import_json_ledger, ledger_url, legacy_json
-
-if TYPE_CHECKING:
-    import sqlalchemy as sa
 
 __all__ = ["Release", "SourceLedger", "Spending", "Status"]
 
@@ -205,33 +203,69 @@ class SourceLedger:
         as a pending release, in one locked transaction. ``BudgetExceededError`` (naming the
         spend so far and what this release adds) when an account would exceed
         ``lifetime_epsilon``; nothing is recorded then."""
-        own = accounting.epsilon(event, delta) if epsilon is None else epsilon
         with self.store.locked() as conn:
-            accounts, new = self._accounts(conn, source, version, fingerprints, disjoint,
-                                           account)
-            if lifetime_epsilon is not None:  # without a limit nothing needs the composition
-                by_account = self._account_releases(conn, accounts)
-                totals = {a: _composed_epsilon(rs, [event], delta) if rs else own
-                          for a, rs in by_account.items()}
-                worst = max(totals, key=lambda a: totals[a])
-                if not totals[worst] <= lifetime_epsilon:
-                    raise BudgetExceededError(self._refusal(
-                        source, version, by_account[worst], own, totals[worst], delta,
-                        lifetime_epsilon, len(accounts)))
-            if new:
-                Store.add_version(conn, version, source, accounts, fingerprints or {}, disjoint)
-            row = {
-                "id": uuid.uuid4().hex, "source": source, "version": version,
-                "accounts": sorted(accounts), "status": "pending",
-                "event": accounting.event_to_json(event), "epsilon": own, "delta": delta,
-                "without_guarantee": list(without_guarantee), "declared_disjoint": disjoint,
-                "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "context": {"host": socket.gethostname(), "pid": str(os.getpid()),
-                            "account": account.name,
-                            **({"declaration": account.declaration} if account.declared else {}),
-                            **dict(context or {})},
-            }
-            Store.insert_release(conn, row)
+            return self._record(conn, source, version, event, delta, fingerprints=fingerprints,
+                                lifetime_epsilon=lifetime_epsilon, epsilon=epsilon,
+                                disjoint=disjoint, account=account,
+                                without_guarantee=without_guarantee, context=context)
+
+    def reserve_once(self, key: str, source: str, version: str, event: dp_event.DpEvent,
+                     delta: float, **options: Any) -> Release | None:
+        """:meth:`reserve`, unless a release that counts holds the reservation ``key`` (e.g. a
+        search's identity: two ``dpfair tune`` of one study started together charge it once):
+        then nothing is recorded and None is returned (the caller joins the reserved release).
+        The key is unique in the store: the lookup and the INSERT run in the reservation's
+        locked transaction, and an INSERT that loses a race anyway (``IntegrityError``) rolls
+        the whole reservation back."""
+        try:
+            with self.store.locked() as conn:
+                held = Store.keyed_release(conn, key)
+                if held is not None and held["status"] != "void":
+                    return None
+                release = self._record(conn, source, version, event, delta, **options)
+                Store.hold_key(conn, key, release.id)
+        except sa.exc.IntegrityError:
+            with self.store.reading() as conn:
+                held = Store.keyed_release(conn, key)
+            if held is None or held["status"] == "void":
+                raise
+            return None  # the other process's reservation won the race
+        return release
+
+    def _record(self, conn: sa.Connection, source: str, version: str,
+                event: dp_event.DpEvent, delta: float, *,
+                fingerprints: Fingerprints | None = None,
+                lifetime_epsilon: float | None = None, epsilon: float | None = None,
+                disjoint: bool = False, account: Account = PROJECT_ACCOUNT,
+                without_guarantee: Sequence[str] = (),
+                context: Mapping[str, str] | None = None) -> Release:
+        """The body of :meth:`reserve`, inside its locked transaction ``conn``."""
+        own = accounting.epsilon(event, delta) if epsilon is None else epsilon
+        accounts, new = self._accounts(conn, source, version, fingerprints, disjoint,
+                                       account)
+        if lifetime_epsilon is not None:  # without a limit nothing needs the composition
+            by_account = self._account_releases(conn, accounts)
+            totals = {a: _composed_epsilon(rs, [event], delta) if rs else own
+                      for a, rs in by_account.items()}
+            worst = max(totals, key=lambda a: totals[a])
+            if not totals[worst] <= lifetime_epsilon:
+                raise BudgetExceededError(self._refusal(
+                    source, version, by_account[worst], own, totals[worst], delta,
+                    lifetime_epsilon, len(accounts)))
+        if new:
+            Store.add_version(conn, version, source, accounts, fingerprints or {}, disjoint)
+        row = {
+            "id": uuid.uuid4().hex, "source": source, "version": version,
+            "accounts": sorted(accounts), "status": "pending",
+            "event": accounting.event_to_json(event), "epsilon": own, "delta": delta,
+            "without_guarantee": list(without_guarantee), "declared_disjoint": disjoint,
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "context": {"host": socket.gethostname(), "pid": str(os.getpid()),
+                        "account": account.name,
+                        **({"declaration": account.declaration} if account.declared else {}),
+                        **dict(context or {})},
+        }
+        Store.insert_release(conn, row)
         return Release(**{**row, "accounts": tuple(row["accounts"]),
                           "without_guarantee": tuple(without_guarantee)})
 

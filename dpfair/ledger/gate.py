@@ -147,10 +147,7 @@ class PrivacyGate:
         try:
             reserved = self.reserve(
                 data, plan.ledger_event if whole else event, plan.delta,
-                epsilon=plan.epsilon_total if whole and not plan.test_noisy else None,
-                without_guarantee=[f"{m.label}: {m.no_epsilon_label}"
-                                   for m in plan.without_guarantee] if whole else (),
-                **context)
+                **(self._whole(plan) if whole else {}), **context)
         except BaseException:
             if claim is not None:
                 self.ledger.store.unclaim(claim)
@@ -158,6 +155,30 @@ class PrivacyGate:
         spending = self.ledger.spending(reserved)
         spending.claims = [claim] if claim is not None else []
         return spending
+
+    def admit_once(self, plan: ReleasePlan, data: DataVersion, key: str,
+                   **context: str) -> Spending | None:
+        """:meth:`admit` of the whole ``plan`` once per ``key`` (a search's identity): None,
+        with nothing recorded, when a release that counts holds ``key`` already (the same
+        search resumed, or joined by a process started at the same time,
+        :meth:`SourceLedger.reserve_once`)."""
+        self.check(plan)
+        reserved = self.ledger.reserve_once(
+            key, data.source, data.source_md5, plan.ledger_event, plan.delta,
+            **self._charge(data), **self._whole(plan), context=context)
+        return None if reserved is None else self.ledger.spending(reserved)
+
+    @staticmethod
+    def _whole(plan: ReleasePlan) -> dict[str, Any]:
+        """What a reservation of the whole ``plan`` records besides its event."""
+        return {"epsilon": plan.epsilon_total if not plan.test_noisy else None,
+                "without_guarantee": [f"{m.label}: {m.no_epsilon_label}"
+                                      for m in plan.without_guarantee]}
+
+    def _charge(self, data: DataVersion) -> dict[str, Any]:
+        """Who a reservation on ``data`` is charged to, and the lifetime limit it is held to."""
+        return {"fingerprints": data.fingerprints, "lifetime_epsilon": self.budget.lifetime_epsilon,
+                "disjoint": self.budget.disjoint_from_previous, "account": data.account}
 
     def _claim_resume(self, claim: str, parent_run_id: str) -> None:
         """Claim the resumption of a crashed pipeline run atomically (in the ledger's store),
@@ -176,10 +197,8 @@ class PrivacyGate:
                 **context: str) -> Release:
         """Reserve ``event`` on ``data``'s people (the lifetime check alone)."""
         return self.ledger.reserve(
-            data.source, data.source_md5, event, delta, fingerprints=data.fingerprints,
-            lifetime_epsilon=self.budget.lifetime_epsilon, epsilon=epsilon,
-            disjoint=self.budget.disjoint_from_previous, account=data.account,
-            without_guarantee=list(without_guarantee), context=context)
+            data.source, data.source_md5, event, delta, epsilon=epsilon,
+            without_guarantee=list(without_guarantee), context=context, **self._charge(data))
 
     def spent(self, data: DataVersion, delta: float) -> float:
         """ε already spent on ``data``'s people (the most spent account it touches)."""

@@ -72,6 +72,10 @@ CLAIMS = sa.Table("dpfair_claims", _meta,
                   sa.Column("host", sa.String(255), nullable=False),
                   sa.Column("pid", sa.Integer, nullable=False),
                   sa.Column("since", sa.Float, nullable=False))
+#: a reservation that must be made once (a search's identity, hashed): the release holding it
+KEYS = sa.Table("dpfair_release_keys", _meta,
+                sa.Column("key", sa.String(64), primary_key=True),
+                sa.Column("release", sa.String(64), nullable=False))
 FINGERPRINTS = sa.Table("dpfair_fingerprints", _meta,
                         sa.Column("version", sa.String(64), nullable=False, index=True),
                         sa.Column("kind", sa.String(8), nullable=False),
@@ -212,6 +216,22 @@ class Store:
         conn.execute(sa.insert(RELEASES).values(**_encode(row)))
 
     @staticmethod
+    def keyed_release(conn: sa.Connection, key: str) -> dict[str, Any] | None:
+        """The release that holds the reservation key ``key`` (:data:`KEYS`), or None."""
+        row = conn.execute(sa.select(RELEASES).join(KEYS, KEYS.c.release == RELEASES.c.id)
+                           .where(KEYS.c.key == _key_hash(key))).first()
+        return None if row is None else _decode(dict(row._mapping))
+
+    @staticmethod
+    def hold_key(conn: sa.Connection, key: str, release_id: str) -> None:
+        """Give ``key`` to ``release_id``: an INSERT that the key's uniqueness makes fail
+        (``IntegrityError``) when another release holds it; a void holder's key is freed."""
+        holder = Store.keyed_release(conn, key)
+        if holder is not None and holder["status"] == "void":
+            conn.execute(sa.delete(KEYS).where(KEYS.c.key == _key_hash(key)))
+        conn.execute(sa.insert(KEYS).values(key=_key_hash(key), release=release_id))
+
+    @staticmethod
     def update_release(conn: sa.Connection, release_id: str, status: str,
                        context: dict[str, str]) -> None:
         conn.execute(sa.update(RELEASES).where(RELEASES.c.id == release_id).values(
@@ -287,6 +307,13 @@ class Store:
     def is_empty(self) -> bool:
         with self.reading() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(RELEASES)).scalar() == 0
+
+
+def _key_hash(key: str) -> str:
+    """A reservation key as stored: its SHA-256 (a search's identity can be long)."""
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def _encode(row: dict[str, Any]) -> dict[str, Any]:

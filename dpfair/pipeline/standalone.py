@@ -5,7 +5,6 @@ lifetime budget of the people in the data, before anything trains."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 from dpfair import accounting
 from dpfair.config.params import Params
 from dpfair.data import GroupedDataset
-from dpfair.errors import PrivacyError
 from dpfair.ledger import DataVersion, PrivacyGate
 from dpfair.pipeline.check_step import (
     check_budget_delta,
@@ -123,39 +121,11 @@ def tune_standalone(params: Params, label: str, cfg: TuningConfig, dataset: Grou
     # trials after the selected one) is another release, charged through the gate
     study = f"{study_identity(job)}::release={mode}"
     with _command(params, dataset):
-        with _search_claimed(gate, study):
-            if any(r.counts and r.context.get("study") == study
-                   for r in gate.ledger.releases()):
-                gate.check(plan)  # the same search, resumed or joined: its reservation counts
-                spending: Any = nullcontext(None)
-            else:
-                spending = gate.admit(plan, data, command="dpfair tune", method=label,
-                                      study=study)
-        return _tune_logged(params, label, cfg, dataset, data, base, release, spending)
-
-
-@contextmanager
-def _search_claimed(gate: PrivacyGate, study: str, wait: float = 120.0) -> Iterator[None]:
-    """Hold the ledger's claim of the search ``study`` while the block looks for its
-    reservation and makes it: two ``dpfair tune`` of one study started together (several
-    machines on one storage) reserve it once, the later one joining the search uncharged. A
-    claim held by a live process is waited for, up to ``wait`` seconds."""
-    key = f"search {study}"
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            gate.ledger.store.claim(key)
-            break
-        except PrivacyError:
-            if time.monotonic() > deadline:
-                raise PrivacyError(
-                    f"the search {study} is being reserved by another dpfair process for more "
-                    f"than {wait:g} s; wait for it, or stop it, then run again") from None
-            time.sleep(0.2)
-    try:
-        yield
-    finally:
-        gate.ledger.store.unclaim(key)
+        # the same search resumed, or joined by a `tune` started together: reserved once
+        spending = gate.admit_once(plan, data, study, command="dpfair tune", method=label,
+                                   study=study)
+        return _tune_logged(params, label, cfg, dataset, data, base, release,
+                            nullcontext(None) if spending is None else spending)
 
 
 def _tune_logged(params: Params, label: str, cfg: TuningConfig, dataset: GroupedDataset,
@@ -164,9 +134,9 @@ def _tune_logged(params: Params, label: str, cfg: TuningConfig, dataset: Grouped
     """The search, then its MLflow run (opened after the last trial: no timestamp spans K)."""
     mode = params.tuning.release
     with spending as spend:
-        exp_id, data_tags = _standalone(params, dataset, data)
-        if spend is not None:
+        if spend is not None:  # from its reservation on, other processes may join the search
             spend.may_release()
+        exp_id, data_tags = _standalone(params, dataset, data)
         result = tune(base.method, base, dataset, cfg)  # no MLflow run spans the trials
         search = search_release(cfg, accounting.event_from_json(
             result.run_event_json or "null"), result.K, mode)

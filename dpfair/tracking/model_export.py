@@ -28,6 +28,8 @@ CSV read by pandas gives whole numbers as int64, which MLflow refuses for a ``do
 column, and codes of a category as numbers: the preprocessor checks the values and names a
 bad one) and the outputs. The input example is no training row: the preprocessor's
 ``example_frame()`` when it has one (synthetic rows), else zeros (and a placeholder category).
+Loading: the model's arguments are saved as JSON too (``dpfair_model.json``), so that
+:mod:`dpfair.tracking.model_load` rebuilds it without unpickling its ``python_model.pkl``.
 The model is logged through the explicit client (a LoggedModel of the run's experiment, the
 run's output), never through MLflow's process-wide active run: trainings run in threads.
 """
@@ -35,6 +37,7 @@ run's output), never through MLflow's process-wide active run: trainings run in 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import pickle
@@ -52,7 +55,6 @@ import pandas as pd
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
-from mlflow.models.model import MLMODEL_FILE_NAME
 from mlflow.types.schema import AnyType, ColSpec, DataType, Schema
 
 from dpfair.data.preprocess import TablePreprocessor
@@ -75,7 +77,9 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 PREDICTION = "prediction"
 PROBABILITY = "probability_"
-_STATE, _PREPROCESSOR = "model_state", "preprocessor"
+#: the model's artifacts: its weights, its JSON preprocessing, its arguments as JSON
+STATE_ARTIFACT, PREPROCESSOR_ARTIFACT = "model_state", "preprocessor"
+INIT_ARTIFACT = "dpfair_model"
 _BATCH = 4096
 
 
@@ -98,12 +102,21 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
         self._net: torch.nn.Module | None = None
         self._preprocessor: Any = None
 
+    def init_json(self) -> str:
+        """The arguments it was made with, as JSON: :mod:`dpfair.tracking.model_load` rebuilds
+        it from them, so loading a dpfair model unpickles nothing."""
+        return json.dumps({"model_config": self.model_config,
+                           "input_shape": list(self.input_shape),
+                           "class_names": self.class_names, "columns": self.columns,
+                           "class_values": self.class_values, "id_columns": self.id_columns},
+                          default=lambda v: v.item() if hasattr(v, "item") else str(v))
+
     def load_context(self, context: Any) -> None:
         from dpfair.models import build_model
 
         net = build_model(parse_model_config(self.model_config), self.input_shape,
                           len(self.class_names))
-        path = Path(context.artifacts[_STATE])
+        path = Path(context.artifacts[STATE_ARTIFACT])
         try:  # weights_only: a planted pickle runs nothing
             net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         except (OSError, EOFError, RuntimeError, ValueError, TypeError, AttributeError,
@@ -112,8 +125,8 @@ class DpfairModel(mlflow.pyfunc.PythonModel):
                             f"({type(exc).__name__}: {str(exc)[:200]}); the model folder is "
                             "damaged or was changed: log the model again with dpfair") from None
         self._net = net.eval()
-        if _PREPROCESSOR in context.artifacts:  # JSON: loading it runs no code
-            path = Path(context.artifacts[_PREPROCESSOR])
+        if PREPROCESSOR_ARTIFACT in context.artifacts:  # JSON: loading it runs no code
+            path = Path(context.artifacts[PREPROCESSOR_ARTIFACT])
             if path.suffix != ".json":
                 raise DataError(f"{path.name}: this model's preprocessor is a pickle (logged by "
                                 "an older dpfair), which dpfair does not load (it could run "
@@ -316,11 +329,13 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
         mlf.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
         log_metrics(tracking, run_id, metrics or {}, model_id=logged.model_id)
         with tempfile.TemporaryDirectory() as tmp:
-            artifacts = {_STATE: str(Path(tmp) / "model_state.pt")}
-            torch.save(result.model_state, artifacts[_STATE])
+            artifacts = {STATE_ARTIFACT: str(Path(tmp) / "model_state.pt")}
+            torch.save(result.model_state, artifacts[STATE_ARTIFACT])
             if pre is not None:
-                artifacts[_PREPROCESSOR] = str(Path(tmp) / "preprocessor.json")
-                Path(artifacts[_PREPROCESSOR]).write_text(pre.to_json())
+                artifacts[PREPROCESSOR_ARTIFACT] = str(Path(tmp) / "preprocessor.json")
+                Path(artifacts[PREPROCESSOR_ARTIFACT]).write_text(pre.to_json())
+            artifacts[INIT_ARTIFACT] = str(Path(tmp) / "dpfair_model.json")
+            Path(artifacts[INIT_ARTIFACT]).write_text(python_model.init_json())
             path = Path(tmp) / "model"
             code_paths, extra = _code(result.config.model, Path(tmp) / "code")
             mlflow.pyfunc.save_model(
@@ -374,81 +389,3 @@ def model_location(cfg: TrackingConfig, model: str) -> str:
                             f"--model {name}/VERSION, or make a version the champion with "
                             f"`dpfair promote {name} VERSION`") from None
     return mlf.get_model_version_download_uri(name, str(number))
-
-
-def load(cfg: TrackingConfig, model: str) -> mlflow.pyfunc.PyFuncModel:
-    """The pyfunc model ``model`` (see :func:`model_location`) of ``cfg``'s store."""
-    return mlflow.pyfunc.load_model(model_location(cfg, model))
-
-
-def predict_csv(cfg: TrackingConfig, model: str, rows: Path, out: Path) -> int:
-    """Predict the raw rows of the CSV or Parquet file ``rows`` with ``model``, write the
-    predictions to CSV ``out`` (written whole or not at all) and return how many rows were
-    predicted."""
-    from dpfair.data.table_file import read_rows
-
-    frame, _ = read_rows(rows)  # before loading the model: a bad file is a quick DataError
-    location, frame = checked_rows(cfg, model, frame, rows)
-    return write_predictions(location, frame, out)
-
-
-def checked_rows(cfg: TrackingConfig, model: str, frame: pd.DataFrame,
-                 rows: Path) -> tuple[str, pd.DataFrame]:
-    """Where ``model``'s files are (:func:`model_location`), and the rows ``frame`` read from
-    the file ``rows`` as the model takes them. They are held to the model's input schema and its
-    preprocessing rules (read from its MLmodel and JSON transform) before its network, torch
-    and its code load, so a wrong row costs little: a ``DataError`` names the column, the value
-    and the row."""
-    location = model_location(cfg, model)
-    metadata = Model.load(_download(location, MLMODEL_FILE_NAME))  # no weights, no code
-    schema = metadata.get_input_schema()
-    if schema is not None:
-        missing = [c for c in schema.required_input_names() if c not in frame.columns]
-        if missing:
-            raise DataError(f"{rows}: no column(s) {', '.join(map(str, missing))}; the model "
-                            f"takes {', '.join(map(str, schema.input_names()))}")
-        for spec in schema.inputs:
-            if spec.type in (DataType.double, DataType.float):  # whole numbers read as int64
-                frame[spec.name] = _numbers(frame[spec.name], rows).astype(spec.type.to_numpy())
-        frame = frame[[c for c in schema.input_names() if c in frame.columns]]
-    preprocessor = _preprocessor(location, metadata)
-    if preprocessor is not None:  # training's rules, before torch and the network load
-        preprocessor.check_rows(frame)
-    return location, frame
-
-
-def write_predictions(location: str, frame: pd.DataFrame, out: Path) -> int:
-    """Predict the rows of :func:`checked_rows` with the model at ``location``, write them to
-    CSV ``out`` (whole or not at all) and return how many were predicted."""
-    predictions = pd.DataFrame(mlflow.pyfunc.load_model(location).predict(frame))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    predictions.to_csv(partial, index=False)
-    partial.replace(out)
-    return len(predictions)
-
-
-def _preprocessor(location: str, metadata: Model) -> TablePreprocessor | None:
-    """The saved transform of the model at ``location`` (a JSON artifact: reading it runs no
-    code), or None for a model without one."""
-    artifacts = metadata.flavors.get("python_function", {}).get("artifacts", {})
-    path = artifacts.get(_PREPROCESSOR, {}).get("path", "")
-    if not path.endswith(".json"):  # none, or an older pickle the model itself refuses
-        return None
-    return TablePreprocessor.from_json(Path(_download(location, path)).read_bytes(), path)
-
-
-def _download(location: str, path: str) -> str:
-    """A local copy of the file ``path`` of the model at ``location`` (a folder or a URI of
-    any artifact store), and of nothing else of the model."""
-    return mlflow.artifacts.download_artifacts(artifact_uri=f"{location.rstrip('/')}/{path}")
-
-
-def _numbers(values: pd.Series, rows: Path) -> pd.Series:
-    """``values`` as numbers (missing stays NaN); a DataError names other values."""
-    parsed = pd.to_numeric(values, errors="coerce")
-    bad = values[parsed.isna() & values.notna()]
-    if len(bad):
-        raise DataError(f"{rows}: column {values.name!r} is numeric but holds "
-                        f"{list(bad.astype(str).unique()[:5])}; give numbers (or leave empty)")
-    return parsed

@@ -22,6 +22,11 @@ seed's in both modes. Noisy test metrics (``TrainConfig.test_metrics``) draw the
 a numpy generator seeded the same way: OS entropy by default, a third seed of the split when
 reproducible.
 
+Stopping: once the process was told to stop (a SIGTERM inside
+:func:`dpfair.processes.sigterm_raises`) the loop raises ``Terminated`` before its next step,
+so a command exits within a step of the signal, with the run FAILED (what it trained so far
+counts: its release was reserved).
+
 Test evaluation: the epochs of ``plan.eval_epochs``. Exact (default): the metrics of
 :func:`~dpfair.training.evaluation.metrics_from_predictions` and the last predictions are
 kept. Noisy: only :func:`dpfair.fairness.noisy.noisy_group_metrics` leaves the evaluation; no
@@ -55,11 +60,12 @@ from dpfair.accounting.accountant import Spend
 from dpfair.data.dataset import GroupedDataset
 from dpfair.engine.model_check import check_model
 from dpfair.engine.step import PrivateStep
-from dpfair.errors import ConfigError
+from dpfair.errors import ConfigError, Terminated
 from dpfair.fairness.noisy import noisy_group_metrics
 from dpfair.fairness.rates import fairlearn_rates
 from dpfair.methods import Method, build_method
 from dpfair.models import build_model, check_output_shape
+from dpfair.processes import stop_requested
 from dpfair.training.config import TrainConfig
 from dpfair.training.entropy import reseed_secretly
 from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
@@ -187,6 +193,8 @@ def train(
     model.train()
     with progress_bar(config.progress, f"{method.name} on {dataset.name}", plan.steps) as bar:
         for t in range(1, plan.steps + 1):
+            if stop_requested():  # told to stop (SIGTERM): no step after it, the run fails
+                raise Terminated(143)
             if not config.reproducible:
                 reseed_secretly(generator)
             idx = poisson_batch(plan.n_train, plan.sample_rate, generator)

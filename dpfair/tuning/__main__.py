@@ -28,11 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import optuna
 
+    from dpfair.processes import sigterm_raises
     from dpfair.tuning.worker import run_worker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no per-trial INFO lines
     job = pickle.loads(Path(args.spec).read_bytes())
-    run_worker(job, args.index, parent=args.parent)
+    # SIGTERM (its owner ending it, or the owner's death): the trial in flight stops at its
+    # next step and is told FAIL, never left RUNNING
+    with sigterm_raises():
+        run_worker(job, args.index, parent=args.parent)
     return 0
 
 

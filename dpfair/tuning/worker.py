@@ -77,9 +77,11 @@ def run_worker(
     on_trial_fn = resolve(job.on_trial) if job.on_trial is not None else None
     best: tuple[float, int, RunOutcome] | None = None
     sign = -1.0 if cfg.minimize else 1.0
-    while not (stop_requested() or parent_gone(parent)) and (
-            trial := _claim(study, job, dists)) is not None:
-        outcome = _run(study, trial, job, index, train_fn)
+    while not (stop_requested() or parent_gone(parent)):
+        ran = _claim_and_run(study, job, dists, index, train_fn)
+        if ran is None:
+            break
+        trial, outcome = ran
         if outcome is None:
             continue
         value, result = outcome
@@ -118,6 +120,25 @@ def _claim(
     return trial
 
 
+def _claim_and_run(
+    study: optuna.Study, job: TuningJob, dists: Mapping[str, CategoricalDistribution],
+    index: int, train_fn: TrainFn
+) -> tuple[optuna.Trial, tuple[float, RunOutcome] | None] | None:
+    """Claim the next run slot (:func:`_claim`; None once K runs are claimed) and run it
+    (:func:`_run`). Stopped (SIGTERM, Ctrl-C) while it holds a trial, the trial is told FAIL
+    (it counts), never left RUNNING: the claim is uninterrupted, so a SIGTERM that arrives
+    while the trial is asked for is raised once it is held."""
+    trial = None
+    try:
+        with uninterrupted():
+            trial = _claim(study, job, dists)
+        return None if trial is None else (trial, _run(study, trial, job, index, train_fn))
+    except BaseException as exc:
+        if trial is not None and not isinstance(exc, Exception):  # _run fails its errors
+            _fail(study, trial, f"stopped ({type(exc).__name__}) before the run ended")
+        raise
+
+
 def _run(
     study: optuna.Study, trial: optuna.Trial, job: TuningJob, index: int, train_fn: TrainFn
 ) -> tuple[float, RunOutcome] | None:
@@ -141,9 +162,6 @@ def _run(
         if isinstance(exc, _AccountingMismatch):
             raise
         return None
-    except BaseException as exc:  # stopped mid-run (SIGTERM, Ctrl-C): FAIL, never RUNNING
-        _fail(study, trial, f"stopped ({type(exc).__name__}) before the run ended")
-        raise
 
 
 def _fail(study: optuna.Study, trial: optuna.Trial, error: str) -> None:

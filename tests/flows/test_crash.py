@@ -1,8 +1,9 @@
 """kill -9 of a pipeline run in the middle of a training, then a rerun: the rerun marks the
 killed runs FAILED, stops the killed run's Prefect temporary server, finishes, and
-`dpfair results` reads it. SIGTERM in the middle of a training: the training in progress
-finishes and is logged, the pipeline run ends FAILED, and the server stops with the process
-(issue: clean up after crashes)."""
+`dpfair results` reads it. SIGTERM in the middle of the final trainings: the trainings in
+progress stop at their next step and end FAILED, no queued training starts after the signal,
+the pipeline run ends FAILED, its ledger release is settled, and the server stops with the
+process (issue: clean up after crashes)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow import MlflowClient
-from mlflow.entities import LoggedModelStatus
 
 from dpfair.config.params import load_params
 from dpfair.processes import alive
@@ -39,11 +39,13 @@ def _servers_of(owner: int) -> list[int]:
             if p.name.isdigit() and marked_owner(int(p.name)) == owner]
 
 
-def _run_until_training(tmp_path: Path, repo_root: Path, epochs: int = 400
+def _run_until_training(tmp_path: Path, repo_root: Path, epochs: int = 400,
+                        seeds: tuple[int, ...] = (0,)
                         ) -> tuple[Path, subprocess.Popen[bytes], list[int]]:
     """Start `dpfair run` (a subprocess with its own temporary Prefect server) on a slow
-    training; once the training runs, returns ``(params path, process, its server pids)``."""
-    slow = {**SMALL_EXPERIMENT, "seeds": [0], "methods": {"dpsgd": {"C": 1.0}},
+    training per seed; once a training runs, returns ``(params path, process, its server
+    pids)``."""
+    slow = {**SMALL_EXPERIMENT, "seeds": list(seeds), "methods": {"dpsgd": {"C": 1.0}},
             "train": {**SMALL_EXPERIMENT["train"], "epochs": epochs}}
     params_path = make_workspace(tmp_path, repo_root, slow)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -66,21 +68,32 @@ def _signal(proc: subprocess.Popen[bytes], signum: int) -> int:
     return proc.wait(timeout=300)
 
 
-def test_sigterm_during_training_ends_cleanly(tmp_path, repo_root, monkeypatch):
+def test_sigterm_during_the_finals_stops_them_and_starts_no_queued_one(tmp_path, repo_root,
+                                                                       monkeypatch):
+    """Three seeds of dpsgd and of the non-private reference: six trainings, two at a time
+    (pipeline.max_workers), the rest queued. SIGTERM once one trains: none starts after the
+    signal, the trainings in progress (2,000 epochs each) stop and end FAILED, nothing is left
+    RUNNING or pending, and the process ends with 143."""
+    from dpfair.ledger import SourceLedger
+
     monkeypatch.chdir(tmp_path)
-    # SIGTERM lets the training in progress finish: a few seconds of it, not 400 epochs
-    params_path, proc, servers = _run_until_training(tmp_path, repo_root, epochs=80)
+    params_path, proc, servers = _run_until_training(tmp_path, repo_root, epochs=2000,
+                                                     seeds=(0, 1, 2))
+    signalled_ms = time.time() * 1000
     assert _signal(proc, signal.SIGTERM) == 128 + signal.SIGTERM
     assert not any(alive(server) for server in servers)
     client = MlflowClient(load_params(params_path).tracking.uri)
     runs = client.search_runs(
         [client.get_experiment_by_name("dpfair-synthetic").experiment_id])
-    status = {r.data.tags["dpfair.stage"]: r.info.status for r in runs
-              if r.data.tags.get("dpfair.method") != "nonprivate"}
-    assert status == {"pipeline": "FAILED", "final": "FINISHED"}
-    [trained] = [r.info.run_id for r in runs if r.data.tags.get("dpfair.method") == "dpsgd"]
-    [logged] = client.get_run(trained).outputs.model_outputs  # its MLflow Model
-    assert client.get_logged_model(logged.model_id).status == LoggedModelStatus.READY
+    finals = [r for r in runs if r.data.tags.get("dpfair.stage") == "final"]
+    assert finals and len(finals) < 6  # queued trainings never started
+    assert all(r.info.start_time <= signalled_ms for r in finals)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    assert {r.info.status for r in runs if r.data.tags.get("dpfair.stage") == "pipeline"
+            } == {"FAILED"}
+    assert {r.info.status for r in finals} == {"FAILED"}  # stopped at a step, not trained out
+    assert not [r for r in SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
+                if r.status == "pending"]
 
 
 def test_kill_9_during_training_then_rerun(prefect_harness, tmp_path, repo_root, monkeypatch):

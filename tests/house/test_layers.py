@@ -25,6 +25,7 @@ LIBRARY = (
     "dpfair.errors",
     "dpfair.metric_keys",
     "dpfair.urls",
+    "dpfair.processes",  # the stop flag a training checks before each step
     "dpfair.data",
     "dpfair.models",
     "dpfair.privacy",
@@ -48,7 +49,6 @@ UPPER = (
     "dpfair.pipeline",
     "dpfair.cli",
     "dpfair.workspace",
-    "dpfair.processes",
     "flows",
     "tasks",
 )
@@ -141,6 +141,7 @@ BELOW = {
     "ledger": (*ADAPTERS, "dpfair.tracking", "dpfair.pipeline", "dpfair.cli",
                "dpfair.config.params", "flows", "tasks"),
     "workspace": ("dpfair",),
+    "processes": (*UPPER, *CORE, "dpfair.data", "dpfair.models", "dpfair.training"),
     "audit": UPPER,
     # fit() is an entry point: it goes through the privacy gate, and no adapter
     "api": (*ADAPTERS, "dpfair.tracking", "dpfair.pipeline", "dpfair.cli", "dpfair.config.params",

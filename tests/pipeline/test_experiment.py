@@ -289,7 +289,8 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     import numpy as np
     import pandas as pd
 
-    from dpfair.tracking.model_export import PREDICTION, feature_columns, load, model_location
+    from dpfair.tracking.model_export import PREDICTION, feature_columns, model_location
+    from dpfair.tracking.model_load import load
 
     client, plan, dataset = pipeline["client"], pipeline["plan"], pipeline["dataset"]
     registered = pipeline["registered"]
@@ -333,7 +334,7 @@ def test_selected_private_model_is_registered_and_predicts_raw_rows(pipeline):
     assert model.metadata.get_input_schema().input_names() == list(example.columns)
     # `dpfair predict`'s reader: whole numbers are fine, a word in a numeric column is not
     from dpfair.errors import DataError
-    from dpfair.tracking.model_export import predict_csv
+    from dpfair.tracking.model_load import predict_csv
 
     csv = pipeline["tmp"] / "rows.csv"
     rows.round().astype("int64").to_csv(csv, index=False)

@@ -21,14 +21,8 @@ from dpfair.data import load_dataset
 from dpfair.data.dataset import Split
 from dpfair.data.preprocess import TablePreprocessor
 from dpfair.pipeline.method_steps import RunRecord
-from dpfair.tracking.model_export import (
-    PREDICTION,
-    PROBABILITY,
-    load,
-    log_model,
-    model_location,
-    predict_csv,
-)
+from dpfair.tracking.model_export import PREDICTION, PROBABILITY, log_model, model_location
+from dpfair.tracking.model_load import load, predict_csv
 from dpfair.tracking.model_registry import register
 from dpfair.tracking.runs import TrackingConfig, experiment_id, run
 from dpfair.training import TrainConfig, train
@@ -243,6 +237,47 @@ def test_a_planted_preprocessor_pickle_in_a_model_is_never_loaded(logged, tmp_pa
     with pytest.raises(Exception, match="not a dpfair table transform"):
         load(logged["tracking"], str(local))
     assert not marker.exists()
+
+
+def test_a_planted_python_model_pickle_is_never_unpickled(logged, tmp_path, monkeypatch):
+    """A model folder whose python_model.pkl is an attacker's pickle: `dpfair predict`
+    rebuilds dpfair's model from dpfair_model.json and its weights (weights_only) and never
+    unpickles it. A folder that only the pickle can load (no dpfair_model.json) is refused,
+    naming --trust-model; given it, MLflow unpickles the folder, and the planted code runs
+    (what the refusal protects against, and proof that the planted pickle is live)."""
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"tracking": {
+        "uri": logged["tracking"].uri, "artifact_root": logged["tracking"].artifact_root}}))
+    local = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=model_location(logged["tracking"], logged["uri"]),
+        dst_path=str(tmp_path / "m")))
+    marker = tmp_path / "ran.txt"
+    (local / "python_model.pkl").write_bytes(pickle.dumps(_Planted(marker)))
+    _raw(logged["base"].test).to_csv(tmp_path / "rows.csv", index=False)
+
+    def predict(*extra: str) -> tuple[int, str]:
+        out = CliRunner().invoke(app, ["predict", "--model", str(local), "--input", "rows.csv",
+                                       "--output", "preds.csv", *extra])
+        return out.exit_code, " ".join(out.output.split())
+
+    code, output = predict()
+    assert code == 0, output
+    expected = np.asarray(logged["dataset"].class_names)[logged["result"].test_predictions.y_pred]
+    np.testing.assert_array_equal(pd.read_csv("preds.csv")[PREDICTION].astype(str), expected)
+    assert not marker.exists()
+    (local / "artifacts" / "dpfair_model.json").unlink()
+    mlmodel = local / "MLmodel"
+    spec = yaml.safe_load(mlmodel.read_text())
+    del spec["flavors"]["python_function"]["artifacts"]["dpfair_model"]
+    mlmodel.write_text(yaml.safe_dump(spec))
+    Path("preds.csv").unlink()
+    code, output = predict()
+    assert code == 2 and "give --trust-model" in output and "python_model.pkl" in output, output
+    assert not marker.exists() and not Path("preds.csv").exists()
+    predict("--trust-model")  # the pickle is unpickled: the planted code runs
+    assert marker.read_text() == "ran"
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/model", "http://example.org/model",

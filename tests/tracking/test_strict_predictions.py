@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from dpfair.cli.commands import app
 from dpfair.data.tabular_frame import dataset_from_frame
 from dpfair.errors import DataError
-from dpfair.tracking.model_export import PREDICTION, load, predict_csv
+from dpfair.tracking.model_export import PREDICTION
+from dpfair.tracking.model_load import load, predict_csv
 from tests.conftest import cli_in_a_fresh_python
 from tests.data.own_tables import CENSUS_OPTIONS as OPTIONS
 from tests.data.own_tables import census_frame
