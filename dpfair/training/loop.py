@@ -52,7 +52,7 @@ from torch import nn
 from dpfair.data.dataset import GroupedDataset
 from dpfair.errors import ConfigError
 from dpfair.fairness.noisy import noisy_group_metrics
-from dpfair.fairness.rates import fairlearn_rates
+from dpfair.fairness.rates import exact_rates
 from dpfair.models import build_model, check_output_shape
 from dpfair.privacy import accounting, group_accounting
 from dpfair.privacy.accounting import Spend
@@ -62,6 +62,7 @@ from dpfair.privacy.step import PrivateStep
 from dpfair.training.config import TrainConfig
 from dpfair.training.entropy import reseed_secretly
 from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
+from dpfair.training.optim import Adam, Optimizer, Sgd
 from dpfair.training.plan import RunPlan, make_plan
 from dpfair.training.progress import progress_bar
 from dpfair.training.result import Callback, TrainResult
@@ -108,13 +109,11 @@ def _init_model(
     return model
 
 
-def _optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+def _optimizer(config: TrainConfig, model: nn.Module) -> Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(
-        params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-    )
+        return Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    return Sgd(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 def _nanmean(values: list[float]) -> float:
@@ -250,8 +249,8 @@ class _Log:
             self.test_predictions = found
             test = metrics_from_predictions(found, dataset.n_classes, dataset.n_groups)
             if fairness:
-                test.update(fairlearn_rates(found.y_true, found.y_pred, found.groups,
-                                            dataset.n_groups, dataset.n_classes, found.prob))
+                test.update(exact_rates(found.y_true, found.y_pred, found.groups,
+                                        dataset.n_groups, dataset.n_classes, found.prob))
         self.history.append({"epoch": epoch, "step": t, "test": test})
         return self.history[-1]
 
