@@ -180,6 +180,7 @@ def train(
         generator.manual_seed(run_seed)
     data = dataset.train
     x, y, g = data.x.to(device), data.y.to(device), data.g.to(device)
+    step.plan_memory(x[:1], y[:1])  # a cap below one sample's step is refused before training
     # OS entropy (kept nowhere) unless reproducible, like the batches and gradient noise
     log = _Log(plan, np.random.default_rng(test_seed if config.reproducible else None))
     model.train()
