@@ -17,8 +17,10 @@ the steps (a group at the top bound on a tenth of the steps already pays the ε 
 alone), hence this accounting. To keep the composition short, each step's multiplier is
 rounded *down* to a geometric grid of ratio ``1 + GRID`` before identical steps are grouped;
 if more than :data:`MAX_CELLS` grid cells remain, adjacent cells are merged into runs of about
-equal numbers of steps, each at its smallest multiplier. A smaller multiplier has a larger ε
-at every δ (more noise is post-processing), so the result stays an upper bound.
+equal numbers of steps, each at its smallest multiplier (for :func:`group_epsilons` one merge
+over every group's steps, so the groups share their cells and each cell's PLD is built
+once). A smaller multiplier has a larger ε at every δ (more noise is post-processing), so the
+result stays an upper bound.
 
 What the reading is: DPSGD-F's clip bounds ``C_tk`` come from noisy counts of the data, so
 :func:`group_epsilons` of a trajectory is an after-the-fact reading of that one run, not a
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from dp_accounting import dp_event
@@ -59,22 +61,38 @@ def _multipliers(sigma: float, count_sigma: float | None, bounds: np.ndarray) ->
         return inv2 ** -0.5
 
 
-def _cells(multipliers: np.ndarray) -> Counter[int]:
+def _cell_counts(multipliers: np.ndarray) -> Counter[int]:
     """Grid cell (``z`` rounded down to ``(1 + GRID)^cell``) -> number of steps; steps of
     infinite multiplier (the group's bound is 0 and nothing else is released) cost nothing."""
     z = multipliers[np.isfinite(multipliers)]
-    cells = Counter(np.floor(np.log(z) / math.log1p(GRID)).astype(np.int64).tolist())
+    return Counter(np.floor(np.log(z) / math.log1p(GRID)).astype(np.int64).tolist())
+
+
+def _merge(cells: Counter[int]) -> dict[int, int]:
+    """Each cell -> the cell it is accounted at: itself where at most :data:`MAX_CELLS` cells
+    are given, else the lowest cell of its run, adjacent cells merged into runs of about
+    ``steps / MAX_CELLS`` steps."""
     if len(cells) <= MAX_CELLS:
-        return cells
-    # adjacent cells merged into runs of about len(z) / MAX_CELLS steps, each at its lowest cell
-    merged: Counter[int] = Counter()
-    per_run, low, steps = len(z) / MAX_CELLS, None, 0
+        return {cell: cell for cell in cells}
+    out: dict[int, int] = {}
+    per_run, low, steps = sum(cells.values()) / MAX_CELLS, None, 0
     for cell, count in sorted(cells.items()):
         low = cell if low is None else low
-        merged[low] += count
+        out[cell] = low
         steps += count
         if steps >= per_run:
             low, steps = None, 0
+    return out
+
+
+def _cells(multipliers: np.ndarray, merge: Mapping[int, int] | None = None) -> Counter[int]:
+    """Accounted cell -> number of steps: the grid cells mapped by ``merge`` (default: the
+    merge of these steps' own cells, :func:`_merge`)."""
+    cells = _cell_counts(multipliers)
+    merge = _merge(cells) if merge is None else merge
+    merged: Counter[int] = Counter()
+    for cell, count in cells.items():
+        merged[merge[cell]] += count
     return merged
 
 
@@ -83,13 +101,15 @@ def _cell_event(cell: int, sample_rate: float) -> dp_event.DpEvent:
     return dp_event.PoissonSampledDpEvent(float(sample_rate), dp_event.GaussianDpEvent(z))
 
 
-def group_event(multipliers: Sequence[float], sample_rate: float) -> dp_event.DpEvent:
+def group_event(multipliers: Sequence[float], sample_rate: float,
+                merge: Mapping[int, int] | None = None) -> dp_event.DpEvent:
     """One group's steps as a DpEvent: a Poisson-sampled Gaussian per step, multipliers
-    rounded down to the grid (module docstring) and equal ones self-composed."""
+    rounded down to the grid (module docstring) and equal ones self-composed; ``merge`` maps
+    each grid cell to a cell at or below it (default: :func:`_merge` of these steps)."""
     z = _checked(multipliers, sample_rate)
     return dp_event.ComposedDpEvent([
         dp_event.SelfComposedDpEvent(_cell_event(cell, sample_rate), count)
-        for cell, count in sorted(_cells(z).items())
+        for cell, count in sorted(_cells(z, merge).items())
     ])
 
 
@@ -122,8 +142,10 @@ def group_epsilons(
     if not sigma > 0:
         raise PrivacyError(f"sigma must be > 0, got {sigma}")
     z = _multipliers(sigma, count_sigma, bounds)
-    return [Spend(pld_epsilon(group_event(z[:, k], sample_rate), delta), delta, ACCOUNTANT_PLD)
-            for k in range(bounds.shape[1])]
+    # one merge of every group's cells: the groups share their cells' PLDs (built once each)
+    merge = _merge(sum((_cell_counts(z[:, k]) for k in range(z.shape[1])), Counter()))
+    return [Spend(pld_epsilon(group_event(z[:, k], sample_rate, merge), delta), delta,
+                  ACCOUNTANT_PLD) for k in range(bounds.shape[1])]
 
 
 def fixed_group_epsilons(

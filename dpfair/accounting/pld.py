@@ -20,8 +20,10 @@ neighbours, both directions): every discretisation is dp_accounting's pessimisti
   bound), which then composes with the rest.
 * anything else: :class:`UnsupportedEvent` (the caller falls back to RDP).
 
-PLDs are cached by the event's JSON: one evaluation is well under a second on a laptop CPU at
-the default :data:`DISCRETIZATION`.
+PLDs are cached by the event's JSON, and each (subsampled) Gaussian's by its σ and q: one
+evaluation is well under a second on a laptop CPU at the default :data:`DISCRETIZATION`, and
+DPSGD-F's per-group compositions (:mod:`dpfair.accounting.per_group`), whose groups share
+most of their steps' multipliers, build each distinct one once.
 """
 
 from __future__ import annotations
@@ -83,7 +85,10 @@ def _compose(parts: list[pld_lib.PrivacyLossDistribution | None]
     return out
 
 
+@functools.lru_cache(maxsize=256)  # DPSGD-F's groups share most of their steps' multipliers
 def _gaussian(sigma: float, q: float = 1.0) -> pld_lib.PrivacyLossDistribution | None:
+    """PLD of a (Poisson-subsampled) Gaussian, cached (PLDs are immutable: composing makes a
+    new one)."""
     if sigma == 0:
         return None
     return pld_lib.from_gaussian_mechanism(

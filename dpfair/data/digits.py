@@ -10,6 +10,8 @@ the fair methods recover.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar
@@ -22,6 +24,7 @@ from dpfair.data.registry import register
 from dpfair.data.skew import SkewOptions, skew_index
 from dpfair.data.splits import carve_validation, holdout, make_split
 from dpfair.data.version import file_version
+from dpfair.errors import DataError
 
 CLASS_NAMES = [str(d) for d in range(10)]
 
@@ -34,13 +37,24 @@ class DigitsOptions(SkewOptions):
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="fraction of rows for test")
 
 
+def _digits_file() -> Path:
+    """scikit-learn's bundled ``digits.csv.gz``, found without importing scikit-learn (whose
+    import takes seconds; the file is 64 pixel columns and the label, one image a line)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the digits dataset needs scikit-learn installed (pip install "
+                        "scikit-learn)")
+    return Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+
+
 @lru_cache(maxsize=1)
 def _raw() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = bunch.images.astype(np.float32)[:, None]  # values 0..16
-    y = bunch.target.astype(np.int64)
+    """What ``sklearn.datasets.load_digits`` returns (``images``, ``target``), read as it reads
+    them (``np.loadtxt`` of the gzipped CSV)."""
+    with gzip.open(_digits_file(), mode="rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    x = data[:, :-1].reshape(-1, 1, 8, 8).astype(np.float32)  # values 0..16
+    y = data[:, -1].astype(np.int64)
     x.flags.writeable = False
     y.flags.writeable = False
     return x, y
@@ -48,9 +62,7 @@ def _raw() -> tuple[np.ndarray, np.ndarray]:
 
 def digits_version(opts: DigitsOptions) -> str:
     """md5 of sklearn's bundled digits file (the same for any options)."""
-    import sklearn.datasets
-
-    return file_version(Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz")
+    return file_version(_digits_file())
 
 
 @register("digits", DigitsOptions, "sklearn 8x8 digits, skewed like MNIST (no files needed)",

@@ -142,7 +142,8 @@ _CAP: ContextVar[int | None] = ContextVar("engine_memory_cap", default=None)
 @contextmanager
 def engine_memory(cap: int | None) -> Iterator[None]:
     """Caps :func:`engine_budget` at ``cap`` bytes inside the block (``None``: no cap); the
-    step sets it from the ``max_engine_memory`` setting around its engine's passes."""
+    step sets it to half the ``max_engine_memory`` setting around its engine's passes (the
+    other half is the rest of the step's, :meth:`dpfair.engine.step.PrivateStep.plan_memory`)."""
     if cap is not None and cap < 1:
         raise ValueError(f"an engine memory cap must be at least 1 byte, got {cap}")
     token = _CAP.set(cap)

@@ -21,6 +21,17 @@ a weight by ``min(1, n_i / n'_i)`` should a re-formed norm ``n'_i`` exceed the f
 so a contribution never exceeds what the rule bounded. Gradient formers with batch terms
 (FairLens's regularisers: ``chunkable = False``) refuse chunking.
 
+Memory (``max_engine_memory``, :meth:`PrivateStep.plan_memory`, decided before the first
+step): the cap bounds the whole step's allocations, not only the engine's. Half of it is the
+engine's (:func:`~dpfair.engine.factors.engine_memory`: per-sample intermediates of one layer
+and the output gradients it holds, the low-memory path where they would take more); from the
+other half go the parameter-sized tensors of the step (the noise that becomes the gradient,
+and the weighted sum's temporaries: twice the parameters' bytes), and what is left sets the
+physical batch: as many samples as the activations autograd saves for the backward fit, as a
+probe forward on one and two samples measured them (:func:`saved_bytes_per_sample`). A cap
+below the floor (one sample) is refused with the floor in the message; so is a cap that would
+split the batch of a method that cannot be split (FairLens).
+
 Mixed precision (``autocast="bf16"``): the forward and backward passes run under
 ``torch.autocast`` in bfloat16; the engine widens the captured activations and output
 gradients (or the materialised per-sample gradients) to the parameters' dtype before it forms
@@ -32,6 +43,7 @@ ignores autocast and runs in the parameters' dtype.
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -103,12 +115,11 @@ class PrivateStep:
             (module docstring); ``None``: one chunk.
         autocast: ``"bf16"`` runs forward and backward under bfloat16 autocast (module
             docstring); ``"off"`` (default) does not.
-        max_engine_memory: MiB the engine's per-sample intermediates of one layer (and the
-            layers' output gradients it holds: all of them, or, where they would take more,
-            those of the layers nearest the input, the others' norms formed inside the
-            backward pass) may take;
-            ``None``: 512 MiB on the CPU, a quarter of the free memory on a GPU (on a GPU a cap
-            above that quarter is lowered to it). Only the chunking changes, not the update.
+        max_engine_memory: MiB the whole step may allocate above what it starts with
+            (module docstring, "Memory"); ``None``: no cap on the step, the engine's
+            per-sample intermediates of one layer (and the layers' output gradients it holds)
+            limited to 512 MiB on the CPU, a quarter of the free memory on a GPU. Only the
+            chunking changes, not the update.
     """
 
     def __init__(
@@ -151,6 +162,37 @@ class PrivateStep:
         if max_engine_memory is not None and max_engine_memory < 1:
             raise ConfigError(f"max_engine_memory must be >= 1 (MiB), got {max_engine_memory}")
         self.engine_memory = None if max_engine_memory is None else max_engine_memory << 20
+        self.cap_batch: int | None = None  # the physical batch the cap allows (plan_memory)
+
+    def plan_memory(self, x: Tensor, y: Tensor) -> int | None:
+        """The physical batch under ``max_engine_memory`` (module docstring, "Memory"), from
+        the first sample of ``(x, y)``, once; ``None`` without a cap. Raises
+        :class:`ConfigError` where the cap is below the floor of one sample's step."""
+        if self.engine_memory is None or self.cap_batch is not None or self.plain:
+            return self.cap_batch
+        per_sample = saved_bytes_per_sample(self.model, self.loss_fn, x[:1], y[:1])
+        fixed = 2 * self.n_params * self.params[0].element_size()
+        room = self.engine_memory - self.engine_memory // 2 - fixed
+        if room < per_sample:
+            floor = math.ceil(2 * (fixed + per_sample) / 2**20)
+            raise ConfigError(
+                f"max_engine_memory {self.engine_memory >> 20} MiB is below what one sample's "
+                f"step of this model needs, {floor} MiB (half the cap for the engine, the other "
+                f"half for the step's parameter-sized tensors, {fixed / 2**20:.1f} MiB, and one "
+                f"sample's saved activations, {per_sample / 2**20:.2f} MiB): set "
+                f"max_engine_memory to at least {floor}, or leave it unset"
+            )
+        self.cap_batch = max(1, room // max(per_sample, 1))
+        if not self.engine.chunkable and self.cap_batch < 2 * self.expected_batch_size:
+            raise ConfigError(
+                f"method {self.method.name!r} forms its per-sample gradients from batch terms, "
+                f"so its batches cannot be split, and max_engine_memory "
+                f"{self.engine_memory >> 20} MiB fits only {self.cap_batch} samples of this "
+                f"model (a Poisson batch of expected size {self.expected_batch_size:g} needs "
+                f"about {2 * self.expected_batch_size:g}): raise max_engine_memory, lower "
+                "batch_size, or leave max_engine_memory unset"
+            )
+        return self.cap_batch
 
     def _precision(self, device: torch.device) -> AbstractContextManager:
         if self.autocast == "off":
@@ -158,7 +200,13 @@ class PrivateStep:
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
     def _chunks(self, n: int) -> list[slice]:
-        size = self.max_physical_batch or max(n, 1)
+        size = min(self.max_physical_batch or n, self.cap_batch or n, max(n, 1))
+        if size < n and self.engine is not None and not self.engine.chunkable:  # twice the mean
+            raise ConfigError(
+                f"a Poisson batch of {n} samples exceeds the {self.cap_batch} that "
+                f"max_engine_memory fits, and method {self.method.name!r} cannot split its "
+                "batches: raise max_engine_memory or lower batch_size"
+            )
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def __call__(self, x: Tensor, y: Tensor, g: Tensor, generator: torch.Generator) -> StepInfo:
@@ -166,7 +214,10 @@ class PrivateStep:
         ``generator``, which must live on the model's device."""
         if self.plain:
             return self._plain_step(x, y)
-        with engine_memory(self.engine_memory):
+        if len(x):
+            self.plan_memory(x, y)
+        cap = self.engine_memory
+        with engine_memory(None if cap is None else cap // 2):
             return self._private_step(x, y, g, generator)
 
     def _private_step(
@@ -239,6 +290,37 @@ class PrivateStep:
             loss.backward()
             total += float(loss.detach())
         return StepInfo(0.0, self.method.state(), total)
+
+
+def saved_bytes_per_sample(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor) -> int:
+    """Bytes a step takes per sample: twice what autograd saves for the backward (the saved
+    activations, and their gradients), plus the largest saved tensor (a transient of the
+    backward). Measured by the forward and per-sample loss of ``model`` on one and on two
+    copies of the first sample of ``(x, y)`` under ``saved_tensors_hooks``, each saved storage
+    counted once and the parameters' not (they are not per sample); the difference. The random
+    number generators are left as they were."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved(n: int) -> int:
+        storages: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            if t.device.type != "meta":
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in params:
+                    storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        xs, ys = torch.cat([x[:1]] * n), torch.cat([y[:1]] * n)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss_fn(model(xs), ys).sum()
+        return sum(storages.values()), max(storages.values(), default=0)
+
+    with torch.random.fork_rng(devices=cuda_devices(x.device)), torch.enable_grad():
+        (one, top_one), (two, top_two) = saved(1), saved(2)
+    # the saved activations, their gradients as the backward forms them (the engine holds
+    # the layers' output gradients), and one more activation-sized transient
+    return max(2 * (two - one) + top_two - top_one, 0)
 
 
 def _shrink(first: Tensor, again: Tensor) -> Tensor:

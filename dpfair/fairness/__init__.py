@@ -3,8 +3,8 @@
 Modules, bottom to top (ARCHITECTURE.md):
 
 * :mod:`.rates` -- selection and error rates per group and their disparities (demographic
-  parity, equalized odds, equal opportunity): Fairlearn's ``MetricFrame`` on predictions,
-  or post-processing of (noisy) confusion counts; numpy, Fairlearn loaded when used.
+  parity, equalized odds, equal opportunity), Fairlearn's definitions, from exact or noisy
+  confusion counts; numpy only.
 * :mod:`.metrics` -- one model's test metrics per group and class (:func:`group_metrics`),
   the layer :mod:`dpfair.training` uses; numpy only.
 * :mod:`.costs` -- privacy cost pi_k, excess risk R_k, their gaps and Xu's equal cost of

@@ -6,26 +6,25 @@ split): selection rate ``P(ŷ=1 | A=a)``, true-positive rate ``P(ŷ=1 | Y=1, A=a
 false-positive rate ``P(ŷ=1 | Y=0, A=a)``, false-negative rate ``P(ŷ=0 | Y=1, A=a)`` and
 precision ``P(Y=1 | ŷ=1, A=a)`` (a rate whose condition has no row is 0, as in Fairlearn and
 scikit-learn), and, given the class probabilities, the calibration error in the large
-``|mean p̂(Y=1 | x) - P(Y=1)|`` over the group's rows (Fairlearn has no calibration metric:
-this one is given to its ``MetricFrame``). Across groups: demographic-parity difference
-(largest minus smallest selection rate) and ratio (smallest over largest; the four-fifths
-rule asks for >= 0.8), equalized-odds difference (the larger of the TPR and FPR differences)
-and equal-opportunity difference (the TPR difference) (Hardt et al. 2016, Eqs. 1-2).
+``|mean p̂(Y=1 | x) - P(Y=1)|`` over the group's rows (Fairlearn has no calibration metric).
+Across groups: demographic-parity difference (largest minus smallest selection rate) and
+ratio (smallest over largest; the four-fifths rule asks for >= 0.8), equalized-odds
+difference (the larger of the TPR and FPR differences) and equal-opportunity difference (the
+TPR difference) (Hardt et al. 2016, Eqs. 1-2).
 
 **Positive class.** A binary target's positive class is class 1 (a table's
 ``positive_label``); the keys carry no suffix. A multi-class target is measured one-vs-rest
 for each class ``c`` (keys suffixed ``_class<c>``), and the unsuffixed disparities are the
 worst over classes (the largest difference, the smallest ratio).
 
-Two ways to the same figures: :func:`fairlearn_rates` (exact predictions: Fairlearn's
-``MetricFrame`` and disparity functions) and :func:`rates_from_counts` (the confusion counts of
-:func:`confusion_counts`, e.g. released with noise by :mod:`dpfair.fairness.noisy`:
-post-processing). On exact counts the two agree (tests/fairness/test_rates.py).
+Both from the confusion counts of :func:`confusion_counts`: :func:`exact_rates` (exact
+predictions; equal to Fairlearn's ``MetricFrame`` and disparity functions,
+tests/fairness/test_rates.py) and :func:`rates_from_counts` (counts released with noise by
+:mod:`dpfair.fairness.noisy`: post-processing).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,48 +65,21 @@ def calibration_in_the_large(y_true: npt.ArrayLike, y_prob: npt.ArrayLike) -> fl
     return float(abs(np.mean(y_prob) - np.mean(y_true)))
 
 
-def fairlearn_rates(
+def exact_rates(
     y_true: npt.ArrayLike, y_pred: npt.ArrayLike, groups: npt.ArrayLike, n_groups: int,
     n_classes: int, prob: npt.ArrayLike | None = None,
 ) -> dict[str, Any]:
-    """The measures of the module docstring from exact predictions, by Fairlearn's
-    ``MetricFrame``: its ``by_group`` rates and its between-groups ``difference`` and
-    ``ratio`` (what ``fairlearn.metrics.demographic_parity_difference`` and the others
-    return); with ``prob`` (``(n, n_classes)``) also the calibration error per group."""
-    from fairlearn import metrics as flm
-    from sklearn.metrics import precision_score
-
-    y, pred = np.asarray(y_true).ravel(), np.asarray(y_pred).ravel()
+    """The measures of the module docstring from exact predictions: those of their exact
+    :func:`confusion_counts`, a group absent from the split NaN (ignored by the disparities).
+    They equal Fairlearn's ``MetricFrame`` ``by_group`` rates and its between-groups
+    ``difference`` and ``ratio`` (``fairlearn.metrics.demographic_parity_difference`` and the
+    others; tests/fairness/test_rates.py checks them equal), without loading Fairlearn,
+    pandas and scikit-learn (seconds per process, and 20 ``MetricFrame`` s for 10 classes);
+    with ``prob`` (``(n, n_classes)``) also the calibration error per group."""
     g = np.asarray(groups, dtype=np.int64).ravel()
-    per_group = {
-        SELECTION_RATE: functools.partial(flm.selection_rate, pos_label=1),
-        "true_positive_rate": functools.partial(flm.true_positive_rate, pos_label=1),
-        "false_positive_rate": functools.partial(flm.false_positive_rate, pos_label=1),
-        "false_negative_rate": functools.partial(flm.false_negative_rate, pos_label=1),
-        "precision": functools.partial(precision_score, zero_division=0.0),
-    }
-    out: dict[str, Any] = {}
-    for c in positive_classes(n_classes):
-        yt, yp, sfx = (y == c).astype(np.int64), (pred == c).astype(np.int64), suffix(c, n_classes)
-        frame = flm.MetricFrame(metrics=per_group, y_true=yt, y_pred=yp, sensitive_features=g)
-        by_group = frame.by_group.reindex(range(n_groups))
-        out.update({f"group_{m}{sfx}": by_group[m].astype(float).tolist()
-                    for m in MEASURES if m != CALIBRATION})
-        if prob is not None:
-            calibration = flm.MetricFrame(
-                metrics=calibration_in_the_large, y_true=yt,
-                y_pred=np.asarray(prob, dtype=np.float64)[:, c], sensitive_features=g)
-            out[f"group_{CALIBRATION}{sfx}"] = calibration.by_group.reindex(
-                range(n_groups)).astype(float).tolist()
-        diff, ratio = frame.difference(), frame.ratio()  # between groups, as Fairlearn's
-        out.update({  # demographic_parity_* and equal*_difference compute them
-            f"{DP_DIFFERENCE}{sfx}": float(diff[SELECTION_RATE]),
-            f"{DP_RATIO}{sfx}": float(ratio[SELECTION_RATE]),
-            f"{EO_DIFFERENCE}{sfx}": float(max(diff["true_positive_rate"],
-                                               diff["false_positive_rate"])),
-            f"{EOP_DIFFERENCE}{sfx}": float(diff["true_positive_rate"]),
-        })
-    return _with_worst(out, n_classes)
+    rows = np.bincount(g, minlength=n_groups).astype(np.float64)
+    counts = confusion_counts(y_true, y_pred, g, n_groups, n_classes, prob)
+    return _from_counts(rows, counts, n_classes, absent=rows == 0)
 
 
 def confusion_counts(
@@ -136,7 +108,12 @@ def rates_from_counts(n: npt.ArrayLike, counts: np.ndarray, n_classes: int) -> d
     """The measures of the module docstring from each group's row count ``n`` and the
     :func:`confusion_counts` (exact or noisy: rates are clipped to [0, 1], a denominator
     below 1 counts as 1)."""
-    rows = np.asarray(n, dtype=np.float64)
+    return _from_counts(np.asarray(n, dtype=np.float64), counts, n_classes, absent=None)
+
+
+def _from_counts(rows: np.ndarray, counts: np.ndarray, n_classes: int,
+                 absent: np.ndarray | None) -> dict[str, Any]:
+    """:func:`rates_from_counts`; the groups ``absent`` (exact counts only) NaN."""
     out: dict[str, Any] = {}
     for c, per_class in zip(positive_classes(n_classes), counts, strict=True):
         tp, fp, pos = per_class[:3]
@@ -150,6 +127,8 @@ def rates_from_counts(n: npt.ArrayLike, counts: np.ndarray, n_classes: int) -> d
         }
         if len(per_class) > 3:  # the predicted probabilities' sums
             rates[CALIBRATION] = _rate(np.abs(per_class[3] - pos), rows)
+        if absent is not None:
+            rates = {m: np.where(absent, np.nan, r) for m, r in rates.items()}
         out.update({f"group_{m}{sfx}": rates[m].tolist() for m in MEASURES if m in rates})
         out.update({f"{k}{sfx}": v for k, v in disparities(rates).items()})
     return _with_worst(out, n_classes)

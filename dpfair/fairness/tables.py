@@ -157,12 +157,13 @@ def _groups_stats(runs: pd.DataFrame, groups: list[str], reference: str, paired:
 def _max_gap_stats(
     runs: pd.DataFrame, groups: Sequence[str], reference: str, paired: bool
 ) -> Stats:
+    """``pi_gap_max`` and ``R_gap_max``: per method the largest mean gap over every pair of
+    ``groups`` (each pair's per-seed table formed once, for both)."""
     cols: Stats = {}
+    stats = {pair: _esipova_stats(runs, pair, pair, reference, paired)
+             for pair in itertools.combinations(groups, 2)}
     for name, kind in (("pi_gap_max", "pi"), ("R_gap_max", "R")):
-        per_pair = {
-            pair: _esipova_stats(runs, pair, pair, reference, paired)[f"{kind}_gap"]
-            for pair in itertools.combinations(groups, 2)
-        }
+        per_pair = {pair: found[f"{kind}_gap"] for pair, found in stats.items()}
         cols[name] = {}
         for m in methods_in_order(runs, reference):
             cells = [per_pair[p][m] for p in per_pair]

@@ -2,7 +2,8 @@
 
 ``make_plan`` fixes what a run does before anything runs (q, steps, σ, the privacy event and
 its ε); ``train`` runs it. The modules, bottom to top: ``config``, ``evaluation``, ``plan``,
-``result``, ``progress`` (rich, loaded only when a bar is shown), ``loop``.
+``result``, ``progress`` (rich, loaded only when a bar is shown), ``optim`` (SGD and Adam,
+no ``torch._dynamo``), ``loop``.
 """
 
 from __future__ import annotations

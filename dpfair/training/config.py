@@ -194,10 +194,11 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
         "this many samples (same update, noise once per step; costs a second pass)",
     )
     max_engine_memory: Mebibytes | None = Field(
-        None, description="MiB (a whole number, e.g. 2048) of per-sample intermediates the "
-        "engine may hold at once; it forms them in more, smaller chunks under a lower cap (same "
-        "update). null: 512 on the CPU, a quarter of the free memory on a GPU (a cap above that "
-        "is lowered to it)",
+        None, description="MiB (a whole number, e.g. 2048) a private step may allocate: half "
+        "for the engine's per-sample intermediates, the rest for the step's parameter-sized "
+        "tensors and a physical batch's activations (more, smaller chunks under a lower cap, "
+        "same update; below one sample's step: refused with the floor). null: no cap on the "
+        "step, the engine's intermediates 512 on the CPU, a quarter of the free GPU memory",
     )
     eval_every: PositiveInt = Field(1, le=MAX_EPOCHS,
                                     description="evaluate on the test split every N epochs")

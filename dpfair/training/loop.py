@@ -62,13 +62,14 @@ from dpfair.engine.model_check import check_model
 from dpfair.engine.step import PrivateStep
 from dpfair.errors import ConfigError, Terminated
 from dpfair.fairness.noisy import noisy_group_metrics
-from dpfair.fairness.rates import fairlearn_rates
+from dpfair.fairness.rates import exact_rates
 from dpfair.methods import Method, build_method
 from dpfair.models import build_model, check_output_shape
 from dpfair.processes import stop_requested
 from dpfair.training.config import TrainConfig
 from dpfair.training.entropy import reseed_secretly
 from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
+from dpfair.training.optim import Adam, Optimizer, Sgd
 from dpfair.training.progress import progress_bar
 from dpfair.training.result import Callback, TrainResult
 from dpfair.training.run_plan import RunPlan, make_plan
@@ -115,13 +116,11 @@ def _init_model(
     return model
 
 
-def _optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+def _optimizer(config: TrainConfig, model: nn.Module) -> Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(
-        params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-    )
+        return Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    return Sgd(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 def _nanmean(values: list[float]) -> float:
@@ -188,6 +187,7 @@ def train(
         generator.manual_seed(run_seed)
     data = dataset.train
     x, y, g = data.x.to(device), data.y.to(device), data.g.to(device)
+    step.plan_memory(x[:1], y[:1])  # a cap below one sample's step is refused before training
     # OS entropy (kept nowhere) unless reproducible, like the batches and gradient noise
     log = _Log(plan, np.random.default_rng(test_seed if config.reproducible else None))
     model.train()
@@ -259,8 +259,8 @@ class _Log:
             self.test_predictions = found
             test = metrics_from_predictions(found, dataset.n_classes, dataset.n_groups)
             if fairness:
-                test.update(fairlearn_rates(found.y_true, found.y_pred, found.groups,
-                                            dataset.n_groups, dataset.n_classes, found.prob))
+                test.update(exact_rates(found.y_true, found.y_pred, found.groups,
+                                        dataset.n_groups, dataset.n_classes, found.prob))
         self.history.append({"epoch": epoch, "step": t, "test": test})
         return self.history[-1]
 

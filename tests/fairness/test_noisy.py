@@ -121,7 +121,7 @@ def test_noisy_fairness_rates_are_centred_on_fairlearns(n_classes):
     pred = np.where(rng.random(n) < 0.75, y, rng.integers(0, n_classes, n))
     loss = rng.exponential(0.5, n)
     prob = rng.dirichlet(np.ones(n_classes), size=n)
-    exact = rates.fairlearn_rates(y, pred, g, 3, n_classes, prob)
+    exact = rates.exact_rates(y, pred, g, 3, n_classes, prob)
     draws = [noisy_group_metrics(y, pred, g, loss, 3, noise_multiplier=0.5, loss_clip=10.0,
                                  rng=rng, fairness_classes=n_classes, prob=prob)
              for _ in range(200)]

@@ -25,10 +25,10 @@ def _probabilities(n_classes: int, n: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])
-def test_fairlearn_rates_are_metricframe_and_fairlearns_disparity_functions(n_classes):
+def test_exact_rates_are_metricframe_and_fairlearns_disparity_functions(n_classes):
     y, pred, g = _predictions(n_classes)
     prob = _probabilities(n_classes, len(y))
-    found = rates.fairlearn_rates(y, pred, g, 3, n_classes, prob)
+    found = rates.exact_rates(y, pred, g, 3, n_classes, prob)
     for c in rates.positive_classes(n_classes):
         yt, yp, sfx = (y == c).astype(int), (pred == c).astype(int), rates.suffix(c, n_classes)
         frame = flm.MetricFrame(
@@ -64,7 +64,7 @@ def test_rates_from_exact_counts_equal_fairlearns(n_classes):
     prob = _probabilities(n_classes, len(y), seed=1)
     counts = rates.confusion_counts(y, pred, g, 3, n_classes, prob)
     from_counts = rates.rates_from_counts(np.bincount(g, minlength=3), counts, n_classes)
-    exact = rates.fairlearn_rates(y, pred, g, 3, n_classes, prob)
+    exact = rates.exact_rates(y, pred, g, 3, n_classes, prob)
     assert "group_calibration_error" + rates.suffix(1, n_classes) in exact
     assert from_counts.keys() == exact.keys()
     for key, value in exact.items():
@@ -73,7 +73,7 @@ def test_rates_from_exact_counts_equal_fairlearns(n_classes):
 
 def test_a_group_absent_from_the_split_is_nan_and_ignored_by_the_disparities():
     y, pred, g = _predictions(2, n_groups=2)
-    found = rates.fairlearn_rates(y, pred, g, 3, 2)
+    found = rates.exact_rates(y, pred, g, 3, 2)
     assert all(np.isnan(found[f"group_{m}"][2]) for m in rates.MEASURES[:-1])
     assert "group_calibration_error" not in found  # no probabilities given
     assert found["demographic_parity_difference"] == flm.demographic_parity_difference(

@@ -328,7 +328,7 @@ def test_result_fields_and_privacy() -> None:
     assert result.nonprivate_stats == []
     model = result.load_model()
     found = result.test_predictions  # the last evaluation adds the fairness measures
-    fairness = rates.fairlearn_rates(found.y_true, found.y_pred, found.groups, 2, 2, found.prob)
+    fairness = rates.exact_rates(found.y_true, found.y_pred, found.groups, 2, 2, found.prob)
     assert {**evaluate(model, ds.test, 2, 2), **fairness} == result.test_metrics
     assert result.history[-1]["test"] == result.test_metrics
 

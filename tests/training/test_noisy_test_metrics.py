@@ -85,7 +85,7 @@ def test_noisy_mode_releases_no_exact_test_value_and_its_noise_is_secret() -> No
     exact = evaluate(first.load_model(), ds.test, ds.n_classes, ds.n_groups)
     assert all(0 < a < 1 for a in exact["group_accuracy"])  # else clipping could meet them
     found = predict(first.load_model(), ds.test)
-    exact_rates = rates.fairlearn_rates(found.y_true, found.y_pred, found.groups, ds.n_groups,
+    exact_rates = rates.exact_rates(found.y_true, found.y_pred, found.groups, ds.n_groups,
                                         ds.n_classes, found.prob)
     for result in (first, second):
         assert result.test_predictions is None and result.test_release.noisy

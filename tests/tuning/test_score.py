@@ -53,7 +53,7 @@ def test_fairness_scores_are_fairlearns_figures_without_noise(n_classes):
     from dpfair.fairness import rates
 
     pred = _predictions(n_classes)
-    exact = rates.fairlearn_rates(pred["y_true"], pred["y_pred"], pred["groups"], 3, n_classes)
+    exact = rates.exact_rates(pred["y_true"], pred["y_pred"], pred["groups"], 3, n_classes)
     for score in rates.DISPARITIES:
         assert tuning.release_score(pred, score, n_classes, 3, None, 10.0) == pytest.approx(
             exact[score], abs=1e-12)
