@@ -109,6 +109,18 @@ def _model_check(params: Params, label: str, seed: int) -> Inspect:
     return lambda preview: check_trainable(config, preview)
 
 
+def _with_nproc(p: Params, nproc: int) -> Params:
+    """``p`` with ``experiment.train.nproc`` set to ``--nproc``, checked for every method."""
+    experiment = p.experiment.model_dump()
+    experiment["train"]["nproc"] = nproc
+    try:
+        section = type(p.experiment).model_validate(experiment)
+    except ValidationError as exc:
+        found = format_validation_error(exc, type(p.experiment), ("experiment",))
+        raise ConfigError(f"--nproc {nproc}: {found}") from None
+    return p.model_copy(update={"experiment": section})
+
+
 @app.command("train")
 @cli_errors
 def train_cmd(
@@ -118,6 +130,9 @@ def train_cmd(
     register: Annotated[bool, typer.Option(
         "--register", help="also register the model as a version of the dataset's registered "
         "model (@challenger; @champion by pipeline.registry.criterion)")] = False,
+    nproc: Annotated[int | None, typer.Option(
+        min=1, help="processes that train the model together (torch.distributed: gloo on the "
+        "CPU, nccl on GPUs; default: experiment.train.nproc)")] = None,
     params: ParamsOption = None,
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results.
@@ -126,6 +141,8 @@ def train_cmd(
         from dpfair.data import load_dataset
 
         p = resolve_params(params)
+        if nproc is not None:
+            p = _with_nproc(p, nproc)
         label = _method_label(p, method)
         dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                                inspect=_model_check(p, label, seed))
