@@ -94,3 +94,16 @@ def die_in_process_1(seconds: float, *, group: ProcessGroup) -> str:
         os.kill(os.getpid(), signal.SIGKILL)
     group.sum_([torch.zeros(1)])  # never completes: its partner is gone
     return "finished"
+
+
+class DiesInProcess1(nn.Module):
+    """A classifier whose forward pass kills (SIGKILL) process 1 of a run over processes."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.environ.get("RANK") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.lin(x)

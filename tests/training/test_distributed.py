@@ -141,3 +141,42 @@ def test_the_shards_partition_the_training_set(world: int) -> None:
     for n in (0, 1, 5, 101, 1000):
         shards = [ProcessGroup(r, world, torch.device("cpu")).shard(n) for r in range(world)]
         assert [i for s in shards for i in s] == list(range(n))
+
+
+def test_fit_with_two_processes_trains_through_the_gate(tmp_path, monkeypatch) -> None:
+    """dpfair.fit(..., nproc=2): the run goes through the privacy gate (charged once, in this
+    one process), plans the one-process ε, learns, and returns every evaluated epoch."""
+    from torch import nn
+
+    from dpfair.api import fit
+    from dpfair.data.synthetic import SyntheticOptions, generate
+    from dpfair.ledger.book import SourceLedger
+
+    monkeypatch.chdir(tmp_path)
+    x, y, g = (torch.from_numpy(a) for a in generate(SyntheticOptions(n=600, n_features=6)))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    common = {"target_epsilon": 2.0, "delta": 1e-4, "C": 1.0, "epochs": 3, "batch_size": 64,
+              "lr": 0.5, "progress": False, "eval_every": 1}
+    result = fit(net, (x, y, g), nproc=2, **common)
+    assert result.config.nproc == 2
+    assert 1.98 < result.epsilon <= 2.0
+    assert [entry["epoch"] for entry in result.history] == [1, 2, 3]
+    assert result.test_metrics["accuracy"] > 0.7  # chance is 0.5
+    (charged,) = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
+    assert charged.status == "released"  # charged once, settled by this one process
+    assert charged.epsilon == pytest.approx(result.epsilon)
+
+
+def test_a_killed_process_fails_the_run_and_the_gate_settles_it(tmp_path, monkeypatch) -> None:
+    from dpfair.api import fit
+    from dpfair.data.synthetic import SyntheticOptions, generate
+    from dpfair.ledger.book import SourceLedger
+
+    monkeypatch.chdir(tmp_path)
+    x, y, g = (torch.from_numpy(a) for a in generate(SyntheticOptions(n=300, n_features=6)))
+    with pytest.raises(DistributedError, match=r"process 1 of 2 failed \(killed by SIGKILL\)"):
+        fit(dist_parts.DiesInProcess1(6), (x, y, g), nproc=2, sigma=1.0, C=1.0, epochs=1,
+            batch_size=32, progress=False)
+    (charged,) = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
+    assert charged.status == "failed"  # possibly released: still counted, never pending
