@@ -129,17 +129,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(fn: Callable[..., R], args: tuple[Any, ...], *, nproc: int, device: str) -> R:
+def launch(fn: Callable[..., R], args: tuple[Any, ...], *, nproc: int, device: str,
+           threads: int | None = None) -> R:
     """Run ``fn(*args, group=ProcessGroup)`` in ``nproc`` processes (torchrun's launcher, on
     this machine) and return process 0's value; ``fn`` must be importable (a module-level
-    function) and ``args`` picklable. Raises :class:`~dpfair.errors.DistributedError` when a
-    process fails or is killed (the others are stopped first)."""
+    function) and ``args`` picklable. ``threads``: torch threads of each process (None: on the
+    CPU this process's threads shared out, at least 1; 1 on GPUs). Raises
+    :class:`~dpfair.errors.DistributedError` when a process fails or is killed (the others are
+    stopped first)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     check_nproc(nproc, device)
     device = _device(device)
-    threads = max(1, torch.get_num_threads() // nproc) if device == "cpu" else 1
+    if threads is None:
+        threads = max(1, torch.get_num_threads() // nproc) if device == "cpu" else 1
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"dpfair-{uuid.uuid4().hex}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,

@@ -22,6 +22,12 @@ seed's in both modes. Noisy test metrics (``TrainConfig.test_metrics``) draw the
 a numpy generator seeded the same way: OS entropy by default, a third seed of the split when
 reproducible.
 
+Several processes (``TrainConfig.nproc > 1``, :mod:`dpfair.training.distributed`): each samples
+its shard of the training set with rate ``q`` (still a Poisson batch over the whole dataset),
+the step sums the processes' parts with the noise drawn once by process 0, and only process 0
+evaluates and returns the result. In reproducible mode process ``r > 0`` seeds its generator
+from the run seed and ``r``.
+
 Test evaluation: the epochs of ``plan.eval_epochs``. Exact (default): the metrics of
 :func:`~dpfair.training.evaluation.metrics_from_predictions` and the last predictions are
 kept. Noisy: only :func:`dpfair.fairness.noisy.noisy_group_metrics` leaves the evaluation; no
