@@ -109,16 +109,18 @@ def _model_check(params: Params, label: str, seed: int) -> Inspect:
     return lambda preview: check_trainable(config, preview)
 
 
-def _with_nproc(p: Params, nproc: int) -> Params:
-    """``p`` with ``experiment.train.nproc`` set to ``--nproc``, checked for every method."""
-    experiment = p.experiment.model_dump()
-    experiment["train"]["nproc"] = nproc
+def _nproc_override(p: Params, label: str, seed: int, nproc: int | None) -> dict[str, int]:
+    """``--nproc`` as an override of ``experiment.train.nproc`` for method ``label``, checked."""
+    if nproc is None:
+        return {}
     try:
-        section = type(p.experiment).model_validate(experiment)
+        p.experiment.train_config(label, seed, nproc=nproc)
     except ValidationError as exc:
-        found = format_validation_error(exc, type(p.experiment), ("experiment",))
+        from dpfair.training import TrainConfig
+
+        found = format_validation_error(exc, TrainConfig, ())
         raise ConfigError(f"--nproc {nproc}: {found}") from None
-    return p.model_copy(update={"experiment": section})
+    return {"nproc": nproc}
 
 
 @app.command("train")
@@ -141,9 +143,8 @@ def train_cmd(
         from dpfair.data import load_dataset
 
         p = resolve_params(params)
-        if nproc is not None:
-            p = _with_nproc(p, nproc)
         label = _method_label(p, method)
+        overrides = _nproc_override(p, label, seed, nproc)
         dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                                inspect=_model_check(p, label, seed))
     # what the run needs (the gate, the accounting, MLflow) loads once the checks passed
@@ -154,7 +155,7 @@ def train_cmd(
     from dpfair.tracking.runs import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
 
-    result, record = train_standalone(p, label, seed, dataset)  # progress: params (auto)
+    result, record = train_standalone(p, label, seed, dataset, **overrides)  # progress: auto
     m = result.test_metrics
     console.print(group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))

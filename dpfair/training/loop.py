@@ -185,8 +185,8 @@ def train(
     _check_splits(dataset)
     result = launch(_train_part, (config, dataset, model), nproc=config.nproc,
                     device=config.device)
-    for cb in callbacks:
-        for entry in result.history:
+    for entry in result.history:
+        for cb in callbacks:
             cb.on_epoch_end(entry["epoch"], entry)
     for cb in callbacks:
         cb.on_train_end(result)
