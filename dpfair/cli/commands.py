@@ -118,7 +118,7 @@ def _nproc_override(p: Params, label: str, seed: int, nproc: int | None) -> dict
     except ValidationError as exc:
         from dpfair.training import TrainConfig
 
-        found = format_validation_error(exc, TrainConfig, ())
+        found = format_validation_error(exc, TrainConfig, ("experiment", "train"))
         raise ConfigError(f"--nproc {nproc}: {found}") from None
     return {"nproc": nproc}
 
