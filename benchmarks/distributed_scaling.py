@@ -169,10 +169,8 @@ def main() -> None:
                 found = [launch(part, (setting, arm, 1 if args.quick else 2), nproc=nproc,
                                 device="cpu", threads=args.threads)
                          for _ in range(args.repeats)]
-                best = sorted(found, key=lambda f: f["examples_per_s"])[len(found) // 2]
-                rows.append((setting, nproc, arm, best,
-                             statistics.median(f["examples_per_s"] for f in found)))
-                print(setting.label, nproc, arm, best, flush=True)
+                rows.append((setting, nproc, arm, found))
+                print(setting.label, nproc, arm, found, flush=True)
     write(args.out, rows, started, load_start)
 
 
@@ -186,19 +184,25 @@ def write(out: Path, rows: list, started: dt.datetime, load_start: str) -> None:
         f"torch {torch.__version__}, Python {platform.python_version()}, gloo. Load average "
         f"(1/5/15 min) at start {load_start}, at end {load_average()}: the cores are shared "
         "with other workers, so absolute figures carry that load; compare rows of one run.", "",
-        "| setting | processes | arm | threads/process | examples/s | step (ms) | "
+        "| setting | processes | arm | threads/process | examples/s (runs) | step (ms) | "
         "ratio to 1 process | peak RSS per process (MiB) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    one = {(s.label, arm): speed for s, nproc, arm, _, speed in rows if nproc == 1}
-    for setting, nproc, arm, found, speed in rows:
+    def speed(found: list[dict]) -> float:
+        return statistics.median(f["examples_per_s"] for f in found)
+
+    one = {(s.label, arm): speed(found) for s, nproc, arm, found in rows if nproc == 1}
+    for setting, nproc, arm, found in rows:
         arm_name = "dpfair (ghost, PrivateStep)" if arm == "dpfair" else "Opacus DPDDP (hooks)"
-        rss = ", ".join(f"{m:.0f}" for m in found["peak_rss_mib"])
-        lines.append(f"| {setting.label} | {nproc} | {arm_name} | {found['threads']} | "
-                     f"{speed:.0f} | {1000 * found['step_s']:.1f} | "
-                     f"{speed / one[(setting.label, arm)]:.2f} | {rss} |")
-    lines += ["", "Ratios of one arm to itself over processes; dpfair beside Opacus on the "
-              "same batches: examples/s of the two arms in the same setting and row count."]
+        each = " / ".join(f"{f['examples_per_s']:.0f}" for f in found)
+        step = statistics.median(1000 * f["step_s"] for f in found)
+        rss = ", ".join(f"{max(f['peak_rss_mib'][r] for f in found):.0f}" for r in range(nproc))
+        lines.append(f"| {setting.label} | {nproc} | {arm_name} | {found[0]['threads']} | "
+                     f"{speed(found):.0f} ({each}) | {step:.1f} | "
+                     f"{speed(found) / one[(setting.label, arm)]:.2f} | {rss} |")
+    lines += ["", "examples/s: the median of the runs (each run's in brackets); step: the "
+              "median step time; ratio: this arm's examples/s over its own with 1 process; "
+              "peak RSS: the largest of the runs, per process."]
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}", file=sys.stderr)
 
