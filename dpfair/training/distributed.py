@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,6 +138,7 @@ def launch(fn: Callable[..., R], args: tuple[Any, ...], *, nproc: int, device: s
     CPU this process's threads shared out, at least 1; 1 on GPUs). Raises
     :class:`~dpfair.errors.DistributedError` when a process fails or is killed (the others are
     stopped first)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -144,18 +146,20 @@ def launch(fn: Callable[..., R], args: tuple[Any, ...], *, nproc: int, device: s
     device = _device(device)
     if threads is None:
         threads = max(1, torch.get_num_threads() // nproc) if device == "cpu" else 1
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"dpfair-{uuid.uuid4().hex}",
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
-        monitor_interval=0.1, start_method="spawn",
-    )
-    try:
-        values = elastic_launch(config, _bootstrap)(fn, args, device, threads)
-    except ChildFailedError as error:
-        rank, failure = error.get_first_failure()
-        raise DistributedError(
-            f"process {rank} of {nproc} failed ({_reason(failure)}); the others were stopped. "
-            "Fix its error and run again, or train with nproc 1") from error
+    # the launcher's folder (a failed process's error file: its traceback) is removed after
+    with tempfile.TemporaryDirectory(prefix="dpfair-distributed-") as logs:
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"dpfair-{uuid.uuid4().hex}",
+            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
+            monitor_interval=0.1, start_method="spawn", logs_specs=DefaultLogsSpecs(logs),
+        )
+        try:
+            values = elastic_launch(config, _bootstrap)(fn, args, device, threads)
+        except ChildFailedError as error:
+            rank, failure = error.get_first_failure()
+            raise DistributedError(
+                f"process {rank} of {nproc} failed ({_reason(failure)}); the others were "
+                "stopped. Fix its error and run again, or train with nproc 1") from None
     return values[0]
 
 
