@@ -27,6 +27,7 @@ training function on a :class:`ProcessGroup`:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import tempfile
@@ -143,6 +144,12 @@ def launch(fn: Callable[..., R], args: tuple[Any, ...], *, nproc: int, device: s
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     check_nproc(nproc, device)
+    if multiprocessing.current_process().daemon:
+        raise ConfigError(
+            f"nproc {nproc}: this is a daemonic process (a Dask worker's, by default), which may "
+            "not start processes: start the Dask workers with the setting "
+            "distributed.worker.daemon: false (DASK_DISTRIBUTED__WORKER__DAEMON=False), or "
+            "train with nproc 1")
     device = _device(device)
     if threads is None:
         threads = max(1, torch.get_num_threads() // nproc) if device == "cpu" else 1

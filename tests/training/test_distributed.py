@@ -180,3 +180,30 @@ def test_a_killed_process_fails_the_run_and_the_gate_settles_it(tmp_path, monkey
             batch_size=32, progress=False)
     (charged,) = SourceLedger(".dpfair/ledger.sqlite", tmp_path).releases()
     assert charged.status == "failed"  # possibly released: still counted, never pending
+
+
+def test_a_daemonic_process_is_refused_with_the_fix() -> None:
+    """A Dask worker is daemonic by default and may not start processes: one clear error."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    answers = context.Queue()
+    worker = context.Process(target=dist_parts.launch_from_here, args=(answers,), daemon=True)
+    worker.start()
+    answer = answers.get(timeout=300)
+    worker.join(timeout=60)
+    assert answer.startswith("ConfigError: nproc 2: this is a daemonic process"), answer
+    assert "DASK_DISTRIBUTED__WORKER__DAEMON=False" in answer
+
+
+def test_nproc_on_a_local_dask_cluster_is_refused_when_params_load() -> None:
+    from pydantic import ValidationError
+
+    from dpfair.config.params import Params
+
+    train = {"epochs": 1, "sigma": 1.0, "nproc": 2, "device": "cpu"}
+    with pytest.raises(ValidationError, match="set pipeline.task_runner: threads, or nproc: 1"):
+        Params.model_validate({"experiment": {"train": train},
+                               "pipeline": {"task_runner": "dask"}})
+    Params.model_validate({"experiment": {"train": train},  # a remote cluster: checked there
+                           "pipeline": {"task_runner": "dask", "dask_address": "tcp://h:8786"}})
