@@ -58,6 +58,11 @@ class UnreachableError(DpfairError, OSError):
     work: :mod:`dpfair.pipeline.preflight`)."""
 
 
+class DistributedError(DpfairError, RuntimeError):
+    """A process of a run trained across several processes failed or was killed; the others
+    were stopped (:mod:`dpfair.training.distributed`)."""
+
+
 class BudgetExceededError(TuningError, PrivacyError):
     """A planned release exceeds its budget, known before any run: a run's total over
     ``budget.epsilon`` (or a release ``budget.*`` does not allow), a search's ε, or a retrain

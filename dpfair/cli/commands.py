@@ -110,6 +110,20 @@ def _model_check(params: Params, label: str, seed: int) -> Inspect:
     return lambda preview: check_trainable(config, preview)
 
 
+def _nproc_override(p: Params, label: str, seed: int, nproc: int | None) -> dict[str, int]:
+    """``--nproc`` as an override of ``experiment.train.nproc`` for method ``label``, checked."""
+    if nproc is None:
+        return {}
+    try:
+        p.experiment.train_config(label, seed, nproc=nproc)
+    except ValidationError as exc:
+        from dpfair.training import TrainConfig
+
+        found = format_validation_error(exc, TrainConfig, ("experiment", "train"))
+        raise ConfigError(f"--nproc {nproc}: {found}") from None
+    return {"nproc": nproc}
+
+
 @app.command("train")
 @cli_errors
 def train_cmd(
@@ -119,6 +133,9 @@ def train_cmd(
     register: Annotated[bool, typer.Option(
         "--register", help="also register the model as a version of the dataset's registered "
         "model (@challenger; @champion by pipeline.registry.criterion)")] = False,
+    nproc: Annotated[int | None, typer.Option(
+        min=1, help="processes that train the model together (torch.distributed: gloo on the "
+        "CPU, nccl on GPUs; default: experiment.train.nproc)")] = None,
     params: ParamsOption = None,
 ) -> None:
     """Train one method of params.yaml's experiment on its dataset and print the results.
@@ -128,6 +145,7 @@ def train_cmd(
 
         p = resolve_params(params)
         label = _method_label(p, method)
+        overrides = _nproc_override(p, label, seed, nproc)
         dataset = load_dataset(p.experiment.dataset, p.dataset(p.experiment.dataset),
                                inspect=_model_check(p, label, seed))
     # what the run needs (the gate, the accounting, MLflow) loads once the checks passed
@@ -138,7 +156,7 @@ def train_cmd(
     from dpfair.tracking.runs import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
 
-    result, record = train_standalone(p, label, seed, dataset)  # progress: params (auto)
+    result, record = train_standalone(p, label, seed, dataset, **overrides)  # progress: auto
     m = result.test_metrics
     console.print(group_table(f"{label} on {dataset.name}, seed {seed}: test set",
                                dataset.group_names, m))

@@ -156,6 +156,18 @@ class Params(Section):
             object.__setattr__(self, "experiment", self.experiment.for_unit(unit.rows))
         return self
 
+    @model_validator(mode="after")
+    def _processes_on_a_local_dask_cluster(self) -> Params:
+        """A local Dask cluster's workers are daemonic processes, which may not start the
+        processes of ``experiment.train.nproc > 1``."""
+        if (self.experiment.train.nproc > 1 and self.pipeline.task_runner == "dask"
+                and not self.pipeline.dask_address):
+            raise ValueError(
+                "experiment.train.nproc > 1 cannot run on pipeline.task_runner: dask's local "
+                "cluster (its workers are daemonic processes, which may not start processes): "
+                "set pipeline.task_runner: threads, or nproc: 1")
+        return self
+
     def privacy_unit(self, name: str | None = None) -> tuple[str, int]:
         """The privacy unit of dataset ``name`` (default ``experiment.dataset``) in words, as
         every ε names it, and its rows."""

@@ -39,6 +39,12 @@ the norms, so the norms, the weights, the noise and the summed update are all in
 precision and each sample's weight is applied to exactly the gradient whose norm it was set
 for: clipping bounds every contribution as in float32. The materialised path (vmap of grad)
 ignores autocast and runs in the parameters' dtype.
+
+Several processes (``collective``, :class:`~dpfair.engine.collective.Collective`): each
+forms the weighted sum of its part of the batch; the one process that draws noise starts its
+sum from the noise, and the sums (with the counts of a side release, the loss and the batch
+size) are added over the processes, so the update is the one-process update of the whole
+batch, its noise drawn once.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from dpfair.engine import State
+from dpfair.engine.collective import ALONE, Collective
 from dpfair.engine.factors import engine_memory
 from dpfair.engine.gradients import EngineKind, LossFn, PerSampleGradients, trainable_parameters
 from dpfair.engine.layer_grads import in_dtype
@@ -77,7 +84,11 @@ class Method(Protocol):
 
     def per_sample_gradients(self, model: nn.Module, kind: EngineKind) -> PerSampleGradients: ...
 
-    def step_rule(self, norms: Tensor, groups: Tensor, generator: torch.Generator) -> Rule: ...
+    #: whether ``g_i`` holds terms of the whole batch (its batch cannot be split over processes)
+    batch_terms: bool
+
+    def step_rule(self, norms: Tensor, groups: Tensor, generator: torch.Generator,
+                  collective: Collective = ALONE) -> Rule: ...
 
     def state(self) -> State: ...
 
@@ -120,6 +131,8 @@ class PrivateStep:
             per-sample intermediates of one layer (and the layers' output gradients it holds)
             limited to 512 MiB on the CPU, a quarter of the free memory on a GPU. Only the
             chunking changes, not the update.
+        collective: how the processes of a step combine their parts of the batch (module
+            docstring); one process by default.
     """
 
     def __init__(
@@ -134,6 +147,7 @@ class PrivateStep:
         max_physical_batch: int | None = None,
         autocast: Literal["off", "bf16"] = "off",
         max_engine_memory: int | None = None,
+        collective: Collective = ALONE,
     ) -> None:
         if sigma < 0 or expected_batch_size <= 0:
             raise ValueError(
@@ -162,6 +176,12 @@ class PrivateStep:
         if max_engine_memory is not None and max_engine_memory < 1:
             raise ConfigError(f"max_engine_memory must be >= 1 (MiB), got {max_engine_memory}")
         self.engine_memory = None if max_engine_memory is None else max_engine_memory << 20
+        if collective.several and method.batch_terms:
+            raise ConfigError(
+                f"method {method.name!r} forms its per-sample gradients from batch terms, so its "
+                "batch cannot be split over processes: train it with nproc 1"
+            )
+        self.collective = collective
         self.cap_batch: int | None = None  # the physical batch the cap allows (plan_memory)
 
     def plan_memory(self, x: Tensor, y: Tensor) -> int | None:
@@ -225,9 +245,9 @@ class PrivateStep:
     ) -> StepInfo:
         if len(x) == 0:  # an empty Poisson batch still releases noise (and counts)
             norms = torch.empty(0, dtype=self.params[0].dtype, device=self.params[0].device)
-            rule = self.method.step_rule(norms, g, generator)
+            rule = self.method.step_rule(norms, g, generator, self.collective)
             grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
-            return self._finish(grads, rule.sensitivity, float("nan"))
+            return self._finish(grads, rule.sensitivity, 0.0, 0)
         chunks = self._chunks(len(x))
         whole = len(chunks) == 1  # one chunk: no slicing, no replay
         parts = [(x, y, g)] if whole else [(x[c], y[c], g[c]) for c in chunks]
@@ -237,7 +257,8 @@ class PrivateStep:
             with self._precision(x.device):
                 norms.append(self.engine.compute(self.model, self.loss_fn, *part))
             loss_sum += float(self.engine.losses.sum())
-        rule = self.method.step_rule(norms[0] if whole else torch.cat(norms), g, generator)
+        rule = self.method.step_rule(norms[0] if whole else torch.cat(norms), g, generator,
+                                     self.collective)
         grads = self._noise(self.sigma * rule.sensitivity / self.expected_batch_size, generator)
         # 1 / (q n) folded into the weights: sum_i (w_i / (q n)) g_i, added in place
         weights = rule.weights / self.expected_batch_size
@@ -250,21 +271,35 @@ class PrivateStep:
                         again = self.engine.compute(self.model, self.loss_fn, *parts[k])
                 w = w * _shrink(norms[k], again)
             self.engine.add_weighted_grad(w, grads)
-        return self._finish(grads, rule.sensitivity, loss_sum / len(x))
+        return self._finish(grads, rule.sensitivity, loss_sum, len(x))
 
-    def _finish(self, grads: list[Tensor], sensitivity: float, loss: float) -> StepInfo:
+    def _finish(
+        self, grads: list[Tensor], sensitivity: float, loss_sum: float, size: int
+    ) -> StepInfo:
+        """Sets ``p.grad`` to the update summed over the processes; the loss is the mean over
+        the whole realised batch (NaN when it is empty)."""
+        loss_sum, size = self._sum(grads, loss_sum, size)
         if self.engine is not None:
             self.engine.observe(grads)
         for p, grad in zip(self.params, grads, strict=True):
             p.grad = grad
-        return StepInfo(sensitivity, self.method.state(), loss)
+        return StepInfo(sensitivity, self.method.state(), loss_sum / size if size else math.nan)
+
+    def _sum(self, grads: list[Tensor], loss_sum: float, size: int) -> tuple[float, int]:
+        """``grads`` (in place), the loss sum and the batch size summed over the processes."""
+        if not self.collective.several:
+            return loss_sum, size
+        totals = torch.tensor([loss_sum, size], dtype=torch.float64, device=grads[0].device)
+        self.collective.sum_([*grads, totals])
+        return float(totals[0]), int(totals[1])
 
     def _noise(self, std: float, generator: torch.Generator) -> list[Tensor]:
         """``N(0, std^2 I)`` over the whole parameter vector in one draw, as fresh contiguous
-        tensors shaped like the parameters (zeros when ``std`` is 0)."""
+        tensors shaped like the parameters (zeros when ``std`` is 0 or another process draws
+        the noise)."""
         p0 = self.params[0]
         flat = torch.empty(self.n_params, device=p0.device, dtype=p0.dtype)
-        if std > 0:
+        if std > 0 and self.collective.draws_noise:
             flat.normal_(0.0, std, generator=generator)
         else:
             flat.zero_()
@@ -275,10 +310,11 @@ class PrivateStep:
 
     def _plain_step(self, x: Tensor, y: Tensor) -> StepInfo:
         """Non-private SGD: ``p.grad`` is the mean gradient over the realised batch (summed
-        chunk by chunk over physical batches)."""
+        chunk by chunk over physical batches, and over the processes)."""
         for p in self.params:
             p.grad = None
-        if len(x) == 0:
+        size = self._batch_size(len(x))
+        if size == 0:
             for p in self.params:
                 p.grad = torch.zeros_like(p)
             return StepInfo(0.0, self.method.state(), float("nan"))
@@ -286,10 +322,25 @@ class PrivateStep:
         for c in self._chunks(len(x)):
             with self._precision(x.device):
                 loss = self.loss_fn(self.model(x[c]), y[c]).to(self.params[0].dtype)
-            loss = loss.sum() / len(x)
+            loss = loss.sum() / size
             loss.backward()
             total += float(loss.detach())
+        if self.collective.several:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            totals = torch.tensor([total], dtype=torch.float64, device=self.params[0].device)
+            self.collective.sum_([*(p.grad for p in self.params), totals])
+            total = float(totals[0])
         return StepInfo(0.0, self.method.state(), total)
+
+    def _batch_size(self, local: int) -> int:
+        """The realised batch size over all processes."""
+        if not self.collective.several:
+            return local
+        size = torch.tensor([local], dtype=torch.float64, device=self.params[0].device)
+        self.collective.sum_([size])
+        return int(size[0])
 
 
 def saved_bytes_per_sample(model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor) -> int:

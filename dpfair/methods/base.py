@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from dpfair.engine import State
+from dpfair.engine.collective import ALONE, Collective
 from dpfair.lazy import lazy_module
 
 if TYPE_CHECKING:  # a configuration check needs none of them (dp_accounting loads scipy)
@@ -66,6 +67,9 @@ class Method(ABC):
     privacy_guarantee: ClassVar[PrivacyGuarantee] = "proven"
     #: True when the step's counts are released before clipping and set this step's bounds.
     releases_before_clipping: ClassVar[bool] = False
+    #: True when ``g_i`` holds terms of the whole batch (FairLens): the batch cannot be split
+    #: over processes.
+    batch_terms: ClassVar[bool] = False
 
     def __init__(self, name: str, *, count_sigma: float | None = None) -> None:
         self.name = name
@@ -131,33 +135,40 @@ class Method(ABC):
     def update(self, noisy_counts: Tensor) -> None:  # noqa: B027 - optional hook
         """Updates the state from the released ``counts + N(0, count_sigma^2 I)``."""
 
-    def release(self, norms: Tensor, groups: Tensor, generator: torch.Generator) -> None:
-        """This step's side release: the counts plus their own Gaussian noise."""
+    def release(self, norms: Tensor, groups: Tensor, generator: torch.Generator,
+                collective: Collective = ALONE) -> None:
+        """This step's side release: the counts (over the whole batch, summed over the
+        ``collective``'s processes) plus their own Gaussian noise, drawn once."""
         counts = self.counts(norms, groups)
         if counts is None:
             return
         assert self.count_sigma is not None, "a method that releases counts sets count_sigma"
-        noise = torch.randn(
-            counts.shape, generator=generator, device=counts.device, dtype=counts.dtype
-        )
-        self.update(counts + self.count_sigma * noise)
+        if collective.draws_noise:
+            noise = torch.randn(
+                counts.shape, generator=generator, device=counts.device, dtype=counts.dtype
+            )
+            counts = counts + self.count_sigma * noise
+        collective.sum_([counts])
+        self.update(counts)
 
     # -- one step --------------------------------------------------------------------------
 
-    def step_rule(self, norms: Tensor, groups: Tensor, generator: torch.Generator) -> StepRule:
+    def step_rule(self, norms: Tensor, groups: Tensor, generator: torch.Generator,
+                  collective: Collective = ALONE) -> StepRule:
         """This step's weights and sensitivity, with the side release in the paper's order.
 
-        Called once per step with the per-sample gradient norms ``(B,)`` and group ids ``(B,)``;
+        Called once per step with the per-sample gradient norms ``(B,)`` and group ids ``(B,)``
+        (this process's part of the batch: its counts are summed over the ``collective``);
         count noise is drawn from ``generator``. A NaN norm counts as an infinite one.
         """
         finite = _all_finite(norms)
         if not finite:
             norms = torch.where(torch.isnan(norms), math.inf, norms)
         if self.releases_before_clipping:
-            self.release(norms, groups, generator)
+            self.release(norms, groups, generator, collective)
         rule = self._rule(norms, groups, finite)
         if not self.releases_before_clipping:
-            self.release(norms, groups, generator)
+            self.release(norms, groups, generator, collective)
         return rule
 
     def state(self) -> State:

@@ -29,6 +29,7 @@ class FairLens(Dpsgd):
     """FairLens: DPSGD clipping at ``C`` of the regularised per-sample gradients (heuristic)."""
 
     privacy_guarantee = "heuristic"
+    batch_terms = True
 
     def __init__(self, C: float, gamma1: float, gamma2: float, *, name: str = "fairlens") -> None:
         super().__init__(C, name=name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -182,6 +183,12 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
         "change of that many rows (group privacy); set from the dataset's privacy_unit",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    nproc: PositiveInt = Field(
+        1, le=4096,
+        description="processes that train this one model together (data parallel on "
+        "torch.distributed: gloo on the CPU, nccl on GPUs, one GPU each); at most the CPU "
+        "cores or GPUs of the machine. The batches, the noise and ε are those of one process",
+    )
     engine: Literal["auto", "fast", "materialized"] = "auto"
     autocast: Literal["off", "bf16"] = Field(
         "off",
@@ -236,6 +243,15 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
             raise ValueError("give exactly one of epochs and steps")
         if self.optimizer == "adam" and self.momentum:
             raise ValueError("momentum is an SGD option; adam has its own betas")
+        cores = os.cpu_count() or 1
+        if self.nproc > cores and self.device != "cuda":
+            raise ValueError(
+                f"nproc {self.nproc} is more processes than the {cores} CPU cores of this "
+                f"machine: set nproc to at most {cores} (or device: cuda, one process a GPU)")
+        if self.nproc > 1 and self.method.method_class.batch_terms:
+            raise ValueError(
+                f"method {self.method.name!r} forms its per-sample gradients from terms of the "
+                "whole batch, so its batch cannot be split over processes: set nproc to 1")
         if self.method.is_private and (self.sigma is None) == (self.target_epsilon is None):
             raise ValueError(
                 f"method {self.method.name!r} needs exactly one of sigma and target_epsilon"

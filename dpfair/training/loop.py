@@ -27,6 +27,12 @@ Stopping: once the process was told to stop (a SIGTERM inside
 so a command exits within a step of the signal, with the run FAILED (what it trained so far
 counts: its release was reserved).
 
+Several processes (``TrainConfig.nproc > 1``, :mod:`dpfair.training.distributed`): each samples
+its shard of the training set with rate ``q`` (still a Poisson batch over the whole dataset),
+the step sums the processes' parts with the noise drawn once by process 0, and only process 0
+evaluates and returns the result. In reproducible mode process ``r > 0`` seeds its generator
+from the run seed and ``r``.
+
 Test evaluation: the epochs of ``plan.eval_epochs``. Exact (default): the metrics of
 :func:`~dpfair.training.evaluation.metrics_from_predictions` and the last predictions are
 kept. Noisy: only :func:`dpfair.fairness.noisy.noisy_group_metrics` leaves the evaluation; no
@@ -58,6 +64,7 @@ from dpfair import accounting
 from dpfair.accounting import per_group as group_accounting
 from dpfair.accounting.accountant import Spend
 from dpfair.data.dataset import GroupedDataset
+from dpfair.engine.collective import ALONE
 from dpfair.engine.model_check import check_model
 from dpfair.engine.step import PrivateStep
 from dpfair.errors import ConfigError, Terminated
@@ -67,6 +74,7 @@ from dpfair.methods import Method, build_method
 from dpfair.models import build_model, check_output_shape
 from dpfair.processes import stop_requested
 from dpfair.training.config import TrainConfig
+from dpfair.training.distributed import ProcessGroup, launch
 from dpfair.training.entropy import reseed_secretly
 from dpfair.training.evaluation import Predictions, metrics_from_predictions, predict
 from dpfair.training.optim import Adam, Optimizer, Sgd
@@ -89,6 +97,12 @@ def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> tor
     (possibly none)."""
     keep = torch.rand(n, generator=generator, device=generator.device) < sample_rate
     return keep.nonzero().flatten()
+
+
+def _rank_seed(run_seed: int, group: ProcessGroup | None) -> int:
+    """The reproducible generator's seed of process ``rank > 0`` of a run over several."""
+    assert group is not None
+    return int(np.random.SeedSequence([run_seed, group.rank]).generate_state(1, np.uint64)[0])
 
 
 def _seeds(seed: int) -> tuple[int, int, int]:
@@ -164,12 +178,52 @@ def train(
     """Train ``config.model`` on ``dataset.train`` with ``config.method``; evaluate on test
     every ``eval_every`` epochs and after the last step; call ``callbacks`` along the way.
     ``model``: a module to train instead (a copy; leave ``config.model`` unset), for
-    :func:`dpfair.api.fit`."""
-    started = time.perf_counter()
+    :func:`dpfair.api.fit`.
+
+    ``config.nproc > 1``: ``nproc`` processes train the model together
+    (:mod:`dpfair.training.distributed`; the model, the dataset and a given module travel to
+    them by pickling, so a module's class must be importable); the callbacks run here, in this
+    one process, after the last step, with each evaluated epoch's entry in order."""
+    if config.nproc == 1:
+        result = _train(config, dataset, callbacks, model, None)
+        assert result is not None
+        return result
+    _check_splits(dataset)
+    result = launch(_train_part, (config, dataset, model), nproc=config.nproc,
+                    device=config.device)
+    for entry in result.history:
+        for cb in callbacks:
+            cb.on_epoch_end(entry["epoch"], entry)
+    for cb in callbacks:
+        cb.on_train_end(result)
+    return result
+
+
+def _check_splits(dataset: GroupedDataset) -> None:
     if len(dataset.train) == 0 or len(dataset.test) == 0:
         raise ValueError(f"dataset {dataset.name!r} has an empty training or test split")
+
+
+def _train_part(config: TrainConfig, dataset: GroupedDataset, model: nn.Module | None, *,
+                group: ProcessGroup) -> TrainResult | None:
+    """One process's part of a run over several processes (:func:`train`)."""
+    return _train(config, dataset, (), model, group)
+
+
+def _train(
+    config: TrainConfig,
+    dataset: GroupedDataset,
+    callbacks: Sequence[Callback],
+    model: nn.Module | None,
+    group: ProcessGroup | None,
+) -> TrainResult | None:
+    """The loop of :func:`train`, alone (``group`` None) or as one of several processes: then
+    this process samples its shard, and only process 0 evaluates and returns the result."""
+    started = time.perf_counter()
+    _check_splits(dataset)
     plan = make_plan(config, len(dataset.train), dataset.n_groups, len(dataset.test))
-    device = resolve_device(config.device)
+    device = resolve_device(config.device) if group is None else group.device
+    first = group is None or group.rank == 0
     init_seed, run_seed, test_seed = _seeds(config.seed)
     method = build_method(
         config.method, n_groups=dataset.n_groups, sigma=plan.sigma,
@@ -181,23 +235,26 @@ def train(
         model, method, sigma=plan.sigma, expected_batch_size=float(config.batch_size),
         engine=config.engine, max_physical_batch=config.max_physical_batch,
         autocast=config.autocast, max_engine_memory=config.max_engine_memory,
+        collective=ALONE if group is None else group,
     )
     generator = torch.Generator(device=device)
     if config.reproducible:
-        generator.manual_seed(run_seed)
+        generator.manual_seed(run_seed if first else _rank_seed(run_seed, group))
     data = dataset.train
-    x, y, g = data.x.to(device), data.y.to(device), data.g.to(device)
+    shard = range(plan.n_train) if group is None else group.shard(plan.n_train)
+    x, y, g = (t[shard.start:shard.stop].to(device) for t in (data.x, data.y, data.g))
     step.plan_memory(x[:1], y[:1])  # a cap below one sample's step is refused before training
     # OS entropy (kept nowhere) unless reproducible, like the batches and gradient noise
     log = _Log(plan, np.random.default_rng(test_seed if config.reproducible else None))
     model.train()
-    with progress_bar(config.progress, f"{method.name} on {dataset.name}", plan.steps) as bar:
+    shown = config.progress if first else False
+    with progress_bar(shown, f"{method.name} on {dataset.name}", plan.steps) as bar:
         for t in range(1, plan.steps + 1):
             if stop_requested():  # told to stop (SIGTERM): no step after it, the run fails
                 raise Terminated(143)
             if not config.reproducible:
                 reseed_secretly(generator)
-            idx = poisson_batch(plan.n_train, plan.sample_rate, generator)
+            idx = poisson_batch(len(shard), plan.sample_rate, generator)
             optimizer.zero_grad(set_to_none=True)
             info = step(x[idx], y[idx], g[idx], generator)
             optimizer.step()
@@ -207,11 +264,13 @@ def train(
                 continue
             epoch = math.ceil(t / plan.steps_per_epoch)
             log.epoch(epoch, t, config.nonprivate_stats)
-            if epoch in plan.eval_epochs:
+            if first and epoch in plan.eval_epochs:
                 entry = log.evaluate(model, dataset, epoch, t, config.eval_batch_size)
                 bar.status(f"epoch {epoch}: test acc {entry['test']['accuracy']:.3f}")
                 for cb in callbacks:
                     cb.on_epoch_end(epoch, entry)
+    if not first:
+        return None
     result = _result(config, dataset, plan, method, model, log, started)
     for cb in callbacks:
         cb.on_train_end(result)
