@@ -220,7 +220,7 @@ class PrivateStep:
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
     def _chunks(self, n: int) -> list[slice]:
-        size = min(self.max_physical_batch or n, self.cap_batch or n, max(n, 1))
+        size = max(1, min(self.max_physical_batch or n, self.cap_batch or n, n))
         if size < n and self.engine is not None and not self.engine.chunkable:  # twice the mean
             raise ConfigError(
                 f"a Poisson batch of {n} samples exceeds the {self.cap_batch} that "
