@@ -173,3 +173,33 @@ def cli_in_a_fresh_python(folder: Path, commands: dict[str, list[str]],
     assert done.returncode == 0, done.stderr[-3000:]
     out, loaded = json.loads(done.stdout.strip().splitlines()[-1])
     return out, loaded
+
+
+#: method settings where every clipping rule bites on the tests' small models and batches (the
+#: hand-computed step tests rely on C = 0.3); any other registered method runs at its example
+BITING_RULES = {
+    "nonprivate": {},
+    "dpsgd": {"C": 0.3},
+    "dpsgd_normalized": {"name": "dpsgd", "C": 0.3, "normalize": True},
+    "dpsgd_f": {"C0": 0.3, "sigma1": 2.0},
+    "naive_reweight": {"C0": 0.3, "sigma1": 2.0},
+    "dpsgd_global": {"C0": 0.3, "Z": 0.8},
+    "adaptive": {"C0": 0.3, "tau": 1.0, "sigma_count": 2.0},
+    "adaclip": {"C0": 0.3, "sigma_count": 2.0},
+    "dpsgd_global_adapt": {"C0": 0.3, "Z0": 0.8, "sigma2": 2.0},
+    "bounded_adaptive": {"C0": 0.3, "C_LB": 0.2, "sigma_count": 2.0},
+    "dp_sat": {"C": 0.3, "rho": 0.05},
+    "bam": {"C": 0.3, "lam": 0.05},
+    "fairlens": {"C": 0.3},
+}
+
+
+def biting_method_config(key: str) -> dict:
+    """The method config (a params.yaml ``method:`` mapping) of ``key`` under
+    :data:`BITING_RULES`, or its registered example."""
+    from dpfair.methods import registered_methods
+
+    if key in BITING_RULES:
+        return {"name": key, **BITING_RULES[key]}
+    return registered_methods()[key].example().model_dump()
+

@@ -13,25 +13,10 @@ from torch import nn
 
 from dpfair.engine.step import PrivateStep, per_sample_cross_entropy
 from dpfair.methods import MethodConfig, build_method, registered_methods
+from tests.conftest import biting_method_config
 
 DTYPE = torch.float64
 CONFIGS = TypeAdapter(MethodConfig)
-#: settings where the rules bite on these small models; any other registered method runs at its
-#: example. The hand-computed tests below rely on C = 0.3.
-CLIP_RULES = {
-    "nonprivate": {},
-    "dpsgd": {"C": 0.3},
-    "dpsgd_normalized": {"name": "dpsgd", "C": 0.3, "normalize": True},
-    "dpsgd_f": {"C0": 0.3, "sigma1": 2.0},
-    "naive_reweight": {"C0": 0.3, "sigma1": 2.0},
-    "dpsgd_global": {"C0": 0.3, "Z": 0.8},
-    "adaptive": {"C0": 0.3, "tau": 1.0, "sigma_count": 2.0},
-    "adaclip": {"C0": 0.3, "sigma_count": 2.0},
-    "dpsgd_global_adapt": {"C0": 0.3, "Z0": 0.8, "sigma2": 2.0},
-    "bounded_adaptive": {"C0": 0.3, "C_LB": 0.2, "sigma_count": 2.0},
-    "dp_sat": {"C": 0.3, "rho": 0.05},
-    "fairlens": {"C": 0.3},
-}
 
 
 def rng(seed: int = 0) -> torch.Generator:
@@ -43,10 +28,7 @@ KEYS = sorted({*registered_methods(), "dpsgd_normalized"})
 
 
 def method(key: str, *, n_groups: int = 2, sigma: float = 1.0, expected_batch_size: float = 5.0):
-    if key in CLIP_RULES:
-        cfg = CONFIGS.validate_python({"name": key, **CLIP_RULES[key]})
-    else:
-        cfg = registered_methods()[key].example()
+    cfg = CONFIGS.validate_python(biting_method_config(key))
     return build_method(
         cfg, n_groups=n_groups, sigma=sigma, expected_batch_size=expected_batch_size
     )

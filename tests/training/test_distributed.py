@@ -9,7 +9,6 @@ import importlib
 import math
 import os
 import sys
-import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from scipy import stats
 from dpfair.errors import ConfigError, DistributedError
 from dpfair.methods import registered_methods
 from dpfair.training.distributed import launch
+from tests.conftest import biting_method_config
 
 # the spawned processes import the functions they run from this folder's dist_parts.py
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,27 +27,8 @@ dist_parts = importlib.import_module("dist_parts")
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPU cores")
 
-#: settings where every rule bites on dist_parts' model and batches; any other registered
-#: method at its example
-SETTINGS = {
-    "dpsgd": {"C": 0.3},
-    "dpsgd_normalized": {"name": "dpsgd", "C": 0.3, "normalize": True},
-    "dpsgd_f": {"C0": 0.3, "sigma1": 2.0},
-    "naive_reweight": {"C0": 0.3, "sigma1": 2.0},
-    "dpsgd_global": {"C0": 0.3, "Z": 0.8},
-    "adaptive": {"C0": 0.3, "tau": 1.0, "sigma_count": 2.0},
-    "dpsgd_global_adapt": {"C0": 0.3, "Z0": 0.8, "sigma2": 2.0},
-    "dp_sat": {"C": 0.3, "rho": 0.05},
-    "bam": {"C": 0.3, "lam": 0.05},
-}
 #: every registered method but FairLens, whose gradients hold terms of the whole batch (refused)
 KEYS = sorted({*registered_methods(), "dpsgd_normalized"} - {"fairlens"})
-
-
-def config_of(key: str) -> dict:
-    if key in SETTINGS:
-        return {"name": key, **SETTINGS[key]}
-    return registered_methods()[key].example().model_dump()
 
 
 def _close(a: float, b: float) -> bool:
@@ -57,13 +38,13 @@ def _close(a: float, b: float) -> bool:
 @pytest.fixture(scope="module")
 def together() -> dict[str, list[dict]]:
     """Every method's steps on 2 processes (one launch for all of them)."""
-    configs = {key: config_of(key) for key in KEYS}
+    configs = {key: biting_method_config(key) for key in KEYS}
     return launch(dist_parts.distributed_part, (configs,), nproc=2, device="cpu")
 
 
 @pytest.mark.parametrize("key", KEYS)
 def test_two_processes_give_the_one_process_update(key: str, together: dict) -> None:
-    alone = dist_parts.one_process(config_of(key))
+    alone = dist_parts.one_process(biting_method_config(key))
     together = together[key]
     assert len(together) == len(alone)
     for t, (one, two) in enumerate(zip(alone, together, strict=True)):
@@ -124,13 +105,10 @@ def test_batch_sizes_over_shards_are_binomial_over_the_dataset() -> None:
 
 def test_a_killed_process_ends_the_run() -> None:
     """Process 1 is SIGKILLed while process 0 waits for it in an all-reduce: the launcher stops
-    process 0 and raises naming the killed process, long before the collective's timeout."""
-    started = time.monotonic()
+    process 0 and raises naming the killed process (a collective's timeout would instead fail
+    process 0 with a timeout, naming process 0)."""
     with pytest.raises(DistributedError, match=r"process 1 of 2 failed \(killed by SIGKILL\)"):
         launch(dist_parts.die_in_process_1, (1.0,), nproc=2, device="cpu")
-    from dpfair.training.distributed import COLLECTIVE_TIMEOUT
-
-    assert time.monotonic() - started < COLLECTIVE_TIMEOUT.total_seconds()
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 7])
