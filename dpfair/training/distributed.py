@@ -27,12 +27,15 @@ training function on a :class:`ProcessGroup`:
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import socket
 import tempfile
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -161,13 +164,47 @@ def launch(fn: Callable[..., R], args: tuple[Any, ...], *, nproc: int, device: s
             monitor_interval=0.1, start_method="spawn", logs_specs=DefaultLogsSpecs(logs),
         )
         try:
-            values = elastic_launch(config, _bootstrap)(fn, args, device, threads)
+            with _signals_kept():
+                values = elastic_launch(config, _bootstrap)(fn, args, device, threads)
         except ChildFailedError as error:
             rank, failure = error.get_first_failure()
             raise DistributedError(
                 f"process {rank} of {nproc} failed ({_reason(failure)}); the others were "
                 "stopped. Fix its error and run again, or train with nproc 1") from None
     return values[0]
+
+
+#: the signals torch's launcher takes over while it runs (its TORCHELASTIC_SIGNALS_TO_HANDLE)
+_LAUNCHER_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP",
+                                                              "SIGQUIT") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """The caller's signal handlers, back after the launch: torch's launcher sets its own
+    (stop the processes, raise ``SignalException``) and leaves them set, so a later SIGTERM
+    would no longer end the caller as it expects (``dpfair.processes.sigterm_raises``). A signal
+    the launcher took is delivered again to the caller's handler, once its processes stopped."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in _LAUNCHER_SIGNALS}
+
+    def restore() -> None:
+        for sig, handler in kept.items():
+            if handler is not None:  # None: set outside Python, cannot be set back
+                signal.signal(sig, handler)
+
+    try:
+        yield
+    except SignalException as error:
+        restore()
+        signal.raise_signal(error.sigval)  # the caller's handler: Terminated, or the default
+        raise
+    finally:
+        restore()
 
 
 def _reason(failure: Any) -> str:

@@ -185,3 +185,19 @@ def test_nproc_on_a_local_dask_cluster_is_refused_when_params_load() -> None:
                                "pipeline": {"task_runner": "dask"}})
     Params.model_validate({"experiment": {"train": train},  # a remote cluster: checked there
                            "pipeline": {"task_runner": "dask", "dask_address": "tcp://h:8786"}})
+
+
+def test_the_callers_signal_handlers_are_back_after_a_launch() -> None:
+    """torch's launcher sets its own SIGTERM handler and leaves it: the caller's comes back, so
+    `dpfair.processes.sigterm_raises` still turns a later SIGTERM into Terminated."""
+    import signal
+
+    def callers(signum, frame) -> None:  # noqa: ANN001 - a signal handler
+        raise AssertionError("not called")
+
+    original = signal.signal(signal.SIGTERM, callers)
+    try:
+        launch(dist_parts.batch_sizes, (10, 0.5, 1), nproc=2, device="cpu")
+        assert signal.getsignal(signal.SIGTERM) is callers
+    finally:
+        signal.signal(signal.SIGTERM, original)
