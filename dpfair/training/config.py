@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from dpfair.errors import ConfigError
 from dpfair.methods import MethodConfig
 from dpfair.models import ModelConfig
 from dpfair.training.progress import ProgressMode
@@ -123,6 +124,16 @@ class MetricsReleaseConfig(BaseModel):
             raise ValueError("epsilon and delta apply to release: noisy only; set release: "
                              "noisy, or remove them (exact test metrics have no ε)")
         return self
+
+
+def check_cpu_processes(nproc: int) -> None:
+    """Refuse more training processes than the CPU has cores (each would get no core of its
+    own); one place for the rule, read by the settings and by the launcher."""
+    cores = os.cpu_count() or 1
+    if nproc > cores:
+        raise ConfigError(
+            f"nproc {nproc} is more processes than the {cores} CPU cores of this machine: set "
+            f"nproc to at most {cores} (or device: cuda, one process a GPU)")
 
 
 class TrainConfig(BaseModel):
@@ -243,11 +254,8 @@ by :func:`~dpfair.training.make_plan` (which knows n_train) unless ``allow_large
             raise ValueError("give exactly one of epochs and steps")
         if self.optimizer == "adam" and self.momentum:
             raise ValueError("momentum is an SGD option; adam has its own betas")
-        cores = os.cpu_count() or 1
-        if self.nproc > cores and self.device != "cuda":
-            raise ValueError(
-                f"nproc {self.nproc} is more processes than the {cores} CPU cores of this "
-                f"machine: set nproc to at most {cores} (or device: cuda, one process a GPU)")
+        if self.device != "cuda":
+            check_cpu_processes(self.nproc)
         if self.nproc > 1 and self.method.method_class.batch_terms:
             raise ValueError(
                 f"method {self.method.name!r} forms its per-sample gradients from terms of the "

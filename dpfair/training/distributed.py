@@ -46,6 +46,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dpfair.engine.collective import Collective
 from dpfair.errors import ConfigError, DistributedError
+from dpfair.training.config import check_cpu_processes
 
 __all__ = ["COLLECTIVE_TIMEOUT", "ProcessGroup", "check_nproc", "launch"]
 
@@ -66,10 +67,7 @@ def check_nproc(nproc: int, device: str) -> None:
             raise ConfigError(f"nproc {nproc} is more processes than the {gpus} GPUs of this "
                               f"machine: set experiment.train.nproc (or --nproc) to at most {gpus}")
         return
-    cores = os.cpu_count() or 1
-    if nproc > cores:
-        raise ConfigError(f"nproc {nproc} is more processes than the {cores} CPU cores of this "
-                          f"machine: set experiment.train.nproc (or --nproc) to at most {cores}")
+    check_cpu_processes(nproc)
 
 
 @dataclass(frozen=True)
