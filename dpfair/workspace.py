@@ -57,25 +57,31 @@ def open_racing(open_store: Callable[[], T], url: str, attempts: int = 6) -> T:
     """``open_store()``: the first open of the MLflow store or Optuna storage at ``url``,
     whose schema the first use of a fresh database creates. Processes started together (several
     ``dpfair tune`` on one database) race on that creation, with varied errors (a duplicate
-    table, type or ``alembic_version`` row, a missing index). A SQLite file is therefore opened
-    under an exclusive ``flock`` of it (which SQLite's own locks ignore): one process creates
-    the schema, the others find it made. A database server is opened again after a growing
-    pause when an attempt fails, up to ``attempts`` times: the loser then opens the schema the
-    winner made (the preflight has checked that the server answers and logs in)."""
+    table, type or ``alembic_version`` row, a missing index, a schema "out of date" while
+    another process is still migrating it). A SQLite file is therefore opened under an
+    exclusive ``flock`` of it (which SQLite's own locks ignore): one dpfair process creates the
+    schema, the others find it made. A failed open is tried again after a growing pause, up to
+    ``attempts`` times, for a database server and for a SQLite file alike: a process that is
+    not dpfair (``mlflow ui``, a notebook) takes no ``flock``, and the loser then opens the
+    schema the winner made (the preflight has checked that a server answers and logs in)."""
     path = url.split(":///", 1)[1] if url.startswith("sqlite:///") else None
-    if path and path != ":memory:" and fcntl is not None:
-        with open(path, "ab") as handle:  # creates an empty file: SQLite takes it as new
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                return open_store()
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    locked = bool(path) and path != ":memory:" and fcntl is not None
     attempt = 0
     while True:
         attempt += 1
         try:
-            return open_store()
+            return _under_flock(open_store, path) if locked and path else open_store()
         except Exception:
-            if attempt >= attempts or url.startswith("sqlite"):
+            if attempt >= attempts:
                 raise
             time.sleep(0.5 * attempt + random.random())  # jitter (no secret)
+
+
+def _under_flock(open_store: Callable[[], T], path: str) -> T:
+    """``open_store()`` under an exclusive ``flock`` of the SQLite file ``path``."""
+    with open(path, "ab") as handle:  # creates an empty file: SQLite takes it as new
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            return open_store()
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

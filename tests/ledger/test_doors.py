@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from dpfair.cli.commands import app
 from dpfair.errors import PrivacyError
 from dpfair.ledger import SourceLedger
+from dpfair.workspace import open_racing
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 runner = CliRunner()
@@ -134,9 +135,10 @@ def test_sigterm_ends_train_with_its_run_failed_and_its_release_settled(tmp_path
     running = []
     while not running and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(1.0)
-        if (tmp_path / "m.db").exists():
-            running = [r for e in client.search_experiments()
-                       for r in client.search_runs([e.experiment_id])]
+        if (tmp_path / "m.db").exists():  # under dpfair's lock: the schema may be in the making
+            running = open_racing(lambda: [r for e in client.search_experiments()
+                                           for r in client.search_runs([e.experiment_id])],
+                                  f"sqlite:///{tmp_path / 'm.db'}")
     assert running, proc.communicate()[0]
     time.sleep(2.0)  # inside the training loop
     proc.send_signal(signal.SIGTERM)

@@ -15,7 +15,7 @@ from dpfair import accounting
 from dpfair.ledger import SourceLedger
 from dpfair.ledger.store import ledger_url
 from dpfair.urls import mask_url as mask_password
-from dpfair.workspace import durable_sqlite_uri, project_root
+from dpfair.workspace import durable_sqlite_uri, open_racing, project_root
 
 DELTA = 1e-5
 EVENT = accounting.run_event(dp_event.GaussianDpEvent(1.0), 0.02, 200)
@@ -193,3 +193,22 @@ def test_a_dead_machines_claim_expires_and_a_live_ones_is_renewed(tmp_path, monk
         other.unclaim("resume of pipeline run r1")
     finally:
         holder.kill()
+
+
+def test_a_sqlite_store_another_program_is_still_creating_is_opened_again(tmp_path):
+    """A program that is not dpfair (``mlflow ui``, a notebook) takes no lock while it creates a
+    fresh SQLite store's schema; dpfair's open meanwhile fails (MLflow: "out-of-date database
+    schema") and is tried again under the lock until the schema is made."""
+    from mlflow import MlflowClient
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    tries = []
+
+    def open_store():
+        tries.append(1)
+        if len(tries) == 1:  # the other program is half-way through its migrations
+            raise RuntimeError("Detected out-of-date database schema")
+        return MlflowClient(tracking_uri=url).search_experiments(max_results=1)
+
+    assert [e.name for e in open_racing(open_store, url)] == ["Default"]
+    assert len(tries) == 2
