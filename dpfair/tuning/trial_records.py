@@ -36,6 +36,7 @@ from typing import TypedDict
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from dpfair.processes import uninterrupted
 from dpfair.tuning.config import Scalar
 
 __all__ = [
@@ -145,7 +146,8 @@ class Heartbeat:
                 self.beat()
 
     def __enter__(self) -> Heartbeat:
-        self.beat()
+        with uninterrupted():  # a write: see dpfair.tuning.worker._record
+            self.beat()
         self._thread.start()
         return self
 

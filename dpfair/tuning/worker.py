@@ -86,7 +86,8 @@ def run_worker(
             continue
         value, result = outcome
         try:
-            study.tell(trial, value)
+            with uninterrupted():
+                study.tell(trial, value)
         except Exception as exc:  # failed as stale meanwhile (a paused worker): counts, no score
             _log.warning("trial %d could not be completed: %r", trial.number, exc)
             continue
@@ -148,12 +149,9 @@ def _run(
     params = {k: v for k, v in trial.params.items() if k != "_"}
     seed = seed_of_run(cfg.seed, trial.number)
     try:
-        trial.set_user_attr("dpfair.ledger", "run")
-        trial.set_user_attr("dpfair.tuning_privacy", cfg.tuning_privacy)
-        trial.set_user_attr("dpfair.seed", seed)
-        trial.set_user_attr("dpfair.worker", index)
-        trial.set_user_attr("dpfair.host", socket.gethostname())
-        trial.set_user_attr("dpfair.pid", os.getpid())
+        _record(trial, {"dpfair.ledger": "run", "dpfair.tuning_privacy": cfg.tuning_privacy,
+                        "dpfair.seed": seed, "dpfair.worker": index,
+                        "dpfair.host": socket.gethostname(), "dpfair.pid": os.getpid()})
         with Heartbeat(study._storage, trial._trial_id, cfg.heartbeat_interval):
             return _train_and_score(trial, job, params, seed, train_fn)
     except Exception as exc:
@@ -162,6 +160,16 @@ def _run(
         if isinstance(exc, _AccountingMismatch):
             raise
         return None
+
+
+def _record(trial: optuna.Trial, attrs: Mapping[str, object]) -> None:
+    """Write ``attrs`` to ``trial``, uninterrupted: a SIGTERM that cuts a write while it waits
+    for Optuna's journal-file lock makes Optuna remove the lock another process holds (or raise
+    ``RuntimeError: did not possess lock`` when that process let it go meanwhile), so the
+    signal is raised once the write is done."""
+    with uninterrupted():
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
 
 
 def _fail(study: optuna.Study, trial: optuna.Trial, error: str) -> None:
@@ -180,13 +188,12 @@ def _train_and_score(trial: optuna.Trial, job: TuningJob, params: dict[str, Scal
     config = make_config(
         job.method_cfg, job.train_cfg_base, params, seed, reproducible=cfg.reproducible
     )
-    trial.set_user_attr("dpfair.config", config_json(config))
+    _record(trial, {"dpfair.config": config_json(config)})
     result = train_fn(config, job.dataset)
     event_json = accounting.event_to_json(result_event(result))
-    trial.set_user_attr("dpfair.event", event_json)
     guarantee = getattr(result, "privacy_guarantee", None)
-    if guarantee is not None:
-        trial.set_user_attr("dpfair.privacy_guarantee", str(guarantee))
+    _record(trial, {"dpfair.event": event_json} if guarantee is None else
+            {"dpfair.event": event_json, "dpfair.privacy_guarantee": str(guarantee)})
     planned = job.planned.get(params_key(params))
     if event_json != planned:
         raise _AccountingMismatch(
@@ -205,7 +212,7 @@ def _train_and_score(trial: optuna.Trial, job: TuningJob, params: dict[str, Scal
         score_rng(cfg, trial.number),
         cfg.constraint,
     )
-    trial.set_user_attr("dpfair.score", value)
+    _record(trial, {"dpfair.score": value})
     return value, result
 
 

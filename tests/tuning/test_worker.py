@@ -204,3 +204,37 @@ def test_a_run_stopped_by_sigterm_is_failed_and_no_other_starts(tmp_path, monkey
     trials = optuna.load_study(study_name="stop", storage=c["storage"]).get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL]
     assert trials[0].user_attrs["dpfair.error"].startswith("stopped (Terminated)")
+
+
+def test_sigterm_while_waiting_for_the_journal_lock_leaves_the_holders_lock(tmp_path, monkeypatch):
+    """A SIGTERM while a trial's write waits for Optuna's journal-file lock, held by another
+    worker: the write waits on and is done, then Terminated is raised. Cut inside the wait,
+    Optuna's lock removed the other worker's lock (or raised RuntimeError when it was let go
+    meanwhile: a trial then failed with that error instead of "stopped (Terminated)")."""
+    import threading
+
+    from optuna.storages.journal import JournalFileBackend
+
+    from dpfair import processes
+    from dpfair.errors import Terminated
+    from dpfair.processes import sigterm_raises
+
+    monkeypatch.setattr(processes, "_STOP", threading.Event())  # the flag is this test's
+    path = str(tmp_path / "optuna.journal")
+    study = optuna.create_study(storage=optuna.storages.JournalStorage(JournalFileBackend(path)))
+    trial = study.ask()
+    lock = path + ".lock"  # Optuna's symlink lock of the journal file
+    held_to_the_end = []
+
+    def other_worker_lets_go() -> None:
+        time.sleep(1.5)
+        held_to_the_end.append(os.path.lexists(lock))
+        os.unlink(lock)
+
+    os.symlink(path, lock)  # another worker holds the lock
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    threading.Thread(target=other_worker_lets_go, daemon=True).start()
+    with pytest.raises(Terminated), sigterm_raises():
+        worker_module._record(trial, {"dpfair.seed": 7})
+    assert held_to_the_end == [True]
+    assert study.trials[0].user_attrs["dpfair.seed"] == 7
