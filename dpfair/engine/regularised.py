@@ -7,17 +7,45 @@ predicted probability of class 1). The regularisers are batch terms, so every
 
 ``grad R1`` needs Hessian-vector products: writing
 ``u = g_{B_a} - g_{B_b} = grad sum_i alpha_i l_i`` and ``v = gbar_B - g_B = grad sum_i beta_i l_i``
-with the clip factors held fixed, ``grad <u, v> = H_alpha v + H_beta u``, one double backward
-(second derivatives: the per-layer factors do not hold them). ``u``, ``v`` and every
-``<g_i, r>`` are first order and come from the engine's per-layer factors.
+with the clip factors held fixed, ``grad <u, v> = H_alpha v + H_beta u``: the gradient of
+``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` with ``u`` and ``v`` held fixed (second
+derivatives: the engine's per-layer factors do not hold them). ``u``, ``v`` and every
+``<g_i, r>`` are first order and come from the engine's factors.
+
+Both products share one forward and one backward with ``create_graph``
+(:func:`_factored_products`): a layer ``z = f(a; W)`` that is linear in its parameters (those of
+:data:`TANGENT_LAYERS`) has ``<grad_W l_i, V> = <d_i, f(a_i; V)>`` (``d_i`` its output
+gradient), so ``s = sum_layers sum_i <d_i, alpha_i f(a_i; V) + beta_i f(a_i; U)>`` needs the
+output gradients of one backward to the layer outputs, two forwards of each layer at ``V`` and
+``U``, and one double backward; no gradient of a parameter is formed with a graph. A model with
+another layer type, a layer called without the batch axis, or on the materialised engine takes
+two weighted backwards to the parameters (``J^T alpha``, ``J^T beta``) instead; the gradient
+is the same.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from typing import Any
 
-from dpfair.engine.gradients import LossFn, PerSampleGradients, trainable_parameters
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from dpfair.engine.gradients import (
+    GhostClipping,
+    LossFn,
+    PerSampleGradients,
+    modifies_in_place,
+    plan_layers,
+    trainable_parameters,
+)
+
+#: Layers linear in their own parameters: ``f(a; W)``'s derivative in direction ``V`` is
+#: ``f(a; V)`` (the frozen parameters held at zero).
+TANGENT_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.Linear, nn.Conv2d, nn.LayerNorm, nn.GroupNorm, nn.Embedding
+)
 
 
 def _positive_probability(outputs: Tensor) -> Tensor:
@@ -34,6 +62,69 @@ def _dot(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
     return torch.dot(torch.cat([a.reshape(-1) for a in xs]), torch.cat([b.reshape(-1) for b in ys]))
 
 
+def _tangent_layers(model: nn.Module) -> list[nn.Module] | None:
+    """The modules owning trainable parameters when every one is a :data:`TANGENT_LAYERS`
+    layer the engine's fast path serves (an embedding that renormalises or rescales its rows
+    is not linear in them), else ``None``."""
+    plan = plan_layers(model)
+    if plan.slow or not all(isinstance(m, TANGENT_LAYERS) for m in plan.fast):
+        return None
+    return plan.fast
+
+
+def _tangent(module: nn.Module, a: Tensor, r: dict[nn.Parameter, Tensor]) -> Tensor:
+    """``f(a; R)``: the layer's output at the parameters ``R`` (zero where ``r`` has none, as
+    for a frozen parameter), its derivative in direction ``R`` at any parameters. An
+    embedding's ``padding_idx`` row has no gradient, so positions holding it get none."""
+    params = {n: r.get(p, torch.zeros_like(p)) for n, p in module.named_parameters(recurse=False)}
+    if isinstance(module, nn.Linear):
+        return F.linear(a, params["weight"], params.get("bias"))
+    out = functional_call(module, params, (a,))
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        out = out.masked_fill((a == module.padding_idx).unsqueeze(-1), 0)
+    return out
+
+
+class _Capture:
+    """Forward hooks keeping each tangent layer's input and output (a copy handed on where
+    the model modifies outputs in place, so the kept output is the one the layer returned)."""
+
+    def __init__(self, layers: list[nn.Module], clone: bool) -> None:
+        self.calls: list[tuple[nn.Module, Tensor, Tensor]] = []
+        self.clone = clone
+        self.handles = [m.register_forward_hook(self) for m in layers]
+
+    def __call__(self, module: nn.Module, args: tuple, output: Tensor) -> Any:
+        self.calls.append((module, args[0], output))
+        return output.clone() if self.clone else None
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _factored_products(
+    calls: list[tuple[nn.Module, Tensor, Tensor]], losses: Tensor, weights: tuple[Tensor, Tensor],
+    directions: tuple[dict[nn.Parameter, Tensor], dict[nn.Parameter, Tensor]],
+) -> Tensor | None:
+    """``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` as a function of theta, from one
+    backward (with ``create_graph``) to the captured layer outputs; ``None`` where a layer ran
+    without the batch axis (its output gradient sums over samples)."""
+    batch = losses.shape[0]
+    if any(out.dim() == 0 or out.shape[0] != batch for _, _, out in calls):
+        return None
+    outs = [out for _, _, out in calls]
+    grads = torch.autograd.grad(losses.sum(), outs, create_graph=True, allow_unused=True)
+    terms = []
+    for (module, a, _), d in zip(calls, grads, strict=True):
+        if d is None:
+            continue
+        for w, r in zip(weights, directions, strict=True):
+            per_sample = (d * _tangent(module, a, r)).reshape(batch, -1).sum(1)
+            terms.append(torch.dot(per_sample, w))
+    return torch.stack(terms).sum() if terms else None
+
+
 class RegularisedGradients(PerSampleGradients):
     """Wraps an engine: ``g'_i = g_i + r`` with ``r`` the gradient of the FairLens regularisers."""
 
@@ -42,6 +133,18 @@ class RegularisedGradients(PerSampleGradients):
     def __init__(self, inner: PerSampleGradients, C: float, gamma1: float, gamma2: float) -> None:
         self.inner, self.C, self.gamma1, self.gamma2 = inner, C, gamma1, gamma2
         self.shared: list[Tensor] = []
+        self._model: nn.Module | None = None  # the model _layers and _clone were found for
+        self._layers: list[nn.Module] | None = None
+        self._clone = False
+
+    def _capture(self, model: nn.Module) -> _Capture | None:
+        """Hooks on the layers whose products are factored (:func:`_tangent_layers`, found
+        once per model); ``None`` on the materialised engine or another layer type."""
+        if self._model is not model:
+            fast = isinstance(self.inner, GhostClipping)
+            self._layers = _tangent_layers(model) if fast else None
+            self._model, self._clone = model, modifies_in_place(model)
+        return None if self._layers is None else _Capture(self._layers, self._clone)
 
     def compute(
         self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
@@ -51,10 +154,17 @@ class RegularisedGradients(PerSampleGradients):
         norms = self.inner.compute(model, loss_fn, x, y)
         self.losses = self.inner.losses
         keep = torch.isfinite(norms)  # the regularisers are formed from the finite samples
+        every = bool(keep.all())
         params = trainable_parameters(model)
-        outputs = model(x[keep])
-        losses = loss_fn(outputs, y[keep])
-        reg = self._regulariser(norms, keep, groups, outputs, losses, params)
+        capture = self._capture(model)
+        try:
+            outputs = model(x if every else x[keep])
+        finally:
+            if capture is not None:
+                capture.remove()
+        losses = loss_fn(outputs, y if every else y[keep])
+        calls = [] if capture is None else capture.calls
+        reg = self._regulariser(norms, keep, groups, outputs, losses, params, calls)
         if reg.requires_grad:
             grads = torch.autograd.grad(reg, params, retain_graph=True, allow_unused=True)
         else:
@@ -86,6 +196,7 @@ class RegularisedGradients(PerSampleGradients):
         outputs: Tensor,
         losses: Tensor,
         params: list[nn.Parameter],
+        calls: list[tuple[nn.Module, Tensor, Tensor]],
     ) -> Tensor:
         """``gamma1 R1 + gamma2 R2`` as a function of theta, with the clip factors held fixed."""
         prob, kept = _positive_probability(outputs), groups[keep]
@@ -101,10 +212,17 @@ class RegularisedGradients(PerSampleGradients):
         alpha = (in_group[0] / sizes[0] - in_group[1] / sizes[1]).to(norms.dtype)
         beta = torch.where(keep, ((self.C / norms).clamp(max=1.0) - 1) / keep.sum(), 0.0)
         u, v = self.inner.weighted_grad(alpha), self.inner.weighted_grad(beta)
-        ju = torch.autograd.grad(losses, params, alpha[keep], create_graph=True)
-        jv = torch.autograd.grad(losses, params, beta[keep], create_graph=True)
-        inner = _dot(list(ju), v) + _dot(list(jv), u)  # its gradient: H_alpha v + H_beta u
-        return total + self.gamma1 * torch.sign(_dot(u, v)) * inner
+        s = None
+        if calls:
+            s = _factored_products(
+                calls, losses, (alpha[keep], beta[keep]),
+                (dict(zip(params, v, strict=True)), dict(zip(params, u, strict=True))),
+            )
+        if s is None:  # two weighted backwards to the parameters
+            ju = torch.autograd.grad(losses, params, alpha[keep], create_graph=True)
+            jv = torch.autograd.grad(losses, params, beta[keep], create_graph=True)
+            s = _dot(list(ju), v) + _dot(list(jv), u)  # its gradient: H_alpha v + H_beta u
+        return total + self.gamma1 * torch.sign(_dot(u, v)) * s
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         summed = [torch.zeros_like(r) for r in self.shared]
