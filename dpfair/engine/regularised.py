@@ -57,9 +57,10 @@ def _positive_probability(outputs: Tensor) -> Tensor:
 
 
 def _dot(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
-    """``<x, y>`` of two parameter-shaped lists as one vector each (one product, not one per
-    parameter)."""
-    return torch.dot(torch.cat([a.reshape(-1) for a in xs]), torch.cat([b.reshape(-1) for b in ys]))
+    """``<x, y>`` of two parameter-shaped lists (no copy into one vector)."""
+    return torch.stack(
+        [torch.vdot(a.reshape(-1), b.reshape(-1)) for a, b in zip(xs, ys, strict=True)]
+    ).sum()
 
 
 def _tangent_layers(model: nn.Module) -> list[nn.Module] | None:
@@ -76,7 +77,8 @@ def _tangent(module: nn.Module, a: Tensor, r: dict[nn.Parameter, Tensor]) -> Ten
     """``f(a; R)``: the layer's output at the parameters ``R`` (zero where ``r`` has none, as
     for a frozen parameter), its derivative in direction ``R`` at any parameters. An
     embedding's ``padding_idx`` row has no gradient, so positions holding it get none."""
-    params = {n: r.get(p, torch.zeros_like(p)) for n, p in module.named_parameters(recurse=False)}
+    own = module.named_parameters(recurse=False)
+    params = {n: r[p] if p in r else torch.zeros_like(p) for n, p in own}
     if isinstance(module, nn.Linear):
         return F.linear(a, params["weight"], params.get("bias"))
     out = functional_call(module, params, (a,))
@@ -107,21 +109,25 @@ def _factored_products(
     calls: list[tuple[nn.Module, Tensor, Tensor]], losses: Tensor, weights: tuple[Tensor, Tensor],
     directions: tuple[dict[nn.Parameter, Tensor], dict[nn.Parameter, Tensor]],
 ) -> Tensor | None:
-    """``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` as a function of theta, from one
-    backward (with ``create_graph``) to the captured layer outputs; ``None`` where a layer ran
-    without the batch axis (its output gradient sums over samples)."""
+    """``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` as a function of theta (``weights``
+    ``alpha, beta``; ``directions`` ``v, u``), from one backward (with ``create_graph``) to the
+    captured layer outputs ``d``: ``sum_layers <d, alpha f(a; V) + beta f(a; U)>``. ``None``
+    where a layer ran without the batch axis (its output gradient sums over samples)."""
     batch = losses.shape[0]
     if any(out.dim() == 0 or out.shape[0] != batch for _, _, out in calls):
         return None
     outs = [out for _, _, out in calls]
     grads = torch.autograd.grad(losses.sum(), outs, create_graph=True, allow_unused=True)
+    (alpha, beta), (v, u) = weights, directions
     terms = []
-    for (module, a, _), d in zip(calls, grads, strict=True):
+    for (module, a, out), d in zip(calls, grads, strict=True):
         if d is None:
             continue
-        for w, r in zip(weights, directions, strict=True):
-            per_sample = (d * _tangent(module, a, r)).reshape(batch, -1).sum(1)
-            terms.append(torch.dot(per_sample, w))
+        view = (batch, *([1] * (out.dim() - 1)))  # the sample weights against the output
+        both = torch.addcmul(
+            alpha.view(view) * _tangent(module, a, v), beta.view(view), _tangent(module, a, u)
+        )
+        terms.append(torch.vdot(d.reshape(-1), both.reshape(-1)))
     return torch.stack(terms).sum() if terms else None
 
 
@@ -198,29 +204,32 @@ class RegularisedGradients(PerSampleGradients):
         params: list[nn.Parameter],
         calls: list[tuple[nn.Module, Tensor, Tensor]],
     ) -> Tensor:
-        """``gamma1 R1 + gamma2 R2`` as a function of theta, with the clip factors held fixed."""
-        prob, kept = _positive_probability(outputs), groups[keep]
-        total = losses.new_zeros(())
-        for k in (0, 1):  # R2
-            if (kept == k).any():
-                f = prob[kept == k].mean()
-                total = total + self.gamma2 * 0.5 * f * (1 - f)
+        """``gamma1 R1 + gamma2 R2`` as a function of theta, with the clip factors held fixed.
+        ``keep``: the finite samples, those ``outputs`` and ``losses`` are of (a group mean of
+        the probabilities is a masked sum, so an empty group adds nothing to R2)."""
+        every = len(losses) == len(keep)
+        kept = groups if every else groups[keep]
+        member = (kept.unsqueeze(1) == torch.arange(2, device=kept.device)).to(outputs.dtype)
+        f = (_positive_probability(outputs) @ member) / member.sum(0).clamp(min=1)
+        total = self.gamma2 * 0.5 * (f * (1 - f)).sum()  # R2
         in_group = [keep & (groups == k) for k in (0, 1)]
         sizes = [m.sum() for m in in_group]
-        if sizes[0] == 0 or sizes[1] == 0:  # R1 needs both groups
+        if sizes[0] == 0 or sizes[1] == 0 or self.gamma1 == 0:  # R1 needs both groups
             return total
         alpha = (in_group[0] / sizes[0] - in_group[1] / sizes[1]).to(norms.dtype)
         beta = torch.where(keep, ((self.C / norms).clamp(max=1.0) - 1) / keep.sum(), 0.0)
         u, v = self.inner.weighted_grad(alpha), self.inner.weighted_grad(beta)
+        if not every:
+            alpha, beta = alpha[keep], beta[keep]
         s = None
         if calls:
             s = _factored_products(
-                calls, losses, (alpha[keep], beta[keep]),
+                calls, losses, (alpha, beta),
                 (dict(zip(params, v, strict=True)), dict(zip(params, u, strict=True))),
             )
         if s is None:  # two weighted backwards to the parameters
-            ju = torch.autograd.grad(losses, params, alpha[keep], create_graph=True)
-            jv = torch.autograd.grad(losses, params, beta[keep], create_graph=True)
+            ju = torch.autograd.grad(losses, params, alpha, create_graph=True)
+            jv = torch.autograd.grad(losses, params, beta, create_graph=True)
             s = _dot(list(ju), v) + _dot(list(jv), u)  # its gradient: H_alpha v + H_beta u
         return total + self.gamma1 * torch.sign(_dot(u, v)) * s
 
