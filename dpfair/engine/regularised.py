@@ -25,6 +25,7 @@ is the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -105,30 +106,95 @@ class _Capture:
             h.remove()
 
 
-def _factored_products(
-    calls: list[tuple[nn.Module, Tensor, Tensor]], losses: Tensor, weights: tuple[Tensor, Tensor],
-    directions: tuple[dict[nn.Parameter, Tensor], dict[nn.Parameter, Tensor]],
-) -> Tensor | None:
-    """``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` as a function of theta (``weights``
-    ``alpha, beta``; ``directions`` ``v, u``), from one backward (with ``create_graph``) to the
-    captured layer outputs ``d``: ``sum_layers <d, alpha f(a; V) + beta f(a; U)>``. ``None``
-    where a layer ran without the batch axis (its output gradient sums over samples)."""
+Directions = dict[nn.Parameter, Tensor]
+
+
+def _gram_is_cheaper(module: nn.Module, calls: list[tuple[Tensor, Tensor, Tensor]]) -> bool:
+    """Whether a Linear applied once per sample takes the Gram route of :func:`_products`
+    (``2 B^2 (d_in + d_out)`` multiply-adds) rather than its sums and tangents
+    (``6 B d_in d_out``)."""
+    if not isinstance(module, nn.Linear) or len(calls) != 1 or calls[0][0].dim() != 2:
+        return False
+    b = calls[0][0].shape[0]
+    return b * (module.in_features + module.out_features) < 3 * module.in_features * (
+        module.out_features)
+
+
+def _linear_sums(
+    module: nn.Linear, calls: list[tuple[Tensor, Tensor, Tensor]], w: Tensor
+) -> Directions:
+    """``sum_i w_i g_i`` of a Linear's trainable parameters from its calls' (detached) factors."""
+    out: Directions = {}
+    wd = _rows([w.view(-1, *([1] * (d.dim() - 1))) * d.detach() for _, _, d in calls])
+    if module.weight.requires_grad:
+        out[module.weight] = torch.mm(wd.T, _rows([a.detach() for a, _, _ in calls]))
+    if module.bias is not None and module.bias.requires_grad:
+        out[module.bias] = wd.sum(0)
+    return out
+
+
+def _rows(parts: list[Tensor]) -> Tensor:
+    """The positions of every call as rows of one matrix (no copy for one call of one)."""
+    rows = [t.reshape(-1, t.shape[-1]) for t in parts]
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+def _products(
+    calls: list[tuple[nn.Module, Tensor, Tensor]], losses: Tensor, alpha: Tensor, beta: Tensor,
+    engine_sums: Callable[[], tuple[Directions, Directions]],
+) -> tuple[Tensor, Tensor] | None:
+    """``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` as a function of theta (``v``, ``u``
+    held fixed) and ``<u, v>``, from one backward (with ``create_graph``) to the captured layer
+    outputs ``d``. Per layer: ``<d, alpha f(a; V) + beta f(a; U)>``, ``U``, ``V`` the layer's
+    parts of ``u``, ``v`` (the engine's ``engine_sums``, or a Linear's own where every layer
+    is one); or, for a Linear applied once per sample where cheaper, the Gram route
+    ``s_l = <c * K, G>``, ``c = alpha beta^T + beta alpha^T``, ``K_ij = a_i . a_j + 1`` and
+    ``G_ij = d_i . d_j`` (the ``j`` side held fixed: ``<g_i, g_j> = K_ij G_ij``), which never
+    forms ``U`` or ``V``. ``None`` where a layer ran without the batch axis (its output
+    gradient sums over samples)."""
     batch = losses.shape[0]
     if any(out.dim() == 0 or out.shape[0] != batch for _, _, out in calls):
         return None
-    outs = [out for _, _, out in calls]
-    grads = torch.autograd.grad(losses.sum(), outs, create_graph=True, allow_unused=True)
-    (alpha, beta), (v, u) = weights, directions
-    terms = []
+    grads = torch.autograd.grad(
+        losses.sum(), [out for _, _, out in calls], create_graph=True, allow_unused=True
+    )
+    by_layer: dict[nn.Module, list[tuple[Tensor, Tensor, Tensor]]] = {}
     for (module, a, out), d in zip(calls, grads, strict=True):
-        if d is None:
+        if d is not None:
+            by_layer.setdefault(module, []).append((a, out, d))
+    own = all(isinstance(m, nn.Linear) for m in by_layer)  # each Linear forms its own U, V
+    u, v = ({}, {}) if own else engine_sums()
+    c = torch.outer(alpha, beta)
+    c = c + c.T
+    terms, uv = [], []
+    for module, layer_calls in by_layer.items():
+        if own and _gram_is_cheaper(module, layer_calls):
+            a, _, d = layer_calls[0]
+            weight, bias = module.weight.requires_grad, module.bias is not None and (
+                module.bias.requires_grad)
+            k = a @ a.detach().T if weight else a.new_zeros(())
+            k = k + 1 if bias else k
+            g = d @ d.detach().T
+            terms.append(torch.vdot((c * k).reshape(-1), g.reshape(-1)))
+            uv.append(torch.dot(alpha, (k.detach() * g.detach()) @ beta))
             continue
-        view = (batch, *([1] * (out.dim() - 1)))  # the sample weights against the output
-        both = torch.addcmul(
-            alpha.view(view) * _tangent(module, a, v), beta.view(view), _tangent(module, a, u)
-        )
-        terms.append(torch.vdot(d.reshape(-1), both.reshape(-1)))
-    return torch.stack(terms).sum() if terms else None
+        if own:
+            assert isinstance(module, nn.Linear)
+            u.update(_linear_sums(module, layer_calls, alpha))
+            v.update(_linear_sums(module, layer_calls, beta))
+            uv += [torch.vdot(u[p].reshape(-1), v[p].reshape(-1)) for p in module.parameters(
+                recurse=False) if p.requires_grad]
+        for a, out, d in layer_calls:
+            view = (batch, *([1] * (out.dim() - 1)))  # the sample weights against the output
+            both = torch.addcmul(
+                alpha.view(view) * _tangent(module, a, v), beta.view(view), _tangent(module, a, u)
+            )
+            terms.append(torch.vdot(d.reshape(-1), both.reshape(-1)))
+    if not terms:
+        return None
+    if not own:
+        uv = [_dot(list(u.values()), [v[p] for p in u])]
+    return torch.stack(terms).sum(), torch.stack(uv).sum()
 
 
 class RegularisedGradients(PerSampleGradients):
@@ -218,20 +284,25 @@ class RegularisedGradients(PerSampleGradients):
             return total
         alpha = (in_group[0] / sizes[0] - in_group[1] / sizes[1]).to(norms.dtype)
         beta = torch.where(keep, ((self.C / norms).clamp(max=1.0) - 1) / keep.sum(), 0.0)
-        u, v = self.inner.weighted_grad(alpha), self.inner.weighted_grad(beta)
-        if not every:
-            alpha, beta = alpha[keep], beta[keep]
-        s = None
+
+        def engine_sums() -> tuple[Directions, Directions]:
+            u, v = self.inner.weighted_grad(alpha), self.inner.weighted_grad(beta)
+            return dict(zip(params, u, strict=True)), dict(zip(params, v, strict=True))
+
+        found = None
         if calls:
-            s = _factored_products(
-                calls, losses, (alpha, beta),
-                (dict(zip(params, v, strict=True)), dict(zip(params, u, strict=True))),
+            found = _products(
+                calls, losses, alpha if every else alpha[keep], beta if every else beta[keep],
+                engine_sums,
             )
-        if s is None:  # two weighted backwards to the parameters
-            ju = torch.autograd.grad(losses, params, alpha, create_graph=True)
-            jv = torch.autograd.grad(losses, params, beta, create_graph=True)
-            s = _dot(list(ju), v) + _dot(list(jv), u)  # its gradient: H_alpha v + H_beta u
-        return total + self.gamma1 * torch.sign(_dot(u, v)) * s
+        if found is None:  # two weighted backwards to the parameters
+            u, v = (list(t.values()) for t in engine_sums())
+            ju = torch.autograd.grad(losses, params, alpha[keep], create_graph=True)
+            jv = torch.autograd.grad(losses, params, beta[keep], create_graph=True)
+            # the gradient of <J^T alpha, v> + <J^T beta, u>: H_alpha v + H_beta u
+            found = _dot(list(ju), v) + _dot(list(jv), u), _dot(u, v)
+        s, uv = found
+        return total + self.gamma1 * torch.sign(uv) * s
 
     def weighted_grad(self, weights: Tensor) -> list[Tensor]:
         summed = [torch.zeros_like(r) for r in self.shared]
