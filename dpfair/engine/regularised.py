@@ -278,11 +278,11 @@ class RegularisedGradients(PerSampleGradients):
         member = (kept.unsqueeze(1) == torch.arange(2, device=kept.device)).to(outputs.dtype)
         f = (_positive_probability(outputs) @ member) / member.sum(0).clamp(min=1)
         total = self.gamma2 * 0.5 * (f * (1 - f)).sum()  # R2
-        in_group = [keep & (groups == k) for k in (0, 1)]
+        in_group = [(keep & (groups == k)).to(norms.dtype) for k in (0, 1)]
         sizes = [m.sum() for m in in_group]
         if sizes[0] == 0 or sizes[1] == 0 or self.gamma1 == 0:  # R1 needs both groups
             return total
-        alpha = (in_group[0] / sizes[0] - in_group[1] / sizes[1]).to(norms.dtype)
+        alpha = in_group[0] / sizes[0] - in_group[1] / sizes[1]  # in the norms' precision
         beta = torch.where(keep, ((self.C / norms).clamp(max=1.0) - 1) / keep.sum(), 0.0)
 
         def engine_sums() -> tuple[Directions, Directions]:
