@@ -172,8 +172,8 @@ def _products(
             a, _, d = layer_calls[0]
             weight, bias = module.weight.requires_grad, module.bias is not None and (
                 module.bias.requires_grad)
-            k = a @ a.detach().T if weight else a.new_zeros(())
-            k = k + 1 if bias else k
+            one = a.new_ones(()) if bias else a.new_zeros(())
+            k = torch.addmm(one, a, a.detach().T) if weight else one
             g = d @ d.detach().T
             terms.append(torch.vdot((c * k).reshape(-1), g.reshape(-1)))
             uv.append(torch.dot(alpha, (k.detach() * g.detach()) @ beta))
@@ -245,17 +245,21 @@ class RegularisedGradients(PerSampleGradients):
             torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
         ]
         sq = norms.square() + _dot(self.shared, self.shared)
-        cross = self._cross(losses, params, keep)
-        if cross is not None:
+        cross = self._cross(losses, params, None if every else keep)
+        if cross is not None and every:
+            sq.add_(cross.detach(), alpha=2)
+        elif cross is not None:
             sq[keep] = sq[keep] + 2 * cross.detach()
         return sq.clamp(min=0).sqrt()
 
-    def _cross(self, losses: Tensor, params: list[nn.Parameter], keep: Tensor) -> Tensor | None:
-        """``<g_i, r>`` of the kept samples: from the engine's per-layer factors, else
-        ``J r = d/dv <J^T v, r>`` (a double backward)."""
+    def _cross(
+        self, losses: Tensor, params: list[nn.Parameter], keep: Tensor | None
+    ) -> Tensor | None:
+        """``<g_i, r>`` of the kept samples (``None``: all): from the engine's per-layer
+        factors, else ``J r = d/dv <J^T v, r>`` (a double backward)."""
         dots = self.inner.per_sample_dots(self.shared)
         if dots is not None:
-            return dots[keep]
+            return dots if keep is None else dots[keep]
         v = torch.ones_like(losses, requires_grad=True)
         jt_v = torch.autograd.grad(losses, params, v, create_graph=True)
         return torch.autograd.grad(_dot(list(jt_v), self.shared), v, allow_unused=True)[0]
