@@ -9,18 +9,23 @@ predicted probability of class 1). The regularisers are batch terms, so every
 ``u = g_{B_a} - g_{B_b} = grad sum_i alpha_i l_i`` and ``v = gbar_B - g_B = grad sum_i beta_i l_i``
 with the clip factors held fixed, ``grad <u, v> = H_alpha v + H_beta u``: the gradient of
 ``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` with ``u`` and ``v`` held fixed (second
-derivatives: the engine's per-layer factors do not hold them). ``u``, ``v`` and every
-``<g_i, r>`` are first order and come from the engine's factors.
+derivatives: the engine's per-layer factors do not hold them). Every ``<g_i, r>`` is first
+order and comes from the engine's factors.
 
-Both products share one forward and one backward with ``create_graph``
-(:func:`_factored_products`): a layer ``z = f(a; W)`` that is linear in its parameters (those of
-:data:`TANGENT_LAYERS`) has ``<grad_W l_i, V> = <d_i, f(a_i; V)>`` (``d_i`` its output
-gradient), so ``s = sum_layers sum_i <d_i, alpha_i f(a_i; V) + beta_i f(a_i; U)>`` needs the
-output gradients of one backward to the layer outputs, two forwards of each layer at ``V`` and
-``U``, and one double backward; no gradient of a parameter is formed with a graph. A model with
-another layer type, a layer called without the batch axis, or on the materialised engine takes
-two weighted backwards to the parameters (``J^T alpha``, ``J^T beta``) instead; the gradient
-is the same.
+Both products share one forward, one backward with ``create_graph`` to the layer outputs and
+one double backward (:func:`_products`); no parameter's gradient is formed with a graph. A
+layer ``z = f(a; W)`` linear in its parameters (:data:`TANGENT_LAYERS`) has
+``<grad_W l_i, V> = <d_i, f(a_i; V)>`` (``d_i`` its output gradient), so its part of ``s`` is
+``<d, alpha f(a; V) + beta f(a; U)>``: two forwards of the layer at its parts ``V``, ``U`` of
+``v``, ``u``. A Linear applied once per sample may instead take the Gram route, cheaper where
+``B (d_in + d_out) < 3 d_in d_out`` (the hidden layers of a wide MLP): with
+``<g_i, g_j> = (a_i . a_j + 1)(d_i . d_j)``, its part is ``sum_ij c_ij K_ij G_ij``
+(``c = alpha beta^T + beta alpha^T``, the ``j`` side held fixed), two ``B x B`` products
+that never form ``U`` or ``V``. A model whose layers are all Linear forms each layer's ``U``,
+``V`` from its own factors (only where needed); another takes them from the engine. A model
+with a layer of another type, a layer called without the batch axis, or on the materialised
+engine takes two weighted backwards to the parameters (``J^T alpha``, ``J^T beta``) instead;
+the gradient is the same.
 """
 
 from __future__ import annotations
@@ -208,14 +213,18 @@ class RegularisedGradients(PerSampleGradients):
         self._model: nn.Module | None = None  # the model _layers and _clone were found for
         self._layers: list[nn.Module] | None = None
         self._clone = False
+        self._trainable: list[bool] = []
 
     def _capture(self, model: nn.Module) -> _Capture | None:
         """Hooks on the layers whose products are factored (:func:`_tangent_layers`, found
-        once per model); ``None`` on the materialised engine or another layer type."""
-        if self._model is not model:
+        again for another model or when a parameter's ``requires_grad`` changed); ``None`` on
+        the materialised engine or another layer type."""
+        trainable = [p.requires_grad for p in model.parameters()]
+        if self._model is not model or trainable != self._trainable:
             fast = isinstance(self.inner, GhostClipping)
             self._layers = _tangent_layers(model) if fast else None
             self._model, self._clone = model, modifies_in_place(model)
+            self._trainable = trainable
         return None if self._layers is None else _Capture(self._layers, self._clone)
 
     def compute(

@@ -236,3 +236,20 @@ def test_noise_sensitivity_and_event_are_dpsgds():
     torch.testing.assert_close(noises[0], noises[1], rtol=1e-9, atol=1e-12)
     assert noises[0].abs().max() > 0
     assert infos[0].sensitivity == infos[2].sensitivity == C
+
+
+def test_a_layer_unfrozen_between_steps_joins_the_regulariser():
+    """One former across a change of ``requires_grad`` gives the ``r`` of the materialised
+    engine (the route that keeps no per-model state), which the equations check above."""
+    torch.manual_seed(0)
+    model, loss_fn, x, y = case("mlp")
+    model = model.to(DTYPE)
+    model[2].requires_grad_(False)
+    former = fairlens().per_sample_gradients(model, "auto")
+    former.compute(model, loss_fn, x, y, GROUPS)
+    model[2].requires_grad_(True)
+    former.compute(model, loss_fn, x, y, GROUPS)
+    reference_former = fairlens().per_sample_gradients(model, "materialized")
+    reference_former.compute(model, loss_fn, x, y, GROUPS)
+    for got, want in zip(former.shared, reference_former.shared, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
