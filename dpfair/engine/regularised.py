@@ -46,6 +46,7 @@ from dpfair.engine.gradients import (
     plan_layers,
     trainable_parameters,
 )
+from dpfair.engine.low_memory import cuda_devices, rng_state, set_rng_state
 
 #: Layers linear in their own parameters: ``f(a; W)``'s derivative in direction ``V`` is
 #: ``f(a; V)`` (the frozen parameters held at zero).
@@ -237,41 +238,41 @@ class RegularisedGradients(PerSampleGradients):
         keep = torch.isfinite(norms)  # the regularisers are formed from the finite samples
         every = bool(keep.all())
         params = trainable_parameters(model)
+        xk, yk = (x, y) if every else (x[keep], y[keep])
+        state = rng_state(x.device)  # what the regulariser's forward draws (dropout)
         capture = self._capture(model)
         try:
-            outputs = model(x if every else x[keep])
+            outputs = model(xk)
         finally:
             if capture is not None:
                 capture.remove()
-        losses = loss_fn(outputs, y if every else y[keep])
+        losses = loss_fn(outputs, yk)
         calls = [] if capture is None else capture.calls
         reg = self._regulariser(norms, keep, groups, outputs, losses, params, calls)
+        del outputs, losses, calls  # the double backward frees the graph as it goes
         if reg.requires_grad:
-            grads = torch.autograd.grad(reg, params, retain_graph=True, allow_unused=True)
+            grads = torch.autograd.grad(reg, params, allow_unused=True)
         else:
             grads = (None,) * len(params)
         self.shared = [
             torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
         ]
         sq = norms.square() + _dot(self.shared, self.shared)
-        cross = self._cross(losses, params, None if every else keep)
-        if cross is not None and every:
+        cross = self.inner.per_sample_dots(self.shared)  # <g_i, r> from the engine's factors
+        if cross is None:  # an engine keeping none: J r = d/dv <J^T v, r>, a double backward
+            with torch.random.fork_rng(devices=cuda_devices(x.device)):
+                set_rng_state(state, x.device)  # the regulariser's forward again, its draws
+                losses = loss_fn(model(xk), yk)
+            v = torch.ones_like(losses, requires_grad=True)
+            jt_v = torch.autograd.grad(losses, params, v, create_graph=True)
+            cross = torch.autograd.grad(_dot(list(jt_v), self.shared), v)[0]
+        elif not every:
+            cross = cross[keep]
+        if every:
             sq.add_(cross.detach(), alpha=2)
-        elif cross is not None:
+        else:
             sq[keep] = sq[keep] + 2 * cross.detach()
         return sq.clamp(min=0).sqrt()
-
-    def _cross(
-        self, losses: Tensor, params: list[nn.Parameter], keep: Tensor | None
-    ) -> Tensor | None:
-        """``<g_i, r>`` of the kept samples (``None``: all): from the engine's per-layer
-        factors, else ``J r = d/dv <J^T v, r>`` (a double backward)."""
-        dots = self.inner.per_sample_dots(self.shared)
-        if dots is not None:
-            return dots if keep is None else dots[keep]
-        v = torch.ones_like(losses, requires_grad=True)
-        jt_v = torch.autograd.grad(losses, params, v, create_graph=True)
-        return torch.autograd.grad(_dot(list(jt_v), self.shared), v, allow_unused=True)[0]
 
     def _regulariser(
         self,

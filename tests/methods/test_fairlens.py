@@ -10,7 +10,8 @@ import torch
 from pydantic import TypeAdapter
 from torch import nn
 
-from dpfair.engine.regularised import _gram_is_cheaper
+from dpfair.engine.gradients import GhostClipping, Materialized
+from dpfair.engine.regularised import RegularisedGradients, _gram_is_cheaper
 from dpfair.engine.step import PrivateStep, per_sample_cross_entropy
 from dpfair.methods import MethodConfig, build_method
 
@@ -251,5 +252,38 @@ def test_a_layer_unfrozen_between_steps_joins_the_regulariser():
     former.compute(model, loss_fn, x, y, GROUPS)
     reference_former = fairlens().per_sample_gradients(model, "materialized")
     reference_former.compute(model, loss_fn, x, y, GROUPS)
+    for got, want in zip(former.shared, reference_former.shared, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+class GhostWithoutDots(GhostClipping):
+    """The fast engine, keeping no factors for ``<g_i, r>`` (as an engine may)."""
+
+    def per_sample_dots(self, vectors):
+        return None
+
+
+class MaterializedWithoutDots(Materialized):
+    def per_sample_dots(self, vectors):
+        return None
+
+
+@pytest.mark.parametrize("engine", [GhostWithoutDots, MaterializedWithoutDots])
+def test_an_engine_keeping_no_factors_gets_the_cross_terms_by_a_double_backward(engine):
+    """``<g_i, r>`` then takes a double backward through the regulariser's forward run again;
+    the norms and ``r`` are those of the materialised engine."""
+    torch.manual_seed(0)
+    model, loss_fn, x, y = case("mlp")
+    model = model.to(DTYPE)
+    x = x.clone()
+    x[3] = float("nan")
+    former = RegularisedGradients(engine(clone_outputs=True) if engine is GhostWithoutDots
+                                  else engine(), C, 1.0, 0.7)  # the mlp has ReLU(inplace=True)
+    norms = former.compute(model, loss_fn, x, y, GROUPS)
+    reference_former = fairlens().per_sample_gradients(model, "materialized")
+    torch.testing.assert_close(
+        norms, reference_former.compute(model, loss_fn, x, y, GROUPS), rtol=1e-10, atol=1e-12,
+        equal_nan=True,
+    )
     for got, want in zip(former.shared, reference_former.shared, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
