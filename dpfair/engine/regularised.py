@@ -165,9 +165,24 @@ def _products(
         losses.sum(), [out for _, _, out in calls], create_graph=True, allow_unused=True
     )
     by_layer: dict[nn.Module, list[tuple[Tensor, Tensor, Tensor]]] = {}
+    dtype = alpha.dtype  # under autocast: the products in the parameters' dtype, as the engine
     for (module, a, out), d in zip(calls, grads, strict=True):
         if d is not None:
-            by_layer.setdefault(module, []).append((a, out, d))
+            a = a.to(dtype) if a.is_floating_point() else a
+            by_layer.setdefault(module, []).append((a, out, d.to(dtype)))
+    device = losses.device.type
+    if torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            return _layer_products(by_layer, alpha, beta, engine_sums)
+    return _layer_products(by_layer, alpha, beta, engine_sums)
+
+
+def _layer_products(
+    by_layer: dict[nn.Module, list[tuple[Tensor, Tensor, Tensor]]], alpha: Tensor, beta: Tensor,
+    engine_sums: Callable[[], tuple[Directions, Directions]],
+) -> tuple[Tensor, Tensor] | None:
+    """:func:`_products` from each layer's calls ``(input, output, output gradient)``."""
+    batch = alpha.shape[0]
     own = all(isinstance(m, nn.Linear) for m in by_layer)  # each Linear forms its own U, V
     u, v = ({}, {}) if own else engine_sums()
     c = torch.outer(alpha, beta)

@@ -287,3 +287,20 @@ def test_an_engine_keeping_no_factors_gets_the_cross_terms_by_a_double_backward(
     )
     for got, want in zip(former.shared, reference_former.shared, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mlp", "convs", "sequences"])
+def test_bf16_autocast_runs_the_products_in_the_parameters_dtype(name):
+    """Under bfloat16 autocast the captured factors are widened, as the engine widens its own:
+    the step runs, its update is float32 and within bfloat16's error of the float32 update."""
+    torch.manual_seed(0)
+    model, loss_fn, x, y = case(name)
+    updates = []
+    for autocast in ("bf16", "off"):
+        m = copy.deepcopy(model)
+        step = PrivateStep(m, fairlens(), sigma=0.0, expected_batch_size=EXPECTED,
+                           loss_fn=loss_fn, autocast=autocast)
+        step(x.float(), y, GROUPS, torch.Generator().manual_seed(0))
+        updates.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.requires_grad]))
+    assert updates[0].dtype == torch.float32
+    assert (updates[0] - updates[1]).norm() < 0.1 * updates[1].norm()
