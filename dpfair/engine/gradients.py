@@ -70,6 +70,7 @@ from dpfair.engine.low_memory import (
     rng_state,
     set_rng_state,
 )
+from dpfair.engine.norm_sum import NormSum
 
 log = logging.getLogger(__name__)
 
@@ -304,13 +305,11 @@ class GhostClipping(PerSampleGradients):
             self._normal = bool(check[1])
             self._layers += model_layer_grads(per_layer, check=check, keep=self.keeps_kernels)
             self._calls = per_layer if self.keeps_calls else {}
-            squares = [layer.sq_norms() for layer in self._layers]
-            if len(squares) > 2:  # one stack and one sum, not a sum per layer
-                norms = torch.stack(squares).sum(0).sqrt()
-            elif squares:
-                norms = functools.reduce(torch.add, squares).sqrt()
-            else:
-                norms = self._params[0].new_zeros(batch)
+            sums = NormSum(engine_budget(x.device))
+            for layer in self._layers:
+                sums.add(layer)
+            squares = sums.total()
+            norms = self._params[0].new_zeros(batch) if squares is None else squares.sqrt()
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
         # The norms are >= 0 or NaN, so their sum is finite only if every one is (one reduction;
         # a sum overflowing on finite norms only takes the masking path, exact as well).

@@ -26,21 +26,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpfair.engine.conv_factors import conv_patches, conv_tap_grads, padded_input
+from dpfair.engine.conv_factors import conv_patches
+from dpfair.engine.conv_grads import ConvGrads
 from dpfair.engine.factors import (
-    Route,
+    NormParts,
     all_normal,
     balance_factors,
     balanced,
-    cheapest,
+    cat_parts,
     chunks,
     engine_budget,
+    factor_norm_parts,
     gram_route,
     in_dtype,
     mask_rows,
     row_norms,
     row_sq_norms,
     same_dtype,
+    square_sum,
 )
 
 #: Layers whose norms come from their factors; small layers materialised from the same tensors.
@@ -94,6 +97,9 @@ class DenseGrads:
             self.a_w, self.d_w, sq_a_w, sq_d_w = balance_factors(a, d, sq_a, sq_d, normal)
             self.sq = self.sq + sq_d_w * sq_a_w
 
+    def norm_parts(self) -> NormParts:
+        return [], [self.sq]
+
     def sq_norms(self) -> Tensor:
         return self.sq
 
@@ -112,17 +118,6 @@ class DenseGrads:
                 out.addmm_(d.T, a * w.unsqueeze(1))
         if self.bias is not None:
             into[self.bias].addmv_(mask_rows(self.d, keep).T, w)
-
-
-def _factor_sq_norms(a: Tensor, d: Tensor, gram: bool) -> Tensor:
-    """Per-sample ``|sum_t d_t a_t^T|^2`` for ``a: (B, G, K, T)``, ``d: (B, G, O, T)``: the Gram
-    trick ``<a^T a, d^T d>`` (``B T^2 (K + O)`` flops) or the norm of the materialised gradient
-    (``B T K O``), one batched matmul each way."""
-    if gram:
-        aa = torch.einsum("bgkt,bgks->bgts", a, a)
-        dd = torch.einsum("bgot,bgos->bgts", d, d)
-        return torch.linalg.vecdot(aa.flatten(1), dd.flatten(1))
-    return row_sq_norms(torch.einsum("bgkt,bgot->bgko", a, d))
 
 
 class SequenceGrads:
@@ -151,16 +146,22 @@ class SequenceGrads:
         if module.weight.requires_grad:
             self.a, self.d, _, _ = balanced(a, d, normal)
 
-    def sq_norms(self) -> Tensor:
-        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
+    def norm_parts(self) -> NormParts:
+        norms = [] if self.bias_grad is None else [row_norms(self.bias_grad)]
+        squares: list[Tensor] = []
         if self.a is not None and self.d is not None:
             a, d = self.a, self.d
             t, g, d_in, d_out = a.shape[1], a.shape[2], a.shape[3], d.shape[3]
             held = 3 * t * t if self.gram else g * d_in * d_out
             slices = chunks(self.batch_size, held * a.element_size(), self.budget)
             a, d = a.permute(0, 2, 3, 1), d.permute(0, 2, 3, 1)  # (B, G, d, T)
-            parts.append(_cat([_factor_sq_norms(a[c], d[c], self.gram) for c in slices]))
-        return _total(parts)
+            parts = [factor_norm_parts(a[c], d[c], self.gram) for c in slices]
+            (squares if self.gram else norms).append(
+                cat_parts([p[1][0] if self.gram else p[0][0] for p in parts]))
+        return norms, squares
+
+    def sq_norms(self) -> Tensor:
+        return square_sum(self.norm_parts())
 
     def add_weighted(
         self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
@@ -179,104 +180,6 @@ class SequenceGrads:
             into[m.bias].view(-1).addmv_(bias_grad.T, w)  # type: ignore[union-attr]
 
 
-class ConvGrads:
-    """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
-    come a chunk of samples at a time, by the route :func:`cheapest` expects fastest: the
-    per-sample weight gradients by one batched matmul per kernel tap (no copy of the input),
-    or by one matmul over the im2col patches of all taps (one copy, fewer kernels), or, where
-    there are few positions, the Gram trick over those patches
-    (:mod:`dpfair.engine.conv_factors`); patches and per-sample gradients live only in their
-    chunk (memory budget), unless ``keep`` (``kernels``). The weighted sum is one
-    ``conv2d_weight`` of the ``w``-scaled output gradients (zero padding inside it)."""
-
-    def __init__(
-        self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], budget: int,
-        normal: bool | None = None, keep: bool = False,
-    ) -> None:
-        self.module, self.batch_size, self.budget = module, calls[0][0].shape[0], budget
-        self.calls: list[tuple[Tensor, Tensor]] = []
-        self.keep, self.kernels = keep, None  # (B c_out, c_in_g, kh, kw) if kept and formed
-        self.bias_grad = None
-        if module.bias is not None and module.bias.requires_grad:
-            self.bias_grad = functools.reduce(torch.add, [grad.sum((2, 3)) for _, grad in calls])
-        if module.weight.requires_grad:
-            self.calls = [balanced(inp, grad, normal)[:2] for inp, grad in calls]
-        c_out, c_in_g, kh, kw = module.weight.shape
-        g, taps = module.groups, kh * kw
-        t = sum(grad.shape[-1] * grad.shape[-2] for _, grad in calls)
-        k, self.o = c_in_g * taps, c_out // g
-        inp = calls[0][0]
-        x = inp[0].numel()  # the padded input, about
-        o_t = self.o * t * g
-        self.routes = {
-            "taps": Route(2 * t * k * c_out, taps * (x + o_t) + 2 * k * c_out,
-                          k * c_out + 2 * o_t + x, taps + 4),
-            "im2col": Route(2 * t * k * c_out, 2 * t * k * g + o_t + 2 * k * c_out,
-                            t * k * g + k * c_out + x, 5),
-            "gram": Route(2 * t * t * (k + self.o + 1) * g, 2 * t * k * g + o_t + 6 * t * t * g,
-                          (t * k + 3 * t * t) * g + x, 6),
-        }
-        self.route = cheapest(
-            self.routes, self.batch_size, inp.element_size(), inp.device, budget
-        )
-
-    def _chunk_sq(self, c: slice) -> tuple[Tensor, Tensor | None]:
-        """A chunk's squared norms, and its per-sample kernels ``(b c_out, c_in_g, kh, kw)``
-        where the route forms them: per-tap products, or from patches ``(B, G, K, T)`` and
-        ``d: (B, G, O, T)``."""
-        m = self.module
-        c_out, c_in_g, kh, kw = m.weight.shape
-        if self.route == "taps":
-            grads = functools.reduce(torch.add, [
-                conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls
-            ])  # (kh kw, b, G c_in_g O)
-            sq = torch.linalg.vector_norm(grads, dim=(0, 2)).square()
-            kernels = grads.view(kh, kw, -1, m.groups, c_in_g, self.o).permute(2, 3, 5, 4, 0, 1)
-            return sq, kernels.reshape(-1, c_in_g, kh, kw) if self.keep else None
-        a = _cat([conv_patches(m, a[c]) for a, _ in self.calls], 3)
-        d = _cat([d[c].reshape(len(a), m.groups, self.o, -1) for _, d in self.calls], 3)
-        if self.route == "gram":
-            return _factor_sq_norms(a, d, True), None
-        grads = torch.einsum("bgkt,bgot->bgok", a, d)  # (b, G, O, c_in_g kh kw)
-        return row_sq_norms(grads), grads.view(-1, c_in_g, kh, kw) if self.keep else None
-
-    def sq_norms(self) -> Tensor:
-        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
-        if self.calls:
-            a = self.calls[0][0]
-            held = self.routes[self.route].held * a.element_size()
-            slices = chunks(self.batch_size, held, self.budget)
-            sq, kernels = zip(*[self._chunk_sq(c) for c in slices], strict=True)
-            parts.append(_cat(list(sq)))
-            self.kernels = None if kernels[0] is None else _cat(list(kernels))
-        return _total(parts)
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
-        m, w = self.module, in_dtype(weights, self.module.weight.dtype)
-        inner_pad = m.padding_mode == "zeros" and not isinstance(m.padding, str)
-        for a, d in self.calls:
-            dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
-            a = mask_rows(a, keep)
-            into[m.weight].add_(torch.nn.grad.conv2d_weight(
-                a if inner_pad else padded_input(m, a), m.weight.shape, dw, stride=m.stride,
-                padding=m.padding if inner_pad else 0, dilation=m.dilation, groups=m.groups,
-            ))
-        if self.bias_grad is not None:
-            bias = into[m.bias]  # type: ignore[index]
-            bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
-
-
-def _cat(parts: list[Tensor], dim: int = 0) -> Tensor:  # no copy for one part
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
-
-
-def _total(parts: list[Tensor]) -> Tensor:  # a trainable weight or bias gives one part
-    return functools.reduce(torch.add, parts)
-
-
 class EmbeddingGrads:
     """An embedding's per-sample gradient is a sparse row scatter,
     ``g_i = sum_t e_{id_t} d_t^T``, so ``|g_i|^2 = sum_{t, s: id_t = id_s} <d_t, d_s>``: the
@@ -292,6 +195,9 @@ class EmbeddingGrads:
         if module.padding_idx is not None:
             d = torch.where((self.ids == module.padding_idx).unsqueeze(-1), 0, d)
         self.d = d
+
+    def norm_parts(self) -> NormParts:
+        return [], [self.sq_norms()]
 
     def sq_norms(self) -> Tensor:
         b, t = self.ids.shape
@@ -333,13 +239,16 @@ class PerSampleLayer:
     def of(cls, grads: dict[nn.Parameter, Tensor]) -> PerSampleLayer:
         """From per-parameter per-sample gradients ``{param: (B, *shape)}``."""
         flat = [g.reshape(len(g), -1) for g in grads.values()]
-        return cls(list(grads), _cat(flat, 1))
+        return cls(list(grads), cat_parts(flat, 1))
 
     @property
     def grads(self) -> dict[nn.Parameter, Tensor]:
         """``{param: (B, *shape)}``, views of the matrix."""
         parts = self.flat.split([p.numel() for p in self.params], 1)
         return {p: g.view(-1, *p.shape) for p, g in zip(self.params, parts, strict=True)}
+
+    def norm_parts(self) -> NormParts:
+        return [row_norms(self.flat)], []
 
     def sq_norms(self) -> Tensor:
         return row_sq_norms(self.flat)
@@ -431,7 +340,7 @@ def check_weight_factors(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]
         elif _balanced_weight(module):
             norms += [row_norms(t) for call in calls for t in call]
     if norms:
-        checked += [_cat(norms).square()] if same_dtype(norms) else [n.square() for n in norms]
+        checked += [cat_parts(norms).square()] if same_dtype(norms) else [n.square() for n in norms]
     return dense, all_normal(checked) if checked else None
 
 
@@ -485,14 +394,15 @@ LayerGrads = DenseGrads | SequenceGrads | ConvGrads | EmbeddingGrads | PerSample
 
 
 def tap_layer_grads(module: nn.Module, a: Tensor, d: Tensor, budget: int) -> tuple:
-    """A layer called once, from its raw factors (no rescaling): its :data:`LayerGrads`, and a
-    list of the squared norms of its weight factors, which must all be normal numbers
+    """A layer called once, from its raw factors (no rescaling): its :data:`LayerGrads`, and
+    the norm parts (:data:`dpfair.engine.factors.NormParts`) of its weight factors, whose
+    squares (of the norms) and entries (of the squares) must all be normal numbers
     (:func:`all_normal`) for its norms to be exact (:func:`balance_factors`)."""
     calls = [(a, d)]
     if _is_dense(module, calls):
         trained = module.weight.requires_grad
         squares = (row_sq_norms(a) if trained else None, row_sq_norms(d))
         layer = DenseGrads(module, a, d, squares, normal=True)  # type: ignore[arg-type]
-        return layer, list(squares) if trained else []  # type: ignore[arg-type]
-    checked = [row_norms(a).square(), row_norms(d).square()] if _balanced_weight(module) else []
-    return layer_grads(module, calls, budget, normal=True), checked
+        return layer, ([], list(squares) if trained else [])  # type: ignore[arg-type]
+    checked = [row_norms(a), row_norms(d)] if _balanced_weight(module) else []
+    return layer_grads(module, calls, budget, normal=True), (checked, [])
