@@ -82,9 +82,8 @@ class ConvGrads:
             grads = functools.reduce(torch.add, [  # calls are positions: summed
                 conv_tap_grads(m, [a[c]], [d[c]]) for a, d in self.calls
             ])  # (kh kw, b, G c_in_g O)
-            kernels = grads.view(kh, kw, -1, m.groups, c_in_g, self.o).permute(2, 3, 5, 4, 0, 1)
             norm = torch.linalg.vector_norm(grads, dim=(0, 2))
-            return ([norm], []), kernels.reshape(-1, c_in_g, kh, kw) if self.keep else None
+            return ([norm], []), tap_kernels(m, grads) if self.keep else None
         a = cat_parts([conv_patches(m, a[c]) for a, _ in self.calls], 3)
         d = cat_parts([d[c].reshape(len(a), m.groups, self.o, -1) for _, d in self.calls], 3)
         if self.route == "gram":
@@ -99,9 +98,9 @@ class ConvGrads:
     def group_key(self) -> tuple | None:
         """Convolutions with one key (``None``: none) may form their norms together
         (:func:`grouped_norms`): one call on the route of one matmul per tap, the whole batch
-        in one chunk, no kernels kept; the key is the weight's shape, the convolution's
-        arguments, the shapes of input and output gradient, their dtype and device."""
-        if self.keep or len(self.calls) != 1 or self.route != "taps":
+        in one chunk; the key is the weight's shape, the convolution's arguments, the shapes
+        of input and output gradient, their dtype and device."""
+        if len(self.calls) != 1 or self.route != "taps":
             return None
         if self.held_bytes() > self.budget:
             return None
@@ -111,6 +110,21 @@ class ConvGrads:
             tuple(m._reversed_padding_repeated_twice), tuple(a.shape), tuple(d.shape), a.dtype,
             a.device,
         )
+
+    def kernel_bytes(self) -> int:
+        """Bytes of the per-sample kernels ``G_i`` of the whole batch."""
+        return self.module.weight.numel() * self.calls[0][0].element_size() * self.batch_size
+
+    def keep_for_sum(self, room: int) -> int:
+        """Keeps the per-sample kernels its norms form, for the weighted sum, where the route
+        materialises them and they fit ``room`` bytes (the book-keeping of Bu et al., ICML
+        2023, with per-sample gradients instantiated, their "BK-MixOpt"): the sum is then
+        ``sum_i w_i G_i``, ``B p d`` flops, not a ``conv2d_weight`` of ``2 B T p d``. Returns
+        the bytes kept (0: the sum stays a contraction of the factors)."""
+        if self.keep or not self.calls or self.route == "gram" or self.kernel_bytes() > room:
+            return 0
+        self.keep = True
+        return self.kernel_bytes()
 
     def bias_parts(self) -> NormParts:
         return ([] if self.bias_grad is None else [row_norms(self.bias_grad)]), []
@@ -135,7 +149,10 @@ class ConvGrads:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
         m, w = self.module, in_dtype(weights, self.module.weight.dtype)
         inner_pad = m.padding_mode == "zeros" and not isinstance(m.padding, str)
-        for a, d in self.calls:
+        if self.kernels is not None:  # sum_i w_i G_i from the kept per-sample kernels
+            kernels = mask_rows(self.kernels.reshape(len(w), -1), keep)
+            into[m.weight].view(-1).addmv_(kernels.T, w)
+        for a, d in [] if self.kernels is not None else self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
             a = mask_rows(a, keep)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
@@ -157,6 +174,18 @@ def grouped_norms(layers: list[ConvGrads]) -> NormParts:
         [layer.calls[0][1] for layer in layers],
     )
     norms = [torch.linalg.vector_norm(grads, dim=(0, 2)).view(len(layers), first.batch_size)]
-    for layer in layers:
+    b = first.batch_size
+    for i, layer in enumerate(layers):
         norms += layer.bias_parts()[0]
+        if layer.keep:
+            layer.kernels = tap_kernels(layer.module, grads[:, i * b : (i + 1) * b])
     return norms, []
+
+
+def tap_kernels(module: nn.Conv2d, grads: Tensor) -> Tensor:
+    """Per-sample kernels ``(b c_out, c_in_g, kh, kw)`` from the tap-major per-sample weight
+    gradients ``(kh kw, b, G c_in_g O)`` of :func:`conv_tap_grads` (one copy)."""
+    c_out, c_in_g, kh, kw = module.weight.shape
+    g = module.groups
+    kernels = grads.reshape(kh, kw, -1, g, c_in_g, c_out // g).permute(2, 3, 5, 4, 0, 1)
+    return kernels.reshape(-1, c_in_g, kh, kw)

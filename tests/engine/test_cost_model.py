@@ -79,14 +79,32 @@ def test_a_sequence_layer_takes_the_cheaper_route_and_the_exact_sum(t, width, gr
 @pytest.mark.parametrize(("c", "size", "routes"), [(1, 24, {"taps", "im2col"}), (48, 2, {"gram"})])
 def test_a_convolution_takes_the_cheaper_route_and_the_exact_sum(c, size, routes):
     """A 1-channel 24 x 24 convolution (``T^2 = 331776 >> p d = 9``) materialises its
-    per-sample kernels; a 48-channel 2 x 2 one (``T^2 = 16 << p d = 20736``) takes the Gram
-    route over its patches."""
+    per-sample kernels and keeps them for the weighted sum (``sum_i w_i G_i``, no
+    ``conv2d_weight``); a 48-channel 2 x 2 one (``T^2 = 16 << p d = 20736``) takes the Gram
+    route over its patches and sums by the contraction of its factors."""
     torch.manual_seed(0)
     model = Convs(c, size).to(DTYPE)
     engine = GhostClipping()
     _agree(engine, model, torch.randn(5, c, size, size, dtype=DTYPE))
     (layer,) = _layers(engine, ConvGrads)
     assert layer.route in routes
+    assert (layer.kernels is not None) is ("gram" not in routes)
+
+
+def test_kernels_beyond_the_budget_are_not_kept():
+    """With no room beside the output gradients, an instantiated convolution keeps no
+    kernels and sums by ``conv2d_weight``, with the same result."""
+    torch.manual_seed(0)
+    model = Convs(1, 24).to(DTYPE)
+    x = torch.randn(5, 1, 24, 24, dtype=DTYPE)
+    engine = GhostClipping()
+    engine.compute(model, per_sample_cross_entropy, x, torch.arange(5) % 3)
+    held = int(engine._held_per_input * x.numel())  # the output gradients' bytes
+    with engine_memory(held):
+        engine = GhostClipping(low_memory=False)
+        _agree(engine, model, x)
+    (layer,) = _layers(engine, ConvGrads)
+    assert layer.route != "gram" and layer.kernels is None
 
 
 @pytest.mark.parametrize("bias", [True, False])
