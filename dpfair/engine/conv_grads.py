@@ -4,7 +4,9 @@ A convolution keeps only its (balanced) inputs and output gradients. Its per-sam
 chunk of samples at a time, by the route :func:`dpfair.engine.factors.cheapest` expects fastest
 (:class:`ConvGrads`); convolutions of one shape on the route of one matmul per kernel tap form
 their norms together, one matmul per tap for all of them (:func:`grouped_norms`, called by
-:class:`dpfair.engine.norm_sum.NormSum`). The weighted sum is one ``conv2d_weight`` of the
+:class:`dpfair.engine.norm_sum.NormSum`). The weighted sum is ``sum_i w_i G_i`` from the
+per-sample gradients the norms formed where the route materialises them and they fit the
+memory budget (:meth:`ConvGrads.keep_for_sum`), else one ``conv2d_weight`` of the
 ``w``-scaled output gradients.
 """
 
@@ -48,6 +50,9 @@ class ConvGrads:
         self.module, self.batch_size, self.budget = module, calls[0][0].shape[0], budget
         self.calls: list[tuple[Tensor, Tensor]] = []
         self.keep, self.kernels = keep, None  # (B c_out, c_in_g, kh, kw) if kept and formed
+        #: the per-sample weight gradients in the route's layout, kept for the weighted sum
+        #: (:meth:`keep_for_sum`): taps ``(kh kw, B, G c_in_g O)``, im2col ``(B, G, O, K)``
+        self.for_sum, self.grads = False, None
         self.bias_grad = None
         if module.bias is not None and module.bias.requires_grad:
             self.bias_grad = functools.reduce(torch.add, [grad.sum((2, 3)) for _, grad in calls])
@@ -72,10 +77,10 @@ class ConvGrads:
             self.routes, self.batch_size, inp.element_size(), inp.device, budget
         )
 
-    def _chunk(self, c: slice) -> tuple[NormParts, Tensor | None]:
-        """A chunk's norm parts, and its per-sample kernels ``(b c_out, c_in_g, kh, kw)``
-        where the route forms them: per-tap products, or from patches ``(B, G, K, T)`` and
-        ``d: (B, G, O, T)``."""
+    def _chunk(self, c: slice) -> tuple[NormParts, Tensor | None, Tensor | None]:
+        """A chunk's norm parts, its per-sample kernels ``(b c_out, c_in_g, kh, kw)`` where
+        the route forms them and ``keep`` asks, and its per-sample gradients where kept for
+        the sum: per-tap products, or from patches ``(B, G, K, T)`` and ``d: (B, G, O, T)``."""
         m = self.module
         c_out, c_in_g, kh, kw = m.weight.shape
         if self.route == "taps":
@@ -83,13 +88,15 @@ class ConvGrads:
                 conv_tap_grads(m, [a[c]], [d[c]]) for a, d in self.calls
             ])  # (kh kw, b, G c_in_g O)
             norm = torch.linalg.vector_norm(grads, dim=(0, 2))
-            return ([norm], []), tap_kernels(m, grads) if self.keep else None
+            kernels = tap_kernels(m, grads) if self.keep else None
+            return ([norm], []), kernels, grads if self.for_sum else None
         a = cat_parts([conv_patches(m, a[c]) for a, _ in self.calls], 3)
         d = cat_parts([d[c].reshape(len(a), m.groups, self.o, -1) for _, d in self.calls], 3)
         if self.route == "gram":
-            return factor_norm_parts(a, d, True), None
+            return factor_norm_parts(a, d, True), None, None
         grads = torch.einsum("bgkt,bgot->bgok", a, d)  # (b, G, O, c_in_g kh kw)
-        return ([row_norms(grads)], []), grads.view(-1, c_in_g, kh, kw) if self.keep else None
+        kernels = grads.view(-1, c_in_g, kh, kw) if self.keep else None
+        return ([row_norms(grads)], []), kernels, grads if self.for_sum else None
 
     def held_bytes(self) -> int:
         """Bytes of per-sample intermediates the chosen route holds for the whole batch."""
@@ -123,7 +130,7 @@ class ConvGrads:
         the bytes kept (0: the sum stays a contraction of the factors)."""
         if self.keep or not self.calls or self.route == "gram" or self.kernel_bytes() > room:
             return 0
-        self.keep = True
+        self.for_sum = True
         return self.kernel_bytes()
 
     def bias_parts(self) -> NormParts:
@@ -134,10 +141,12 @@ class ConvGrads:
         norms, squares = self.bias_parts()
         if self.calls:
             slices = chunks(self.batch_size, self.held_bytes() // self.batch_size, self.budget)
-            parts, kernels = zip(*[self._chunk(c) for c in slices], strict=True)
+            parts, kernels, grads = zip(*[self._chunk(c) for c in slices], strict=True)
             norms += [cat_parts([p[0][0] for p in parts])] if parts[0][0] else []
             squares += [cat_parts([p[1][0] for p in parts])] if parts[0][1] else []
             self.kernels = None if kernels[0] is None else cat_parts(list(kernels))
+            if grads[0] is not None:
+                self.grads = cat_parts(list(grads), 1 if self.route == "taps" else 0)
         return norms, squares
 
     def sq_norms(self) -> Tensor:
@@ -149,10 +158,9 @@ class ConvGrads:
         """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
         m, w = self.module, in_dtype(weights, self.module.weight.dtype)
         inner_pad = m.padding_mode == "zeros" and not isinstance(m.padding, str)
-        if self.kernels is not None:  # sum_i w_i G_i from the kept per-sample kernels
-            kernels = mask_rows(self.kernels.reshape(len(w), -1), keep)
-            into[m.weight].view(-1).addmv_(kernels.T, w)
-        for a, d in [] if self.kernels is not None else self.calls:
+        if self.grads is not None:  # sum_i w_i G_i from the kept per-sample gradients
+            self._add_kept(w, keep, into[m.weight])
+        for a, d in [] if self.grads is not None else self.calls:
             dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
             a = mask_rows(a, keep)
             into[m.weight].add_(torch.nn.grad.conv2d_weight(
@@ -162,6 +170,23 @@ class ConvGrads:
         if self.bias_grad is not None:
             bias = into[m.bias]  # type: ignore[index]
             bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
+
+
+    def _add_kept(self, w: Tensor, keep: Tensor | None, out: Tensor) -> None:
+        """Adds ``sum_i w_i G_i`` from the kept per-sample gradients (one batched
+        matrix-vector product in the route's layout) to the weight's ``out``."""
+        g = self.grads
+        assert g is not None
+        if self.route != "taps":  # (B, G, O, K): the weight's layout after the batch
+            out.view(-1).addmv_(mask_rows(g.reshape(len(w), -1), keep).T, w)
+            return
+        if keep is not None:  # (kh kw, B, K): the batch is the second axis
+            g = torch.where(keep.view(1, -1, 1), g, 0)
+        c_out, c_in_g, kh, kw = out.shape
+        taps, b = g.shape[:2]  # one matmul per tap, the taps' batch stride as it is (no copy)
+        summed = torch.bmm(w.view(1, 1, b).expand(taps, 1, b), g)
+        summed = summed.view(kh, kw, self.module.groups, c_in_g, self.o)
+        out.add_(summed.permute(2, 4, 3, 0, 1).reshape(out.shape))
 
 
 def grouped_norms(layers: list[ConvGrads]) -> NormParts:
@@ -179,6 +204,8 @@ def grouped_norms(layers: list[ConvGrads]) -> NormParts:
         norms += layer.bias_parts()[0]
         if layer.keep:
             layer.kernels = tap_kernels(layer.module, grads[:, i * b : (i + 1) * b])
+        if layer.for_sum:
+            layer.grads = grads[:, i * b : (i + 1) * b]
     return norms, []
 
 

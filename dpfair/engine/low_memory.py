@@ -2,14 +2,16 @@
 
 Where a model's layer output gradients would not fit the engine's memory budget, the fast path
 does not hold them all: a :class:`Tap` on each fast layer's output hands its gradient, as the
-backward pass reaches it, to a :class:`NormSink`, which forms that layer's per-sample squared
-norms at once (the ghost clipping of Li et al. 2022 and of Opacus, one layer output gradient
-at a time). The layers nearest the input whose output gradients fit the budget together keep
-them (book-keeping, Bu, Wang, Zha & Karypis, ICML 2023): their share of ``sum_i w_i g_i`` is one
-contraction of the kept factors, as on the factor path. The other layers' share is the
-gradient of ``sum_i w_i l_i`` with respect to their parameters alone: one more backward
-through the retained graph, which stops above the kept layers (autograd runs only the nodes
-that lead to the parameters asked for); none at all where every layer keeps its factors.
+backward pass reaches it, to a :class:`NormSink`, which forms that layer's per-sample norms at
+once (the ghost clipping of Li et al. 2022 and of Opacus, one layer output gradient at a time;
+all layers' norms squared and summed together at the end, convolutions of one shape in one
+pass: :class:`dpfair.engine.norm_sum.NormSum`). The layers nearest the input whose output
+gradients fit the budget together keep them (book-keeping, Bu, Wang, Zha & Karypis, ICML 2023):
+their share of ``sum_i w_i g_i`` is one contraction of the kept factors, as on the factor path.
+The other layers' share is the gradient of ``sum_i w_i l_i`` with respect to their parameters
+alone: one more backward through the retained graph, which stops above the kept layers
+(autograd runs only the nodes that lead to the parameters asked for); none at all where every
+layer keeps its factors.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def test_a_convolution_takes_the_cheaper_route_and_the_exact_sum(c, size, routes
     _agree(engine, model, torch.randn(5, c, size, size, dtype=DTYPE))
     (layer,) = _layers(engine, ConvGrads)
     assert layer.route in routes
-    assert (layer.kernels is not None) is ("gram" not in routes)
+    assert (layer.grads is not None) is ("gram" not in routes)
 
 
 def test_kernels_beyond_the_budget_are_not_kept():
@@ -104,7 +104,7 @@ def test_kernels_beyond_the_budget_are_not_kept():
         engine = GhostClipping(low_memory=False)
         _agree(engine, model, x)
     (layer,) = _layers(engine, ConvGrads)
-    assert layer.route != "gram" and layer.kernels is None
+    assert layer.route != "gram" and layer.grads is None
 
 
 @pytest.mark.parametrize("bias", [True, False])
