@@ -40,7 +40,8 @@ class ConvGrads:
     or by one matmul over the im2col patches of all taps (one copy, fewer kernels), or, where
     there are few positions, the Gram trick over those patches
     (:mod:`dpfair.engine.conv_factors`); patches and per-sample gradients live only in their
-    chunk (memory budget), unless ``keep`` (``kernels``). The weighted sum is one
+    chunk (memory budget), unless ``keep`` (``kernels``, BAM's) or :meth:`keep_for_sum`
+    (``grads``). The weighted sum is ``sum_i w_i G_i`` from ``grads`` where kept, else one
     ``conv2d_weight`` of the ``w``-scaled output gradients (zero padding inside it)."""
 
     def __init__(

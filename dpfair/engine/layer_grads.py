@@ -10,13 +10,15 @@ convolution's per-sample weight by kernel taps (:mod:`dpfair.engine.conv_grads`)
 embedding's sparse row scatter (:mod:`dpfair.engine.embedding_grads`), or the small
 LayerNorm/GroupNorm parameters materialised (:mod:`dpfair.engine.per_sample_layer`).
 Materialised per-sample gradients (and im2col patches) live only while a layer's norms are
-formed, in chunks of samples sized to the memory budget (:func:`engine_budget`), by the route
-of least estimated time (:func:`cheapest`: flops, memory traffic and kernel launches). The
-weighted sum is one contraction of the kept factors. :func:`balance_factors` keeps factors in
-range by exact powers of two (the engine's "Overflow"); :func:`model_layer_grads` checks all
-weight factors of a model at once, and per layer only when that fails. Other layers: one layer
-at a time by :mod:`dpfair.engine.layer_fallback` (:func:`materialise_reason` says which and
-why)."""
+formed, in chunks of samples sized to the memory budget
+(:func:`dpfair.engine.factors.engine_budget`), by the route of least estimated time
+(:func:`dpfair.engine.factors.cheapest`: flops, memory traffic and kernel launches). The
+weighted sum is one contraction of the kept factors, or, for a convolution whose per-sample
+gradients were materialised and fit the budget, their weighted sum (:func:`model_layer_grads`'s
+``room``). :func:`dpfair.engine.factors.balance_factors` keeps factors in range by exact powers
+of two (the engine's "Overflow"); :func:`model_layer_grads` checks all weight factors of a
+model at once, and per layer only when that fails. Other layers: one layer at a time by
+:mod:`dpfair.engine.layer_fallback` (:func:`materialise_reason` says which and why)."""
 
 from __future__ import annotations
 
