@@ -34,34 +34,57 @@ def padded_input(module: nn.Conv2d, inp: Tensor) -> Tensor:
     return F.pad(inp, module._reversed_padding_repeated_twice, mode=mode)
 
 
-def conv_tap_grads(module: nn.Conv2d, padded: Tensor, grad_out: Tensor) -> Tensor:
+def padded_inputs(module: nn.Conv2d, inputs: list[Tensor]) -> Tensor:
+    """Several inputs of one shape padded as the module pads them, stacked along the batch:
+    with zero padding one zero buffer and a copy of each input into its interior (no copy
+    of a padded input again), else :func:`padded_input` of each, concatenated."""
+    if len(inputs) == 1:
+        return padded_input(module, inputs[0])
+    pads = module._reversed_padding_repeated_twice
+    if module.padding_mode != "zeros" or not any(pads):
+        return torch.cat([padded_input(module, a) for a in inputs])
+    left, right, top, bottom = pads
+    b, c, h, w = inputs[0].shape
+    out = inputs[0].new_zeros(len(inputs) * b, c, h + top + bottom, w + left + right)
+    for i, a in enumerate(inputs):
+        out[i * b : (i + 1) * b, :, top : top + h, left : left + w] = a
+    return out
+
+
+def conv_tap_grads(module: nn.Conv2d, inputs: list[Tensor], grads: list[Tensor]) -> Tensor:
     """Per-sample weight gradients of a convolution in tap-major layout
     ``(kh kw, B, G c_in c_out)``, one batched matmul per kernel tap:
     ``G_i[o, c, u, v] = sum_p d_i[o, p] x_i[c, p + (u, v)]`` (no im2col; only their norms are
-    used, so the layout is the matmuls'). ``padded``: the input padded as the module pads it.
+    used, so the layout is the matmuls'). ``inputs`` and ``grads``: the layer inputs (not
+    padded) and output gradients of one or more calls of one shape (of this layer, or of
+    layers of one shape), whose samples are stacked along ``B``: one matmul per tap serves
+    them all.
 
     With stride 1 each tap reads the padded input in place: the output gradient is laid out on
     the padded width (zeros in the ``w_pad - w_out`` extra columns), so tap ``(u, v)`` is the
     flat window starting at ``u dh w_pad + v dw``, with no copy of the input per tap."""
     (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
+    padded = padded_inputs(module, inputs)
     b, g = padded.shape[0], module.groups
-    c_in, c_out = padded.shape[1] // g, grad_out.shape[1] // g
-    h_out, w_out = grad_out.shape[-2:]
-    out = grad_out.new_empty(kh * kw, b * g, c_in, c_out)
-    d = grad_out.reshape(b * g, c_out, h_out, w_out)
+    c_in, c_out = padded.shape[1] // g, grads[0].shape[1] // g
+    h_out, w_out = grads[0].shape[-2:]
+    out = grads[0].new_empty(kh * kw, b * g, c_in, c_out)
     if (sh, sw) == (1, 1):
         w_pad = padded.shape[-1]
         flat = padded.reshape(b * g, c_in, -1)
         span = (h_out - 1) * w_pad + w_out
-        wide = d.new_zeros(b * g, c_out, h_out, w_pad)
-        wide[..., :w_out] = d
+        wide = grads[0].new_zeros(b, g * c_out, h_out, w_pad)
+        step = grads[0].shape[0]
+        for i, d in enumerate(grads):
+            wide[i * step : (i + 1) * step, :, :, :w_out] = d
         d = wide.reshape(b * g, c_out, -1)[:, :, :span].transpose(1, 2)
         for u in range(kh):
             for v in range(kw):
                 start = u * dh * w_pad + v * dw
                 torch.bmm(flat[:, :, start : start + span], d, out=out[u * kw + v])
     else:
-        d = d.reshape(b * g, c_out, h_out * w_out).transpose(1, 2)
+        grad = grads[0] if len(grads) == 1 else torch.cat(grads)
+        d = grad.reshape(b * g, c_out, h_out * w_out).transpose(1, 2)
         for u in range(kh):
             for v in range(kw):
                 tap = padded[

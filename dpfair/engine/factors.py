@@ -41,6 +41,44 @@ def balanced(
     return balance_factors(a, d, row_sq_norms(a), row_sq_norms(d))
 
 
+#: A layer's per-sample norm parts: ``(norms, squares)``, tensors of shape ``(B,)`` or
+#: ``(k, B)`` whose squares and whose entries, summed, give ``|g_i|^2``: most parts are norms
+#: (one reduction each), squared and summed for all layers at once (:func:`square_sum`).
+NormParts = tuple[list[Tensor], list[Tensor]]
+
+
+def cat_parts(parts: list[Tensor], dim: int = 0) -> Tensor:
+    """``torch.cat`` with no copy for one part."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def square_sum(parts: NormParts) -> Tensor:
+    """``|g_i|^2`` from norm parts (:data:`NormParts`): one concatenation, one square and one
+    sum for all the norms, one sum for the squares (few kernels for any number of layers)."""
+    norms, squares = parts
+    total = None
+    if norms:
+        total = cat_parts([n.view(-1, n.shape[-1]) for n in norms]).square().sum(0)
+    if squares:
+        summed = cat_parts([s.view(-1, s.shape[-1]) for s in squares]).sum(0)
+        total = summed if total is None else total + summed
+    if total is None:
+        raise ValueError("square_sum needs at least one norm part")
+    return total
+
+
+def factor_norm_parts(a: Tensor, d: Tensor, gram: bool) -> NormParts:
+    """Per-sample ``|sum_t d_t a_t^T|`` for ``a: (B, G, K, T)``, ``d: (B, G, O, T)``: the Gram
+    trick ``<a^T a, d^T d>`` (``B T^2 (K + O)`` flops, a squared norm) or the norm of the
+    materialised gradient (``B T K O``), one batched matmul each way (the mixed ghost norm of
+    Bu et al., ICML 2023, Sec. 3)."""
+    if gram:
+        aa = torch.einsum("bgkt,bgks->bgts", a, a)
+        dd = torch.einsum("bgot,bgos->bgts", d, d)
+        return [], [torch.linalg.vecdot(aa.flatten(1), dd.flatten(1))]
+    return [row_norms(torch.einsum("bgkt,bgot->bgko", a, d))], []
+
+
 def row_sq_norms(t: Tensor) -> Tensor:
     """Per-sample squared norm over all but the batch axis."""
     return row_norms(t).square()

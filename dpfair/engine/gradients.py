@@ -1,6 +1,7 @@
 """Per-sample gradient engine: per-sample norms, then the reweighted sum ``sum_i w_i g_i``.
 
-Two implementations of one interface:
+Two implementations of one interface (:class:`dpfair.engine.per_sample.PerSampleGradients`),
+and the factory choosing between them (:func:`make_engine`):
 
 * :class:`GhostClipping` -- the fast path. One forward and one backward (to the layer outputs
   only, so no parameter gradient is formed twice); forward hooks keep each supported layer's
@@ -8,22 +9,23 @@ Two implementations of one interface:
   gradient is ``sum_t d_t a_t^T`` (``t`` runs over sequence positions, or over the im2col
   patches of a convolution), so its squared norm is ``|a|^2 |d|^2`` for a Linear applied once
   per sample (the ghost-norm trick), else ``<a a^T, d d^T>`` (the ``T x T`` Gram trick) or the
-  norm of the materialised per-sample gradient of that layer, whichever is expected faster.
-  A convolution's per-sample gradient is materialised by one batched matmul over the im2col
-  patches of all its kernel taps, only for its norms, a chunk of samples at a time (chunks
-  sized to a memory budget, :mod:`dpfair.engine.factors`). An embedding's norm is exact from
-  the token ids (:mod:`dpfair.engine.layer_grads`). The weighted sum is one contraction of
-  the ``w``-scaled output gradients with the inputs, added in place to the tensors the caller
-  passes (the step's noise). LayerNorm and GroupNorm parameters are small: their per-sample
-  gradients are materialised from the same captured input and output gradient. Any other
-  layer with trainable parameters is materialised alone, by vmap of that layer
-  (:mod:`dpfair.engine.layer_fallback`): a model falls back layer by layer. Where the
-  layers' output gradients would not fit the memory budget, the norms are formed inside the
-  backward pass, and the weighted sum partly by a second backward
-  (:mod:`dpfair.engine.low_memory`).
-* :class:`Materialized` -- the reference: ``torch.func.vmap`` of ``torch.func.grad`` gives
-  every per-sample gradient; it serves BAM where its fast ascent does not
-  (:mod:`dpfair.engine.ascent`), models whose parameters are shared between modules, and
+  norm of the materialised per-sample gradient of that layer, whichever is expected faster. A
+  convolution's per-sample gradient is materialised by one batched matmul per kernel tap or
+  over the im2col patches of all taps (or its Gram route taken), only for its norms, a chunk of
+  samples at a time (chunks sized to a memory budget, :mod:`dpfair.engine.factors`;
+  :mod:`dpfair.engine.conv_grads`); convolutions of one shape do it together, and all layers'
+  norms are squared and summed at once (:mod:`dpfair.engine.norm_sum`). An embedding's norm is
+  exact from the token ids (:mod:`dpfair.engine.embedding_grads`). The weighted sum is one
+  contraction of the ``w``-scaled output gradients with the inputs, added in place to the
+  tensors the caller passes (the step's noise). LayerNorm and GroupNorm parameters are small:
+  their per-sample gradients are materialised from the same captured input and output gradient.
+  Any other layer with trainable parameters is materialised alone, by vmap of that layer
+  (:mod:`dpfair.engine.layer_fallback`): a model falls back layer by layer. Where the layers'
+  output gradients would not fit the memory budget, the norms are formed inside the backward
+  pass, and the weighted sum partly by a second backward (:mod:`dpfair.engine.low_memory`).
+* :class:`~dpfair.engine.materialized.Materialized` -- the reference: ``torch.func.vmap`` of
+  ``torch.func.grad`` gives every per-sample gradient; it serves BAM where its fast ascent does
+  not (:mod:`dpfair.engine.ascent`), models whose parameters are shared between modules, and
   models with a layer run without the batch axis.
 
 ``loss_fn(outputs, y)`` must return per-sample losses (``reduction="none"``). Samples must not
@@ -44,16 +46,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
 
-from dpfair.engine.factors import cast_float, engine_budget, in_dtype, mask_rows
+from dpfair.engine.factors import cast_float, engine_budget, in_dtype
 from dpfair.engine.layer_dots import layer_dots
 from dpfair.engine.layer_fallback import (
     LayerPlan,
@@ -70,76 +69,26 @@ from dpfair.engine.low_memory import (
     rng_state,
     set_rng_state,
 )
+from dpfair.engine.materialized import Materialized, PerSampleFn
+from dpfair.engine.norm_sum import NormSum
+from dpfair.engine.per_sample import (
+    LossFn,
+    PerSampleGradients,
+    global_norm,
+    per_sample_losses,
+    trainable_parameters,
+)
+
+#: The engine's public names (the interface and the reference live in their own modules).
+__all__ = [
+    "EngineKind", "GhostClipping", "LossFn", "Materialized", "PerSampleFn", "PerSampleGradients",
+    "fast_path_obstacle", "global_norm", "log_once", "make_engine", "modifies_in_place",
+    "plan_layers", "probe_calls", "trainable_parameters",
+]
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
 EngineKind = Literal["auto", "fast", "materialized"]
-
-
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters a step sets ``.grad`` for, in ``model.parameters()`` order."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def global_norm(tensors: list[Tensor]) -> Tensor:
-    """The L2 norm of ``tensors`` taken together as one vector."""
-    return torch.stack([t.square().sum() for t in tensors]).sum().sqrt()
-
-
-def _per_sample_losses(losses: Tensor, batch_size: int) -> Tensor:
-    if losses.shape != (batch_size,):
-        raise ValueError(
-            f"loss_fn must return one loss per sample (reduction='none'): expected shape "
-            f"({batch_size},), got {tuple(losses.shape)}"
-        )
-    return losses
-
-
-class PerSampleGradients(ABC):
-    """Computes per-sample gradient norms, then ``sum_i w_i g_i`` for any weights ``w``.
-
-    ``compute`` must be called before ``weighted_grad``; ``losses`` then holds the detached
-    per-sample losses of the batch (not private: for monitoring only).
-    """
-
-    losses: Tensor
-    #: Whether ``g_i`` depends on sample ``i`` alone, so a batch may be formed in chunks
-    #: (physical batches, :class:`dpfair.engine.step.PrivateStep`).
-    chunkable: bool = True
-
-    @abstractmethod
-    def compute(
-        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
-    ) -> Tensor:
-        """Per-sample gradient norms ``|g_i|``, shape ``(B,)``.
-
-        ``groups`` is only read by gradient formers whose ``g_i`` depends on group ids (FairLens).
-        """
-
-    @abstractmethod
-    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
-        """``sum_i w_i g_i`` for every trainable parameter; samples with ``w_i = 0`` are skipped."""
-
-    def add_weighted_grad(self, weights: Tensor, into: list[Tensor]) -> None:
-        """Adds ``sum_i w_i g_i`` in place to ``into`` (one contiguous tensor per trainable
-        parameter): the step adds the update to its freshly drawn noise this way."""
-        for out, grad in zip(into, self.weighted_grad(weights), strict=True):
-            out.add_(grad)
-
-    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
-        """``<g_i, r>`` for every sample (``r``: one tensor per trainable parameter), from the
-        per-sample state :meth:`compute` kept, or ``None`` where it keeps none (the caller
-        then takes a double backward)."""
-        return None
-
-    def observe(self, private_grad: list[Tensor]) -> None:
-        """Told each step's released (noised) gradient as the step ends (DP-SAT's former keeps
-        it); the step's per-sample state is let go (:meth:`release`)."""
-        self.release()
-
-    def release(self) -> None:  # noqa: B027 - engines holding no state need nothing here
-        """Drops what :meth:`compute` kept for :meth:`weighted_grad`."""
 
 
 # --------------------------------------------------------------------------- fast path
@@ -257,7 +206,7 @@ class GhostClipping(PerSampleGradients):
         finally:
             for h in handles:
                 h.remove()
-        losses = _per_sample_losses(loss_fn(outputs, y), x.shape[0])
+        losses = per_sample_losses(loss_fn(outputs, y), x.shape[0])
         self.losses = losses.detach()
         targets = [o for c in calls for o in c[3] if o.requires_grad]
         if sink is not None:  # a layer called twice: the factor path, on a replay
@@ -302,15 +251,16 @@ class GhostClipping(PerSampleGradients):
                     ))
             check = check_weight_factors(per_layer)
             self._normal = bool(check[1])
-            self._layers += model_layer_grads(per_layer, check=check, keep=self.keeps_kernels)
+            room = max(0, budget - int(self._held_per_input * x.numel()))  # beside the factors
+            self._layers += model_layer_grads(
+                per_layer, check=check, keep=self.keeps_kernels, room=room
+            )
             self._calls = per_layer if self.keeps_calls else {}
-            squares = [layer.sq_norms() for layer in self._layers]
-            if len(squares) > 2:  # one stack and one sum, not a sum per layer
-                norms = torch.stack(squares).sum(0).sqrt()
-            elif squares:
-                norms = functools.reduce(torch.add, squares).sqrt()
-            else:
-                norms = self._params[0].new_zeros(batch)
+            sums = NormSum(budget)
+            for layer in self._layers:
+                sums.add(layer)
+            squares = sums.total()
+            norms = self._params[0].new_zeros(batch) if squares is None else squares.sqrt()
         # A finite norm means finite factors, and 0 * finite = 0: masking is only needed otherwise.
         # The norms are >= 0 or NaN, so their sum is finite only if every one is (one reduction;
         # a sum overflowing on finite norms only takes the masking path, exact as well).
@@ -388,58 +338,6 @@ def _autocast_off(device_type: str) -> AbstractContextManager:
 
 def _clone(value: Any) -> Any:
     return value.clone() if isinstance(value, Tensor) else value
-
-
-# --------------------------------------------------------------------- materialised path
-
-PerSampleFn = Callable[[dict[str, Tensor], Tensor, Tensor], tuple[dict[str, Tensor], Tensor]]
-
-
-class Materialized(PerSampleGradients):
-    """Reference path: every per-sample gradient by ``vmap(grad(loss of one sample))``.
-
-    Subclasses change how ``g_i`` is formed by overriding :meth:`per_sample_fn` (BAM).
-    """
-
-    def __init__(self) -> None:
-        self._grads: list[Tensor] = []
-
-    def per_sample_fn(self, grad_value: PerSampleFn) -> PerSampleFn:
-        """Maps (trainable params, x_i, y_i) to (g_i, loss_i); the default is ``grad_value``."""
-        return grad_value
-
-    def compute(
-        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
-    ) -> Tensor:
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-        fixed = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
-        fixed.update(dict(model.named_buffers()))
-
-        def loss_one(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
-            out = functional_call(model, (p, fixed), (xi.unsqueeze(0),))
-            return loss_fn(out, yi.unsqueeze(0)).sum()
-
-        fn = self.per_sample_fn(grad_and_value(loss_one))
-        # autocast and torch.func's grad do not mix (dtype errors in the backward): this path
-        # runs in the parameters' dtype
-        with torch.autocast(x.device.type, enabled=False):
-            grads, losses = vmap(fn, in_dims=(None, 0, 0), randomness="different")(params, x, y)
-        self.losses = _per_sample_losses(losses, x.shape[0]).detach()
-        self._grads = [grads[n] for n in names]
-        return torch.stack([g.flatten(1).square().sum(1) for g in self._grads]).sum(0).sqrt()
-
-    def weighted_grad(self, weights: Tensor) -> list[Tensor]:
-        keep = weights != 0
-        return [torch.tensordot(weights.to(g.dtype), mask_rows(g, keep), 1) for g in self._grads]
-
-    def release(self) -> None:
-        self._grads = []
-
-    def per_sample_dots(self, vectors: list[Tensor]) -> Tensor | None:
-        return torch.stack(
-            [g.flatten(1) @ r.reshape(-1) for g, r in zip(self._grads, vectors, strict=True)]
-        ).sum(0)
 
 
 # ------------------------------------------------------------------------------ factory

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 
-from dpfair.engine.layer_grads import PerSampleLayer, materialise_reason
+from dpfair.engine.layer_grads import materialise_reason
+from dpfair.engine.per_sample_layer import PerSampleLayer
 
 
 def output_tensors(output: Any) -> list[Tensor]:

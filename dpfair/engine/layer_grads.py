@@ -1,47 +1,52 @@
-"""One layer's per-sample gradient factors for the fast path of :mod:`dpfair.engine.gradients`.
+"""Which former serves each layer on the fast path of :mod:`dpfair.engine.gradients`.
 
 A layer's per-sample gradient is ``sum_t d_t a_t^T`` (``a`` its input, ``d`` its output
 gradient, ``t`` over positions or convolution taps). :func:`layer_grads` picks, per layer, the
 cheapest exact way to get its squared norms and its share of ``sum_i w_i g_i`` (the mixed ghost
 clipping rule of Bu et al., ICML 2023, Sec. 3): the ghost norm ``|a|^2 |d|^2`` of a Linear
 applied once per sample (:class:`DenseGrads`), the ``T x T`` Gram trick or the materialised
-per-sample gradient (:class:`SequenceGrads`), a convolution's per-sample weight by kernel taps
-(:class:`ConvGrads`), an embedding's sparse row scatter (:class:`EmbeddingGrads`), or the small
-LayerNorm/GroupNorm parameters materialised (:class:`PerSampleLayer`). Materialised per-sample
-gradients (and im2col patches) live only while a layer's norms are formed, in chunks of samples
-sized to the memory budget (:func:`engine_budget`), by the route of least estimated time
-(:func:`cheapest`: flops, memory traffic and kernel launches). The weighted sum is one
-contraction of the kept factors. :func:`balance_factors` keeps factors in range by exact powers
+per-sample gradient (:class:`SequenceGrads`; both in :mod:`dpfair.engine.linear_grads`), a
+convolution's per-sample weight by kernel taps (:mod:`dpfair.engine.conv_grads`), an
+embedding's sparse row scatter (:mod:`dpfair.engine.embedding_grads`), or the small
+LayerNorm/GroupNorm parameters materialised (:mod:`dpfair.engine.per_sample_layer`).
+Materialised per-sample gradients (and im2col patches) live only while a layer's norms are
+formed, in chunks of samples sized to the memory budget
+(:func:`dpfair.engine.factors.engine_budget`), by the route of least estimated time
+(:func:`dpfair.engine.factors.cheapest`: flops, memory traffic and kernel launches). The
+weighted sum is one contraction of the kept factors, or, for a convolution whose per-sample
+gradients were materialised and fit the budget, their weighted sum (:func:`model_layer_grads`'s
+``room``). :func:`dpfair.engine.factors.balance_factors` keeps factors in range by exact powers
 of two (the engine's "Overflow"); :func:`model_layer_grads` checks all weight factors of a
 model at once, and per layer only when that fails. Other layers: one layer at a time by
-:mod:`dpfair.engine.layer_fallback` (:func:`materialise_reason` says which and why).
-"""
+:mod:`dpfair.engine.layer_fallback` (:func:`materialise_reason` says which and why)."""
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpfair.engine.conv_factors import conv_patches, conv_tap_grads, padded_input
+from dpfair.engine.conv_grads import ConvGrads
+from dpfair.engine.embedding_grads import EmbeddingGrads
 from dpfair.engine.factors import (
-    Route,
     all_normal,
-    balance_factors,
-    balanced,
-    cheapest,
-    chunks,
+    cat_parts,
     engine_budget,
-    gram_route,
-    in_dtype,
-    mask_rows,
     row_norms,
     row_sq_norms,
     same_dtype,
 )
+from dpfair.engine.linear_grads import DenseGrads, SequenceGrads, layer_factors
+from dpfair.engine.per_sample_layer import PerSampleLayer, norm_layer_grads
+
+#: The layer kinds' gradient formers live in their own modules; this one chooses between them.
+__all__ = [
+    "FAST_LAYERS", "GHOST_LAYERS", "PER_SAMPLE_LAYERS", "ConvGrads", "DenseGrads",
+    "EmbeddingGrads", "LayerGrads", "PerSampleLayer", "SequenceGrads", "all_normal",
+    "check_weight_factors", "layer_factors", "layer_grads", "materialise_reason",
+    "model_layer_grads", "norm_layer_grads", "tap_layer_grads",
+]
 
 #: Layers whose norms come from their factors; small layers materialised from the same tensors.
 GHOST_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
@@ -67,338 +72,6 @@ def materialise_reason(module: nn.Module) -> str | None:
         return None
     return f"{name}: no ghost-norm rule for this layer type; its per-sample gradients are " \
         "materialised by vmap of the layer alone"
-
-
-class DenseGrads:
-    """A layer applied once to each sample (a Linear on ``(B, d_in)`` inputs): its per-sample
-    gradient is ``g_i = d_i a_i^T`` (and ``d_i`` for the bias), so
-    ``|g_i|^2 = |d_i|^2 |a_i|^2 + |d_i|^2`` (the ghost norm) and ``sum_i w_i g_i = (w d)^T a``,
-    from the weight's factors after :func:`balance_factors`."""
-
-    __slots__ = ("weight", "bias", "d", "a_w", "d_w", "sq")
-
-    def __init__(
-        self, module: nn.Linear, a: Tensor, d: Tensor,
-        squares: tuple[Tensor | None, Tensor] | None = None, normal: bool | None = None,
-    ) -> None:
-        """``squares``: ``(|a_i|^2, |d_i|^2)`` if formed (``|a_i|^2`` for a trainable weight);
-        ``normal``: whether they are all normal numbers, ``None``: check here."""
-        self.weight = module.weight if module.weight.requires_grad else None
-        self.bias = module.bias if module.bias is not None and module.bias.requires_grad else None
-        sq_a, sq_d = squares if squares is not None else (None, row_sq_norms(d))
-        self.d = d  # the bias gradient
-        self.a_w, self.d_w = a, d  # the weight's factors
-        self.sq = sq_d if self.bias is not None else d.new_zeros(len(d))
-        if self.weight is not None:
-            sq_a = row_sq_norms(a) if sq_a is None else sq_a
-            self.a_w, self.d_w, sq_a_w, sq_d_w = balance_factors(a, d, sq_a, sq_d, normal)
-            self.sq = self.sq + sq_d_w * sq_a_w
-
-    def sq_norms(self) -> Tensor:
-        return self.sq
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
-        all finite). The weights scale the narrower factor, ``a`` or ``d``."""
-        w = in_dtype(weights, self.d.dtype)
-        if self.weight is not None:
-            a, d = mask_rows(self.a_w, keep), mask_rows(self.d_w, keep)
-            out = into[self.weight]  # (d_out, d_in), shaped like the weight
-            if d.shape[1] <= a.shape[1]:
-                out.addmm_((d * w.unsqueeze(1)).T, a)
-            else:
-                out.addmm_(d.T, a * w.unsqueeze(1))
-        if self.bias is not None:
-            into[self.bias].addmv_(mask_rows(self.d, keep).T, w)
-
-
-def _factor_sq_norms(a: Tensor, d: Tensor, gram: bool) -> Tensor:
-    """Per-sample ``|sum_t d_t a_t^T|^2`` for ``a: (B, G, K, T)``, ``d: (B, G, O, T)``: the Gram
-    trick ``<a^T a, d^T d>`` (``B T^2 (K + O)`` flops) or the norm of the materialised gradient
-    (``B T K O``), one batched matmul each way."""
-    if gram:
-        aa = torch.einsum("bgkt,bgks->bgts", a, a)
-        dd = torch.einsum("bgot,bgos->bgts", d, d)
-        return torch.linalg.vecdot(aa.flatten(1), dd.flatten(1))
-    return row_sq_norms(torch.einsum("bgkt,bgot->bgko", a, d))
-
-
-class SequenceGrads:
-    """A Linear layer on inputs with extra dimensions ``(B, T, d)``, or called several times:
-    its per-sample gradient in factored form ``g_i = sum_t d[i,t]^T a[i,t]``.
-
-    ``a``: ``(B, T, 1, d_in)``, ``d``: ``(B, T, 1, d_out)`` (:func:`layer_factors`'s layout). The
-    weight's factors are kept (balanced, :func:`balance_factors`); its squared norms come from
-    the Gram trick or from per-sample gradients materialised a chunk of samples at a time,
-    whichever :func:`gram_route` expects faster, and the weighted sum is one contraction of the
-    factors.
-    """
-
-    def __init__(
-        self, module: nn.Linear, a: Tensor, d: Tensor, budget: int, normal: bool | None = None
-    ) -> None:
-        self.module, self.batch_size, self.budget = module, a.shape[0], budget
-        has_bias = module.bias is not None and module.bias.requires_grad
-        self.bias_grad = d.sum(1) if has_bias else None  # sum_t d_t, (B, G, d_out)
-        self.a: Tensor | None = None  # the weight's balanced factors
-        self.d: Tensor | None = None
-        _, t, _, d_in = a.shape
-        self.gram = gram_route(
-            len(a), t, d_in, d.shape[-1], a.element_size(), a.device, budget
-        )
-        if module.weight.requires_grad:
-            self.a, self.d, _, _ = balanced(a, d, normal)
-
-    def sq_norms(self) -> Tensor:
-        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
-        if self.a is not None and self.d is not None:
-            a, d = self.a, self.d
-            t, g, d_in, d_out = a.shape[1], a.shape[2], a.shape[3], d.shape[3]
-            held = 3 * t * t if self.gram else g * d_in * d_out
-            slices = chunks(self.batch_size, held * a.element_size(), self.budget)
-            a, d = a.permute(0, 2, 3, 1), d.permute(0, 2, 3, 1)  # (B, G, d, T)
-            parts.append(_cat([_factor_sq_norms(a[c], d[c], self.gram) for c in slices]))
-        return _total(parts)
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first (``None``:
-        all finite)."""
-        m, w = self.module, in_dtype(weights, self.module.weight.dtype)
-        b = len(weights)
-        if self.a is not None and self.d is not None:
-            a, d = mask_rows(self.a, keep), mask_rows(self.d, keep)
-            d_in, d_out = a.shape[-1], d.shape[-1]
-            dw = d * w.view(-1, 1, 1, 1)  # one (B T, d_out)^T @ (B T, d_in) matmul
-            into[m.weight].addmm_(dw.reshape(-1, d_out).T, a.reshape(-1, d_in))
-        if self.bias_grad is not None:
-            bias_grad = mask_rows(self.bias_grad, keep).reshape(b, -1)
-            into[m.bias].view(-1).addmv_(bias_grad.T, w)  # type: ignore[union-attr]
-
-
-class ConvGrads:
-    """A convolution keeps only its (balanced) inputs and output gradients. Its squared norms
-    come a chunk of samples at a time, by the route :func:`cheapest` expects fastest: the
-    per-sample weight gradients by one batched matmul per kernel tap (no copy of the input),
-    or by one matmul over the im2col patches of all taps (one copy, fewer kernels), or, where
-    there are few positions, the Gram trick over those patches
-    (:mod:`dpfair.engine.conv_factors`); patches and per-sample gradients live only in their
-    chunk (memory budget), unless ``keep`` (``kernels``). The weighted sum is one
-    ``conv2d_weight`` of the ``w``-scaled output gradients (zero padding inside it)."""
-
-    def __init__(
-        self, module: nn.Conv2d, calls: list[tuple[Tensor, Tensor]], budget: int,
-        normal: bool | None = None, keep: bool = False,
-    ) -> None:
-        self.module, self.batch_size, self.budget = module, calls[0][0].shape[0], budget
-        self.calls: list[tuple[Tensor, Tensor]] = []
-        self.keep, self.kernels = keep, None  # (B c_out, c_in_g, kh, kw) if kept and formed
-        self.bias_grad = None
-        if module.bias is not None and module.bias.requires_grad:
-            self.bias_grad = functools.reduce(torch.add, [grad.sum((2, 3)) for _, grad in calls])
-        if module.weight.requires_grad:
-            self.calls = [balanced(inp, grad, normal)[:2] for inp, grad in calls]
-        c_out, c_in_g, kh, kw = module.weight.shape
-        g, taps = module.groups, kh * kw
-        t = sum(grad.shape[-1] * grad.shape[-2] for _, grad in calls)
-        k, self.o = c_in_g * taps, c_out // g
-        inp = calls[0][0]
-        x = inp[0].numel()  # the padded input, about
-        o_t = self.o * t * g
-        self.routes = {
-            "taps": Route(2 * t * k * c_out, taps * (x + o_t) + 2 * k * c_out,
-                          k * c_out + 2 * o_t + x, taps + 4),
-            "im2col": Route(2 * t * k * c_out, 2 * t * k * g + o_t + 2 * k * c_out,
-                            t * k * g + k * c_out + x, 5),
-            "gram": Route(2 * t * t * (k + self.o + 1) * g, 2 * t * k * g + o_t + 6 * t * t * g,
-                          (t * k + 3 * t * t) * g + x, 6),
-        }
-        self.route = cheapest(
-            self.routes, self.batch_size, inp.element_size(), inp.device, budget
-        )
-
-    def _chunk_sq(self, c: slice) -> tuple[Tensor, Tensor | None]:
-        """A chunk's squared norms, and its per-sample kernels ``(b c_out, c_in_g, kh, kw)``
-        where the route forms them: per-tap products, or from patches ``(B, G, K, T)`` and
-        ``d: (B, G, O, T)``."""
-        m = self.module
-        c_out, c_in_g, kh, kw = m.weight.shape
-        if self.route == "taps":
-            grads = functools.reduce(torch.add, [
-                conv_tap_grads(m, padded_input(m, a[c]), d[c]) for a, d in self.calls
-            ])  # (kh kw, b, G c_in_g O)
-            sq = torch.linalg.vector_norm(grads, dim=(0, 2)).square()
-            kernels = grads.view(kh, kw, -1, m.groups, c_in_g, self.o).permute(2, 3, 5, 4, 0, 1)
-            return sq, kernels.reshape(-1, c_in_g, kh, kw) if self.keep else None
-        a = _cat([conv_patches(m, a[c]) for a, _ in self.calls], 3)
-        d = _cat([d[c].reshape(len(a), m.groups, self.o, -1) for _, d in self.calls], 3)
-        if self.route == "gram":
-            return _factor_sq_norms(a, d, True), None
-        grads = torch.einsum("bgkt,bgot->bgok", a, d)  # (b, G, O, c_in_g kh kw)
-        return row_sq_norms(grads), grads.view(-1, c_in_g, kh, kw) if self.keep else None
-
-    def sq_norms(self) -> Tensor:
-        parts = [] if self.bias_grad is None else [row_sq_norms(self.bias_grad)]
-        if self.calls:
-            a = self.calls[0][0]
-            held = self.routes[self.route].held * a.element_size()
-            slices = chunks(self.batch_size, held, self.budget)
-            sq, kernels = zip(*[self._chunk_sq(c) for c in slices], strict=True)
-            parts.append(_cat(list(sq)))
-            self.kernels = None if kernels[0] is None else _cat(list(kernels))
-        return _total(parts)
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
-        m, w = self.module, in_dtype(weights, self.module.weight.dtype)
-        inner_pad = m.padding_mode == "zeros" and not isinstance(m.padding, str)
-        for a, d in self.calls:
-            dw = mask_rows(d, keep) * w.view(-1, 1, 1, 1)
-            a = mask_rows(a, keep)
-            into[m.weight].add_(torch.nn.grad.conv2d_weight(
-                a if inner_pad else padded_input(m, a), m.weight.shape, dw, stride=m.stride,
-                padding=m.padding if inner_pad else 0, dilation=m.dilation, groups=m.groups,
-            ))
-        if self.bias_grad is not None:
-            bias = into[m.bias]  # type: ignore[index]
-            bias.addmv_(mask_rows(self.bias_grad, keep).T, w)  # type: ignore[arg-type]
-
-
-def _cat(parts: list[Tensor], dim: int = 0) -> Tensor:  # no copy for one part
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
-
-
-def _total(parts: list[Tensor]) -> Tensor:  # a trainable weight or bias gives one part
-    return functools.reduce(torch.add, parts)
-
-
-class EmbeddingGrads:
-    """An embedding's per-sample gradient is a sparse row scatter,
-    ``g_i = sum_t e_{id_t} d_t^T``, so ``|g_i|^2 = sum_{t, s: id_t = id_s} <d_t, d_s>``: the
-    output gradients are summed per (sample, token id) and the row sums squared -- ``B T d``
-    flops after one sort, never the ``V x d`` matrix per sample. The weighted sum is one
-    ``index_add_`` of the ``w``-scaled output gradients. Positions holding ``padding_idx`` have
-    no gradient (as in ``F.embedding``'s backward)."""
-
-    def __init__(self, module: nn.Embedding, calls: list[tuple[Tensor, Tensor]]) -> None:
-        self.module, b, dim = module, calls[0][0].shape[0], module.embedding_dim
-        self.ids = torch.cat([ids.reshape(b, -1) for ids, _ in calls], 1)
-        d = torch.cat([grad.reshape(b, -1, dim) for _, grad in calls], 1)
-        if module.padding_idx is not None:
-            d = torch.where((self.ids == module.padding_idx).unsqueeze(-1), 0, d)
-        self.d = d
-
-    def sq_norms(self) -> Tensor:
-        b, t = self.ids.shape
-        v = self.module.num_embeddings
-        keys = (torch.arange(b, device=self.ids.device).unsqueeze(1) * v + self.ids).flatten()
-        unique, inverse = torch.unique(keys, return_inverse=True)
-        rows = self.d.new_zeros(len(unique), self.d.shape[-1])
-        rows.index_add_(0, inverse, self.d.reshape(b * t, -1))
-        return self.d.new_zeros(b).index_add_(0, unique // v, row_sq_norms(rows))
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i`` to ``into``; rows outside ``keep`` are zeroed first."""
-        dw = mask_rows(self.d, keep) * in_dtype(weights, self.d.dtype).view(-1, 1, 1)
-        into[self.module.weight].index_add_(0, self.ids.flatten(), dw.reshape(-1, dw.shape[-1]))
-
-
-def layer_factors(module: nn.Module, inp: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-    """Layer input and output gradient as ``a: (B, T, G, d_in)``, ``d: (B, T, G, d_out)``
-    (for a convolution ``a`` holds its im2col patches, :func:`conv_patches`)."""
-    b = inp.shape[0]
-    if isinstance(module, nn.Linear):
-        return inp.reshape(b, -1, 1, inp.shape[-1]), grad_out.reshape(b, -1, 1, grad_out.shape[-1])
-    assert isinstance(module, nn.Conv2d)
-    a = conv_patches(module, inp)
-    d = grad_out.reshape(*a.shape[:2], -1, a.shape[-1])
-    return a.permute(0, 3, 1, 2), d.permute(0, 3, 1, 2)
-
-
-class PerSampleLayer:
-    """A small layer's materialised per-sample gradients: one ``(B, N)`` matrix whose columns
-    run over its trainable ``params`` in order, each flattened."""
-
-    def __init__(self, params: list[nn.Parameter], flat: Tensor) -> None:
-        self.params, self.flat = params, flat
-
-    @classmethod
-    def of(cls, grads: dict[nn.Parameter, Tensor]) -> PerSampleLayer:
-        """From per-parameter per-sample gradients ``{param: (B, *shape)}``."""
-        flat = [g.reshape(len(g), -1) for g in grads.values()]
-        return cls(list(grads), _cat(flat, 1))
-
-    @property
-    def grads(self) -> dict[nn.Parameter, Tensor]:
-        """``{param: (B, *shape)}``, views of the matrix."""
-        parts = self.flat.split([p.numel() for p in self.params], 1)
-        return {p: g.view(-1, *p.shape) for p, g in zip(self.params, parts, strict=True)}
-
-    def sq_norms(self) -> Tensor:
-        return row_sq_norms(self.flat)
-
-    def add_weighted(
-        self, weights: Tensor, keep: Tensor | None, into: dict[nn.Parameter, Tensor]
-    ) -> None:
-        """Adds ``sum_i w_i g_i``: one matrix-vector product where the targets lie side by side
-        in one buffer (the step's noise), else one per parameter."""
-        per_sample, w = mask_rows(self.flat, keep), in_dtype(weights, self.flat.dtype)
-        joint = _joint_view([into[p] for p in self.params], self.flat.dtype)
-        if joint is not None:
-            joint.addmv_(per_sample.T, w)
-            return
-        parts = per_sample.split([p.numel() for p in self.params], 1)
-        for p, g in zip(self.params, parts, strict=True):
-            into[p].view(-1).addmv_(g.T, w)
-
-
-def _joint_view(targets: list[Tensor], dtype: torch.dtype) -> Tensor | None:
-    """One flat view over ``targets`` where they are contiguous tensors of ``dtype`` laid out
-    one after the other in one storage, else ``None``."""
-    first = targets[0]
-    offset = first.storage_offset()
-    for t in targets:
-        if not t.is_contiguous() or t.dtype != dtype or t.storage_offset() != offset or (
-            t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
-        ):
-            return None
-        offset += t.numel()
-    return first.as_strided((offset - first.storage_offset(),), (1,))
-
-
-def norm_layer_grads(
-    module: nn.LayerNorm | nn.GroupNorm, inp: Tensor, grad_out: Tensor
-) -> PerSampleLayer:
-    """Per-sample gradients of a LayerNorm's or GroupNorm's affine parameters (weight, then
-    bias): ``sum x_hat d`` and ``sum d`` over the positions, ``x_hat`` the input normalised
-    without the affine part, formed together in one reduction."""
-    b = inp.shape[0]
-    if isinstance(module, nn.LayerNorm):
-        normalised = F.layer_norm(inp, module.normalized_shape, eps=module.eps)
-        axis = inp.dim() - len(module.normalized_shape)  # the affine part's first axis
-    else:
-        normalised = F.group_norm(inp, module.num_groups, eps=module.eps)
-        axis = 1
-    params, parts = [], []
-    if module.weight is not None and module.weight.requires_grad:
-        params.append(module.weight)
-        parts.append(normalised * grad_out)
-    if module.bias is not None and module.bias.requires_grad:
-        params.append(module.bias)
-        parts.append(grad_out)
-    joint = parts[0] if len(parts) == 1 else torch.cat(parts, axis)
-    if isinstance(module, nn.LayerNorm):  # sum over the positions before the affine axes
-        flat = joint.reshape(b, math.prod(joint.shape[1:axis]), -1).sum(1)
-    else:  # sum over the positions after the channels
-        flat = joint.reshape(b, joint.shape[1], -1).sum(2)
-    return PerSampleLayer(params, flat)
 
 
 def _is_dense(module: nn.Module, calls: list[tuple[Tensor, Tensor]]) -> bool:
@@ -431,27 +104,34 @@ def check_weight_factors(per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]]
         elif _balanced_weight(module):
             norms += [row_norms(t) for call in calls for t in call]
     if norms:
-        checked += [_cat(norms).square()] if same_dtype(norms) else [n.square() for n in norms]
+        checked += [cat_parts(norms).square()] if same_dtype(norms) else [n.square() for n in norms]
     return dense, all_normal(checked) if checked else None
 
 
 def model_layer_grads(
     per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]], budget: int | None = None,
-    check: FactorCheck | None = None, keep: bool = False,
+    check: FactorCheck | None = None, keep: bool = False, room: int = 0,
 ) -> list[LayerGrads]:
     """:func:`layer_grads` of every layer, in order, after one overflow check for all of them
     (``check``, :func:`check_weight_factors` if not given): where it fails, each layer makes its
     own check. ``budget``: bytes of per-sample intermediates per layer (default
     :func:`engine_budget` of the factors' device); ``keep``: convolutions keep the per-sample
-    kernels their norms form (:class:`ConvGrads`)."""
+    kernels their norms form (:class:`ConvGrads`); ``room``: bytes of such kernels the
+    convolutions whose route materialises them may keep for the weighted sum, in layer order
+    (:meth:`ConvGrads.keep_for_sum`)."""
     dense, normal = check_weight_factors(per_layer) if check is None else check
     if budget is None and per_layer:
         budget = engine_budget(next(iter(per_layer.values()))[0][1].device)
-    return [
-        DenseGrads(module, *calls[0], dense[module], normal or None)  # type: ignore[arg-type]
-        if module in dense else layer_grads(module, calls, budget, normal or None, keep)
-        for module, calls in per_layer.items()
-    ]
+    layers: list[LayerGrads] = []
+    for module, calls in per_layer.items():
+        if module in dense:
+            layers.append(DenseGrads(module, *calls[0], dense[module], normal or None))  # type: ignore[arg-type]
+            continue
+        layer = layer_grads(module, calls, budget, normal or None, keep)
+        if isinstance(layer, ConvGrads):
+            room -= layer.keep_for_sum(room)
+        layers.append(layer)
+    return layers
 
 
 def layer_grads(
@@ -485,14 +165,15 @@ LayerGrads = DenseGrads | SequenceGrads | ConvGrads | EmbeddingGrads | PerSample
 
 
 def tap_layer_grads(module: nn.Module, a: Tensor, d: Tensor, budget: int) -> tuple:
-    """A layer called once, from its raw factors (no rescaling): its :data:`LayerGrads`, and a
-    list of the squared norms of its weight factors, which must all be normal numbers
+    """A layer called once, from its raw factors (no rescaling): its :data:`LayerGrads`, and
+    the norm parts (:data:`dpfair.engine.factors.NormParts`) of its weight factors, whose
+    squares (of the norms) and entries (of the squares) must all be normal numbers
     (:func:`all_normal`) for its norms to be exact (:func:`balance_factors`)."""
     calls = [(a, d)]
     if _is_dense(module, calls):
         trained = module.weight.requires_grad
         squares = (row_sq_norms(a) if trained else None, row_sq_norms(d))
         layer = DenseGrads(module, a, d, squares, normal=True)  # type: ignore[arg-type]
-        return layer, list(squares) if trained else []  # type: ignore[arg-type]
-    checked = [row_norms(a).square(), row_norms(d).square()] if _balanced_weight(module) else []
-    return layer_grads(module, calls, budget, normal=True), checked
+        return layer, ([], list(squares) if trained else [])  # type: ignore[arg-type]
+    checked = [row_norms(a), row_norms(d)] if _balanced_weight(module) else []
+    return layer_grads(module, calls, budget, normal=True), (checked, [])

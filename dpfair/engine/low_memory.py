@@ -2,14 +2,16 @@
 
 Where a model's layer output gradients would not fit the engine's memory budget, the fast path
 does not hold them all: a :class:`Tap` on each fast layer's output hands its gradient, as the
-backward pass reaches it, to a :class:`NormSink`, which forms that layer's per-sample squared
-norms at once (the ghost clipping of Li et al. 2022 and of Opacus, one layer output gradient
-at a time). The layers nearest the input whose output gradients fit the budget together keep
-them (book-keeping, Bu, Wang, Zha & Karypis, ICML 2023): their share of ``sum_i w_i g_i`` is one
-contraction of the kept factors, as on the factor path. The other layers' share is the
-gradient of ``sum_i w_i l_i`` with respect to their parameters alone: one more backward
-through the retained graph, which stops above the kept layers (autograd runs only the nodes
-that lead to the parameters asked for); none at all where every layer keeps its factors.
+backward pass reaches it, to a :class:`NormSink`, which forms that layer's per-sample norms at
+once (the ghost clipping of Li et al. 2022 and of Opacus, one layer output gradient at a time;
+all layers' norms squared and summed together at the end, convolutions of one shape in one
+pass: :class:`dpfair.engine.norm_sum.NormSum`). The layers nearest the input whose output
+gradients fit the budget together keep them (book-keeping, Bu, Wang, Zha & Karypis, ICML 2023):
+their share of ``sum_i w_i g_i`` is one contraction of the kept factors, as on the factor path.
+The other layers' share is the gradient of ``sum_i w_i l_i`` with respect to their parameters
+alone: one more backward through the retained graph, which stops above the kept layers
+(autograd runs only the nodes that lead to the parameters asked for); none at all where every
+layer keeps its factors.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpfair.engine.factors import all_normal, cast_float, engine_budget
+from dpfair.engine.factors import all_normal, cast_float, cat_parts, engine_budget
 from dpfair.engine.layer_grads import LayerGrads, tap_layer_grads
+from dpfair.engine.norm_sum import NormSum
 
 
 class Tap(torch.autograd.Function):
@@ -63,8 +66,8 @@ class NormSink:
         self.second = True
         self.layers: list[LayerGrads] = []  # the kept layers' factors
         self.kept: set[int] = set()  # ids of the parameters the kept layers own
-        self.squares: list[Tensor] = []
-        self.checked: list[Tensor] = []
+        self.sums = NormSum(self.budget)
+        self.checked: tuple[list[Tensor], list[Tensor]] = ([], [])  # the factors' norm parts
 
     def take(self, index: int, grad: Tensor) -> None:
         if self.active:
@@ -72,8 +75,9 @@ class NormSink:
             layer, checked = tap_layer_grads(
                 module, cast_float(args[0], self.dtype), cast_float(grad, self.dtype), self.budget
             )
-            self.squares.append(layer.sq_norms())
-            self.checked += checked
+            self.sums.add(layer)
+            self.checked[0].extend(checked[0])
+            self.checked[1].extend(checked[1])
             if index in self.keep:
                 self.layers.append(layer)
                 self.kept |= {id(p) for p in module.parameters(recurse=False)}
@@ -105,10 +109,13 @@ class NormSink:
             )
         finally:
             self.active, self.calls = False, []  # the retained graph's taps hold this sink
-        if not self.squares:
+        squares = self.sums.total()
+        if squares is None:
             return losses.new_zeros(batch, dtype=self.dtype)
-        norms = torch.stack(self.squares).sum(0).sqrt()
-        if not math.isfinite(norms.sum()) or (self.checked and not all_normal(self.checked)):
+        norms = squares.sqrt()
+        factor_norms, factor_squares = self.checked
+        checked = factor_squares + ([cat_parts(factor_norms).square()] if factor_norms else [])
+        if not math.isfinite(norms.sum()) or (checked and not all_normal(checked)):
             return None
         return norms
 

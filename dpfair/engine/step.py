@@ -59,9 +59,8 @@ from torch import Tensor, nn
 
 from dpfair.engine import State
 from dpfair.engine.collective import ALONE, Collective
-from dpfair.engine.factors import engine_memory
+from dpfair.engine.factors import engine_memory, in_dtype
 from dpfair.engine.gradients import EngineKind, LossFn, PerSampleGradients, trainable_parameters
-from dpfair.engine.layer_grads import in_dtype
 from dpfair.engine.low_memory import cuda_devices, rng_state, set_rng_state
 from dpfair.errors import ConfigError
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
+from dpfair.engine import conv_grads as conv_grads_module
 from dpfair.engine import gradients as gradients_module
-from dpfair.engine import layer_grads as layer_grads_module
 from dpfair.engine.gradients import GhostClipping, Materialized
 from dpfair.engine.layer_fallback import plan_layers, probe_calls
 from dpfair.engine.layer_grads import layer_grads
@@ -144,13 +144,13 @@ def test_a_small_engine_memory_cap_gives_more_smaller_chunks_and_the_same_sum(ne
     model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Tanh(), nn.Flatten(),
                           nn.Linear(16 * 32 * 32, 2)).to(DTYPE)
     x, y, g = nets.batch((16, 32, 32), 2, b=6)
-    real, sizes = layer_grads_module.chunks, []
+    real, sizes = conv_grads_module.chunks, []
 
     def spy(batch: int, per_sample: int, budget: int) -> list:
         sizes.append([s.stop - s.start for s in real(batch, per_sample, budget)])
         return real(batch, per_sample, budget)
 
-    monkeypatch.setattr(layer_grads_module, "chunks", spy)
+    monkeypatch.setattr(conv_grads_module, "chunks", spy)
     sums, chunked = {}, {}
     for cap in (None, 3):
         sizes = []
