@@ -16,7 +16,14 @@ from types import ModuleType
 
 import pytest
 
-import dpfair  # noqa: F401  tools never phone home from tests (dpfair.NO_TELEMETRY)
+# OpenMP's idle threads sleep instead of spinning, in this process and every process a test
+# starts (before torch loads libgomp): the suite runs two pytest workers and their commands on
+# two cores, where spinning threads wait on descheduled peers and burn CPU for nothing (a
+# `dpfair train` used 10.6-12.4 s of CPU with spinning, 8.0 s without, same thread count and
+# results: benchmarks/results/test_suite.md). A value already set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import dpfair  # noqa: E402, F401  tools never phone home from tests (dpfair.NO_TELEMETRY)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
