@@ -1,15 +1,16 @@
 """A reservation made once per key (a search's identity): processes that reserve the same key
 at the same moment record one release; the others join it uncharged. They really race: each
-opens the ledger, then waits at a file barrier until every one is ready, and only then
-reserves. On SQLite (a file) and PostgreSQL (a throwaway server)."""
+opens the ledger, says it is ready and waits (asleep, reading its stdin) for the go, a key
+written to every one at once when all are ready, and only then reserves; the same processes
+race again on a second key. On SQLite (a file) and PostgreSQL (a throwaway server)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from dp_accounting import dp_event
 
@@ -18,32 +19,39 @@ from dpfair.ledger import SourceLedger
 RACERS = 4
 
 RESERVE = """
-import sys, time
-from pathlib import Path
+import sys
 from dp_accounting import dp_event
 from dpfair.ledger import SourceLedger
-url, key, barrier, me, n = *sys.argv[1:3], Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-ledger = SourceLedger(url)  # connected and its tables made before the barrier
-(barrier / f"ready-{me}").touch()
-while len(list(barrier.glob("ready-*"))) < n:
-    time.sleep(0.001)
-got = ledger.reserve_once(key, "census", "v1", dp_event.GaussianDpEvent(1.0), 1e-5,
-                          context={"study": key, "racer": me})
-print("reserved" if got is not None else "joined", flush=True)
+url, me = sys.argv[1:3]
+ledger = SourceLedger(url)  # connected and its tables made before the first go
+print("ready", flush=True)
+for line in iter(sys.stdin.readline, ""):  # each go is a key, written to every racer at once
+    key = line.strip()
+    got = ledger.reserve_once(key, "census", "v1", dp_event.GaussianDpEvent(1.0), 1e-5,
+                              context={"study": key, "racer": me})
+    print("reserved" if got is not None else "joined", flush=True)
 """
 
 
-def _race(url: str, key: str, tmp_path: Path) -> list[str]:
-    barrier = tmp_path / f"barrier-{uuid.uuid4().hex[:8]}"
-    barrier.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", RESERVE, url, key, str(barrier), str(i),
-                               str(RACERS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(RACERS)]
+def _races(url: str, keys: list[str]) -> list[list[str]]:
+    """Each of ``keys`` raced in turn by the same :data:`RACERS` processes: what each said."""
+    procs = [subprocess.Popen([sys.executable, "-c", RESERVE, url, str(i)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(RACERS)]
+    for proc in procs:  # every racer connected (none busy-waits meanwhile)
+        if proc.stdout.readline().strip() != "ready":
+            for other in procs:
+                other.kill()
+            pytest.fail(f"a racer failed: {proc.communicate(timeout=300)[1][-3000:]}")
     said = []
+    for key in keys:
+        for proc in procs:  # the go: the key to all, then each one's answer
+            proc.stdin.write(f"{key}\n")
+            proc.stdin.flush()
+        said.append([proc.stdout.readline().strip() for proc in procs])
     for proc in procs:
-        out, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=300)  # stdin closed: the racer ends
         assert proc.returncode == 0, err[-3000:]
-        said.append(out.strip())
     return said
 
 
@@ -66,17 +74,17 @@ def _assert_charged_once(url: str, key: str, said: list[str]) -> None:
 def test_processes_reserving_one_key_together_record_one_release_on_sqlite(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     SourceLedger(url)  # an existing ledger (a fresh one is raced in the PostgreSQL test)
-    for _ in range(2):  # two keys: two races
-        key = f"search {uuid.uuid4().hex}"
-        _assert_charged_once(url, key, _race(url, key, tmp_path))
+    keys = [f"search {uuid.uuid4().hex}" for _ in range(2)]  # two keys: two races
+    for key, said in zip(keys, _races(url, keys), strict=True):
+        _assert_charged_once(url, key, said)
 
 
 def test_processes_reserving_one_key_together_record_one_release_on_postgresql(
-        postgres_url, tmp_path):
+        postgres_url):
     url = _fresh_database(postgres_url)  # its tables made by the racers themselves
-    for _ in range(2):
-        key = f"search {uuid.uuid4().hex}"
-        _assert_charged_once(url, key, _race(url, key, tmp_path))
+    keys = [f"search {uuid.uuid4().hex}" for _ in range(2)]
+    for key, said in zip(keys, _races(url, keys), strict=True):
+        _assert_charged_once(url, key, said)
 
 
 def test_a_void_reservation_frees_its_key_and_a_counted_one_holds_it(tmp_path):
