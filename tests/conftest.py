@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -159,6 +160,36 @@ def postgres_url():
         )
         shutil.rmtree(root, ignore_errors=True)
 
+
+
+def race(script: str, argvs: list[list[str]], goes: list[str]) -> list[list[str]]:
+    """Processes of ``script`` (one per argv) raced: each prints ``ready`` once set up, then
+    reads its stdin, where each of ``goes`` is written to all of them at once (after every one
+    is ready: none busy-waits), and answers it with one line. What each said, per go."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv in argvs]
+    # a racer that hangs is killed after 300 s: its line is then empty, and the test fails
+    watchdog = threading.Timer(300, lambda: [proc.kill() for proc in procs])
+    watchdog.start()
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                for other in procs:
+                    other.kill()
+                pytest.fail(f"a racer failed: {proc.communicate(timeout=300)[1][-3000:]}")
+        said = []
+        for go in goes:
+            for proc in procs:
+                proc.stdin.write(f"{go}\n")
+                proc.stdin.flush()
+            said.append([proc.stdout.readline().strip() for proc in procs])
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)  # stdin closed: the racer ends
+            assert proc.returncode == 0, err[-3000:]
+    finally:
+        watchdog.cancel()
+    return said
 
 
 def cli_in_a_fresh_python(folder: Path, commands: dict[str, list[str]],

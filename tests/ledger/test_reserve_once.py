@@ -6,15 +6,13 @@ race again on a second key. On SQLite (a file) and PostgreSQL (a throwaway serve
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
-import pytest
 import sqlalchemy as sa
 from dp_accounting import dp_event
 
 from dpfair.ledger import SourceLedger
+from tests.conftest import race
 
 RACERS = 4
 
@@ -33,28 +31,6 @@ for line in iter(sys.stdin.readline, ""):  # each go is a key, written to every 
 """
 
 
-def _races(url: str, keys: list[str]) -> list[list[str]]:
-    """Each of ``keys`` raced in turn by the same :data:`RACERS` processes: what each said."""
-    procs = [subprocess.Popen([sys.executable, "-c", RESERVE, url, str(i)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(RACERS)]
-    for proc in procs:  # every racer connected (none busy-waits meanwhile)
-        if proc.stdout.readline().strip() != "ready":
-            for other in procs:
-                other.kill()
-            pytest.fail(f"a racer failed: {proc.communicate(timeout=300)[1][-3000:]}")
-    said = []
-    for key in keys:
-        for proc in procs:  # the go: the key to all, then each one's answer
-            proc.stdin.write(f"{key}\n")
-            proc.stdin.flush()
-        said.append([proc.stdout.readline().strip() for proc in procs])
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)  # stdin closed: the racer ends
-        assert proc.returncode == 0, err[-3000:]
-    return said
-
-
 def _fresh_database(server_url: str) -> str:
     """A new, empty database on the test server; its URL."""
     name = f"ledger_{uuid.uuid4().hex[:12]}"
@@ -63,6 +39,14 @@ def _fresh_database(server_url: str) -> str:
         conn.execute(sa.text(f"CREATE DATABASE {name}"))
     engine.dispose()
     return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _races(url: str) -> None:
+    """Two keys, two races of the same :data:`RACERS` processes, each charged once."""
+    keys = [f"search {uuid.uuid4().hex}" for _ in range(2)]
+    for key, said in zip(keys, race(RESERVE, [[url, str(i)] for i in range(RACERS)], keys),
+                         strict=True):
+        _assert_charged_once(url, key, said)
 
 
 def _assert_charged_once(url: str, key: str, said: list[str]) -> None:
@@ -74,17 +58,13 @@ def _assert_charged_once(url: str, key: str, said: list[str]) -> None:
 def test_processes_reserving_one_key_together_record_one_release_on_sqlite(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     SourceLedger(url)  # an existing ledger (a fresh one is raced in the PostgreSQL test)
-    keys = [f"search {uuid.uuid4().hex}" for _ in range(2)]  # two keys: two races
-    for key, said in zip(keys, _races(url, keys), strict=True):
-        _assert_charged_once(url, key, said)
+    _races(url)
 
 
 def test_processes_reserving_one_key_together_record_one_release_on_postgresql(
         postgres_url):
     url = _fresh_database(postgres_url)  # its tables made by the racers themselves
-    keys = [f"search {uuid.uuid4().hex}" for _ in range(2)]
-    for key, said in zip(keys, _races(url, keys), strict=True):
-        _assert_charged_once(url, key, said)
+    _races(url)
 
 
 def test_a_void_reservation_frees_its_key_and_a_counted_one_holds_it(tmp_path):
