@@ -77,7 +77,8 @@ def test_sigterm_of_tune_leaves_no_trial_running_and_starts_none(tmp_path: Path,
     # every trial held at the signal (one per worker) FAIL with the reason, none RUNNING
     assert trials and {t.state.name for t in trials} == {"FAIL"}, [(t.state, t.user_attrs)
                                                                    for t in trials]
-    assert all(t.user_attrs["dpfair.error"].startswith("stopped (Terminated)") for t in trials), [t.user_attrs for t in trials]
+    assert all(t.user_attrs["dpfair.error"].startswith("stopped (Terminated)")
+               for t in trials), [t.user_attrs for t in trials]
     if workers == 1:  # spawned workers hear of it by their own SIGTERM, a moment later
         assert all(t.datetime_start is not None and t.datetime_start <= signalled
                    for t in trials)
