@@ -11,12 +11,20 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-import dpfair  # noqa: F401  tools never phone home from tests (dpfair.NO_TELEMETRY)
+# OpenMP's idle threads sleep instead of spinning, in this process and every process a test
+# starts (before torch loads libgomp): the suite runs two pytest workers and their commands on
+# two cores, where spinning threads wait on descheduled peers and burn CPU for nothing (a
+# `dpfair train` used 10.6-12.4 s of CPU with spinning, 8.0 s without, same thread count and
+# results: benchmarks/results/test_suite.md). A value already set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import dpfair  # noqa: E402, F401  tools never phone home from tests (dpfair.NO_TELEMETRY)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,6 +160,36 @@ def postgres_url():
         )
         shutil.rmtree(root, ignore_errors=True)
 
+
+
+def race(script: str, argvs: list[list[str]], goes: list[str]) -> list[list[str]]:
+    """Processes of ``script`` (one per argv) raced: each prints ``ready`` once set up, then
+    reads its stdin, where each of ``goes`` is written to all of them at once (after every one
+    is ready: none busy-waits), and answers it with one line. What each said, per go."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv in argvs]
+    # a racer that hangs is killed after 300 s: its line is then empty, and the test fails
+    watchdog = threading.Timer(300, lambda: [proc.kill() for proc in procs])
+    watchdog.start()
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                for other in procs:
+                    other.kill()
+                pytest.fail(f"a racer failed: {proc.communicate(timeout=300)[1][-3000:]}")
+        said = []
+        for go in goes:
+            for proc in procs:
+                proc.stdin.write(f"{go}\n")
+                proc.stdin.flush()
+            said.append([proc.stdout.readline().strip() for proc in procs])
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)  # stdin closed: the racer ends
+            assert proc.returncode == 0, err[-3000:]
+    finally:
+        watchdog.cancel()
+    return said
 
 
 def cli_in_a_fresh_python(folder: Path, commands: dict[str, list[str]],

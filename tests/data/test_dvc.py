@@ -460,8 +460,15 @@ def test_dvc_queue_start_works_without_the_venv_on_path(tmp_path, repo_root):
         [line] = [line for line in run("queue", "status").splitlines() if " seed1 " in line]
         return line.split()[-1]
 
-    for _ in range(600):  # until the worker has finished the experiment (or given up)
-        if state() not in ("Queued", "Running"):
+    def committed() -> bool:  # DVC's worker commits a finished experiment under refs/exps
+        refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"],
+                              cwd=repo, capture_output=True, text=True, check=True).stdout
+        return any(ref.endswith("/seed1") for ref in refs.split())
+
+    # until the worker has finished the experiment (or given up): git's refs each second (a
+    # few ms), DVC's own status (a Python process of its own) every 15 s and once committed
+    for second in range(600):
+        if (committed() or second % 15 == 14) and state() not in ("Queued", "Running"):
             break
         time.sleep(1)
     assert state() == "Success", run("queue", "status") + run("queue", "logs", "seed1")

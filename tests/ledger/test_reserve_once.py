@@ -1,50 +1,34 @@
 """A reservation made once per key (a search's identity): processes that reserve the same key
 at the same moment record one release; the others join it uncharged. They really race: each
-opens the ledger, then waits at a file barrier until every one is ready, and only then
-reserves. On SQLite (a file) and PostgreSQL (a throwaway server)."""
+opens the ledger, says it is ready and waits (asleep, reading its stdin) for the go, a key
+written to every one at once when all are ready, and only then reserves; the same processes
+race again on a second key. On SQLite (a file) and PostgreSQL (a throwaway server)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import sqlalchemy as sa
 from dp_accounting import dp_event
 
 from dpfair.ledger import SourceLedger
+from tests.conftest import race
 
 RACERS = 4
 
 RESERVE = """
-import sys, time
-from pathlib import Path
+import sys
 from dp_accounting import dp_event
 from dpfair.ledger import SourceLedger
-url, key, barrier, me, n = *sys.argv[1:3], Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-ledger = SourceLedger(url)  # connected and its tables made before the barrier
-(barrier / f"ready-{me}").touch()
-while len(list(barrier.glob("ready-*"))) < n:
-    time.sleep(0.001)
-got = ledger.reserve_once(key, "census", "v1", dp_event.GaussianDpEvent(1.0), 1e-5,
-                          context={"study": key, "racer": me})
-print("reserved" if got is not None else "joined", flush=True)
+url, me = sys.argv[1:3]
+ledger = SourceLedger(url)  # connected and its tables made before the first go
+print("ready", flush=True)
+for line in iter(sys.stdin.readline, ""):  # each go is a key, written to every racer at once
+    key = line.strip()
+    got = ledger.reserve_once(key, "census", "v1", dp_event.GaussianDpEvent(1.0), 1e-5,
+                              context={"study": key, "racer": me})
+    print("reserved" if got is not None else "joined", flush=True)
 """
-
-
-def _race(url: str, key: str, tmp_path: Path) -> list[str]:
-    barrier = tmp_path / f"barrier-{uuid.uuid4().hex[:8]}"
-    barrier.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", RESERVE, url, key, str(barrier), str(i),
-                               str(RACERS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(RACERS)]
-    said = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        said.append(out.strip())
-    return said
 
 
 def _fresh_database(server_url: str) -> str:
@@ -57,6 +41,14 @@ def _fresh_database(server_url: str) -> str:
     return server_url.rsplit("/", 1)[0] + f"/{name}"
 
 
+def _races(url: str) -> None:
+    """Two keys, two races of the same :data:`RACERS` processes, each charged once."""
+    keys = [f"search {uuid.uuid4().hex}" for _ in range(2)]
+    for key, said in zip(keys, race(RESERVE, [[url, str(i)] for i in range(RACERS)], keys),
+                         strict=True):
+        _assert_charged_once(url, key, said)
+
+
 def _assert_charged_once(url: str, key: str, said: list[str]) -> None:
     assert sorted(said) == ["joined"] * (RACERS - 1) + ["reserved"], said
     charged = [r for r in SourceLedger(url).releases() if r.context.get("study") == key]
@@ -66,17 +58,13 @@ def _assert_charged_once(url: str, key: str, said: list[str]) -> None:
 def test_processes_reserving_one_key_together_record_one_release_on_sqlite(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     SourceLedger(url)  # an existing ledger (a fresh one is raced in the PostgreSQL test)
-    for _ in range(2):  # two keys: two races
-        key = f"search {uuid.uuid4().hex}"
-        _assert_charged_once(url, key, _race(url, key, tmp_path))
+    _races(url)
 
 
 def test_processes_reserving_one_key_together_record_one_release_on_postgresql(
-        postgres_url, tmp_path):
+        postgres_url):
     url = _fresh_database(postgres_url)  # its tables made by the racers themselves
-    for _ in range(2):
-        key = f"search {uuid.uuid4().hex}"
-        _assert_charged_once(url, key, _race(url, key, tmp_path))
+    _races(url)
 
 
 def test_a_void_reservation_frees_its_key_and_a_counted_one_holds_it(tmp_path):

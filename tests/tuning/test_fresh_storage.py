@@ -5,22 +5,21 @@ exists); dpfair retries the race, so every process opens the storage."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 
 import psycopg2
 
+from tests.conftest import race
+
 OPEN = """
-import sys, time
+import sys
+import optuna
 from dpfair.tuning.config import TuningConfig
 from dpfair.tuning.study import make_storage
-start = float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))  # all at once
-make_storage(TuningConfig(storage=sys.argv[1], study_name="s"))
-print("opened")
+print("ready", flush=True)  # optuna imported
+for url in iter(sys.stdin.readline, ""):  # each go a fresh database, written to all at once
+    make_storage(TuningConfig(storage=url.strip(), study_name="s"))
+    print("opened", flush=True)
 """
 
 
@@ -35,14 +34,7 @@ def _fresh_database(server_url: str) -> str:
     return server_url.rsplit("/", 1)[0] + f"/{name}"
 
 
-def test_processes_opening_a_fresh_database_together_all_open_it(postgres_url,
-                                                                 tmp_path: Path) -> None:
-    for _ in range(2):  # the race is timing-dependent: two fresh databases
-        url = _fresh_database(postgres_url)
-        start = time.time() + 6.0  # after every interpreter has imported optuna
-        procs = [subprocess.Popen([sys.executable, "-c", OPEN, url, str(start)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(4)]
-        for proc in procs:
-            out, err = proc.communicate(timeout=180)
-            assert proc.returncode == 0 and "opened" in out, err[-3000:]
+def test_processes_opening_a_fresh_database_together_all_open_it(postgres_url) -> None:
+    # the race is timing-dependent: the same 4 processes race on two fresh databases
+    urls = [_fresh_database(postgres_url) for _ in range(2)]
+    assert race(OPEN, [[]] * 4, urls) == [["opened"] * 4] * 2
