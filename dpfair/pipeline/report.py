@@ -31,6 +31,12 @@ MAX_WIDTH_PX = 1600
 MAX_WIDTH_IN = MAX_WIDTH_PX / DPI
 PANEL_COLUMNS = 2  # panels per row of a multi-panel figure
 MAX_LABELLED_BARS = 24  # value labels on the bars up to this many bars (else they overlap)
+#: a multi-panel figure's fixed margins and gaps (inches): y tick labels and label left
+#: and between columns, x tick labels and label below and between rows (with the next panel's
+#: title), the panel titles under the figure's title
+PANEL_MARGINS_IN = {"left": 0.85, "right": 0.2, "bottom": 0.65, "wgap": 0.85, "hgap": 1.0,
+                    "title_pad": 0.1, "panel_title": 0.45}
+TITLE_LINE_IN = 0.24  # one line of the figure's title (12 pt)
 History = Mapping[int, Mapping[str, float]]  # epoch -> group -> test accuracy (fraction)
 
 
@@ -73,14 +79,20 @@ def _grouped_bars(
     methods: Sequence[str],
     colors: Mapping[str, tuple],
     ax: Axes,
+    *,
+    legend: bool = True,
 ) -> None:
-    """Bars of mean +- SE: one cluster per group (column), one bar per method."""
+    """Bars of mean +- SE over seeds (:func:`dpfair.fairness.mean_se`, NaN ignored): one
+    cluster per group (column), one bar per method; the legend beside the axes unless
+    ``legend`` is False (a multi-panel figure has one, :func:`_finish_panels`)."""
     width = 0.8 / len(methods)
     x = np.arange(len(groups))
+    cells = table[list(groups)].groupby(level="method")
+    mean, count = cells.mean(), cells.count()
+    se = cells.std(ddof=1) / np.sqrt(count)  # NaN below two seeds, as mean_se
     for i, m in enumerate(methods):
-        cells = [fairness.mean_se(table.loc[m, g].to_numpy()) for g in groups]
-        means = np.array([c[0] for c in cells])
-        ses = np.nan_to_num(np.array([c[1] for c in cells]))
+        means = mean.loc[m].to_numpy(dtype=np.float64)
+        ses = np.nan_to_num(se.loc[m].to_numpy(dtype=np.float64))
         pos = x - 0.4 + width * (i + 0.5)
         ax.bar(pos, means, width, yerr=ses, capsize=3, label=m, color=colors[m])
         if len(groups) * len(methods) > MAX_LABELLED_BARS:
@@ -90,7 +102,8 @@ def _grouped_bars(
             ax.annotate(f"{v:.1f}", (p, top), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(x, [str(g) for g in groups])
-    ax.legend(title="method", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if legend:
+        ax.legend(title="method", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -157,10 +170,11 @@ def plot_rates(
     colors = _method_colors(runs)
     for ax, measure in zip(axes, present, strict=True):
         table = fairness.metric_table(runs, measure, groups) * 100.0
-        _grouped_bars(table, groups, [m for m in methods if m in table.index], colors, ax)
+        _grouped_bars(table, groups, [m for m in methods if m in table.index], colors, ax,
+                      legend=False)
         ax.set(title=measure.split("_class")[0].replace("_", " "), xlabel="group",
                ylabel="%")
-    fig.suptitle(f"{title}\nmean ± 1 SE over seeds")
+    _finish_panels(fig, axes, f"{title}\nmean ± 1 SE over seeds", legend="method")
     return _save(fig, path)
 
 
@@ -233,21 +247,47 @@ def plot_training_curves(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].legend(title="group", fontsize=8)
-    fig.suptitle(f"{title} (mean ± 1 SE band over seeds)")
+    _finish_panels(fig, axes, f"{title} (mean ± 1 SE band over seeds)")
     return _save(fig, path)
 
 
 def _panels(n: int, *, sharey: bool = False) -> tuple[Figure, list[Axes]]:
     """``n`` panels, at most :data:`PANEL_COLUMNS` per row and :data:`MAX_WIDTH_IN` wide in
-    all; unused cells of the grid are hidden."""
+    all; unused cells of the grid are hidden. No layout engine: :func:`_finish_panels` places
+    them at fixed margins, so the figure is drawn once when saved (a layout engine draws it a
+    second time to place it, the larger part of a many-panel figure's cost)."""
     ncols = min(n, PANEL_COLUMNS)
     nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(min(MAX_WIDTH_IN, 5.0 * ncols), 3.6 * nrows), layout="constrained")
+    fig = Figure(figsize=(min(MAX_WIDTH_IN, 5.0 * ncols), 3.6 * nrows))
     axes = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False)
     flat = list(axes.ravel())
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
+
+
+def _finish_panels(fig: Figure, axes: Sequence[Axes], title: str,
+                   legend: str | None = None) -> None:
+    """The title on top and the panels at fixed margins (:data:`PANEL_MARGINS_IN`: room for
+    tick labels, axis labels and panel titles); with ``legend`` (its title) one legend of the
+    first panel's entries right of the panels, the right margin as wide as it is."""
+    width, height = fig.get_size_inches()
+    margin = PANEL_MARGINS_IN
+    lines = title.count("\n") + 1
+    top = margin["title_pad"] + TITLE_LINE_IN * lines + margin["panel_title"]
+    fig.suptitle(title, y=1.0 - margin["title_pad"] / height, va="top")
+    right = margin["right"]
+    if legend is not None:
+        handles, labels = axes[0].get_legend_handles_labels()
+        box = fig.legend(handles, labels, title=legend, fontsize=8, loc="upper right",
+                         bbox_to_anchor=(1.0, 1.0 - top / height))
+        right += box.get_window_extent().width / fig.dpi
+    nrows, ncols = axes[0].get_subplotspec().get_gridspec().get_geometry()
+    panel_w = (width - margin["left"] - right - (ncols - 1) * margin["wgap"]) / ncols
+    panel_h = (height - top - margin["bottom"] - (nrows - 1) * margin["hgap"]) / nrows
+    fig.subplots_adjust(left=margin["left"] / width, right=1.0 - right / width,
+                        bottom=margin["bottom"] / height, top=1.0 - top / height,
+                        wspace=margin["wgap"] / panel_w, hspace=margin["hgap"] / panel_h)
 
 
 def _series_panels(
@@ -276,7 +316,7 @@ def _series_panels(
         ax.set(title=name, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(title=legend_title, fontsize=8)
-    fig.suptitle(f"{title} (mean ± 1 SE band over seeds)" if banded else title)
+    _finish_panels(fig, axes, f"{title} (mean ± 1 SE band over seeds)" if banded else title)
     return _save(fig, path)
 
 
