@@ -432,7 +432,11 @@ def train_logged(
         version = data_tags.get("dpfair.data_version", "")
         log_data_input(tracking, run_id, dataset, version, dataset.name)
         log_params(tracking, run_id, config.model_dump(mode="json"))
-        result = train(config, dataset, callbacks=[EpochLogger(tracking, run_id)])
+        epochs = EpochLogger(tracking, run_id)
+        try:
+            result = train(config, dataset, callbacks=[epochs])
+        finally:  # a stopped training's last epochs too
+            epochs.flush()
         found = headline(result.test_metrics)
         groups = {"group_accuracy": result.test_metrics["group_accuracy"]}
         metrics = {**{f"final/test/{k}": v for k, v in found.items()},
