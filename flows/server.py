@@ -114,7 +114,7 @@ class _TemporaryServer:
             elif code is not None:
                 raise RuntimeError(f"Prefect's temporary server exited with code {code}")
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
+                with _DIRECT.open(f"{self.url}/health", timeout=5) as answer:
                     if answer.status == 200:
                         _log.info("Started temporary server on %s", self.url)
                         return self.url
@@ -134,6 +134,8 @@ class _TemporaryServer:
 
 
 _server: _TemporaryServer | None = None
+#: the health check's opener: straight to 127.0.0.1, never through a configured HTTP proxy
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def stop_orphan_servers() -> list[int]:
