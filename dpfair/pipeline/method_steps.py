@@ -13,7 +13,7 @@ own MLflow run through explicit run ids, so steps may run in threads or processe
 from __future__ import annotations
 
 import math
-import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -219,16 +219,18 @@ def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
 
 
 def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
-    """:func:`plan_release` on searches in a throwaway storage (K: drawn by the real study)."""
+    """:func:`plan_release` on searches in memory, each under a name of its own (K: drawn by
+    the real study; a SQLite file would first create Optuna's schema, a second or more)."""
     scratch, verbosity = params.model_copy(deep=True), optuna.logging.get_verbosity()
-    studies = {m: f"scratch-{m}" for m in params.experiment.methods if m in params.tuning.spaces}
-    with tempfile.TemporaryDirectory(prefix="dpfair-scratch-") as tmp:
-        scratch.tuning.settings["storage"] = f"sqlite:///{Path(tmp) / 'scratch.db'}"
-        try:
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
-            return plan_release(scratch, dataset, studies)
-        finally:
-            optuna.logging.set_verbosity(verbosity)
+    token = uuid.uuid4().hex
+    studies = {m: f"scratch-{m}-{token}" for m in params.experiment.methods
+               if m in params.tuning.spaces}
+    scratch.tuning.settings["storage"] = None
+    try:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return plan_release(scratch, dataset, studies)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def check_release(params: Params, dataset: GroupedDataset) -> None:
