@@ -43,18 +43,20 @@ def mark_owner() -> None:
 
 
 def start_api_server() -> None:
-    """Start Prefect's temporary API server now, in the background, unless a Prefect API is
-    configured (``PREFECT_API_URL``: the environment, the active profile) or this process
-    started one already, so that the work that needs no server (imports, the tracking
-    store's schema) runs while it starts; :func:`api_server_ready` waits for it. One server
-    for this process and the worker processes it starts (a local Dask cluster's inherit
-    ``PREFECT_API_URL``), stopped at exit as Prefect stops its own, marked as this process's
-    (:func:`mark_owner`); orphans of killed runs are stopped first."""
+    """Start Prefect's temporary API server now, in the background, so that the work that
+    needs no server (imports, the tracking store's schema) runs while it starts;
+    :func:`api_server_ready` waits for it. Nothing is started where a Prefect API is
+    configured (``PREFECT_API_URL``: the environment, the active profile), temporary servers
+    are turned off (``PREFECT_SERVER_EPHEMERAL_ENABLED``) or this process started one
+    already. One server for this process and the worker processes it starts (a local Dask
+    cluster's inherit ``PREFECT_API_URL``), stopped at exit as Prefect stops its own, marked
+    as this process's (:func:`mark_owner`); orphans of killed runs are stopped first."""
     global _server
     from prefect.settings import get_current_settings
 
-    if _server is not None or get_current_settings().api.url:
-        return
+    settings = get_current_settings()
+    if _server is not None or settings.api.url or not settings.server.ephemeral.enabled:
+        return  # (with temporary servers turned off, Prefect's client says what to set)
     if orphans := stop_orphan_servers():
         _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
                      ", ".join(map(str, orphans)))
