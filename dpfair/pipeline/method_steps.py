@@ -222,10 +222,9 @@ def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
     """:func:`plan_release` on searches in memory, each under a name of its own (K: drawn by
     the real study; a SQLite file would first create Optuna's schema, a second or more)."""
     scratch, verbosity = params.model_copy(deep=True), optuna.logging.get_verbosity()
-    token = uuid.uuid4().hex
+    token, scratch.tuning.settings["storage"] = uuid.uuid4().hex, None
     studies = {m: f"scratch-{m}-{token}" for m in params.experiment.methods
                if m in params.tuning.spaces}
-    scratch.tuning.settings["storage"] = None
     try:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         return plan_release(scratch, dataset, studies)
@@ -434,11 +433,8 @@ def train_logged(
         version = data_tags.get("dpfair.data_version", "")
         log_data_input(tracking, run_id, dataset, version, dataset.name)
         log_params(tracking, run_id, config.model_dump(mode="json"))
-        epochs = EpochLogger(tracking, run_id)
-        try:
+        with EpochLogger(tracking, run_id) as epochs:  # a stopped training's epochs too
             result = train(config, dataset, callbacks=[epochs])
-        finally:  # a stopped training's last epochs too
-            epochs.flush()
         found = headline(result.test_metrics)
         groups = {"group_accuracy": result.test_metrics["group_accuracy"]}
         metrics = {**{f"final/test/{k}": v for k, v in found.items()},

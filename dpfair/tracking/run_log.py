@@ -84,7 +84,7 @@ class EpochLogger:
     does not cover, :data:`dpfair.release.plan.TEST_METRICS_NOTE`, unless the run releases noisy
     test metrics: then these are the noisy ones). The first epoch is written at once, later
     ones together every :data:`FLUSH_S` seconds and at the end (one write per epoch cost
-    more than a short training)."""
+    more than a short training); as a context, the rest when the block ends."""
 
     def __init__(self, tracking: TrackingConfig, run_id: str) -> None:
         self.tracking, self.run_id = tracking, run_id
@@ -99,6 +99,12 @@ class EpochLogger:
 
     def on_train_end(self, result: TrainResult) -> None:
         self.flush()
+
+    def __enter__(self) -> EpochLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()  # also when the training stopped
 
     def flush(self) -> None:
         """Write the epochs not written yet."""
