@@ -59,6 +59,7 @@ from dpfair.settings import STEPS_LOGGER  # noqa: E402
 from dpfair.tracking.run_log import pipeline_run_name  # noqa: E402
 from dpfair.tracking.runs import (  # noqa: E402
     add_description,
+    client,
     existing_experiment,
     experiment_id,
     fail_stale_runs,
@@ -67,7 +68,7 @@ from dpfair.tracking.runs import (  # noqa: E402
 )
 from dpfair.tracking.runs import run as tracking_run  # noqa: E402
 from flows import artifacts  # noqa: E402
-from flows.server import mark_owner, one_api_server, stop_orphan_servers  # noqa: E402
+from flows.server import api_server_ready, start_api_server  # noqa: E402
 from tasks import pipeline as tasks  # noqa: E402
 
 _log = logging.getLogger(__name__)
@@ -437,17 +438,16 @@ def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
     DpfairError before any work, then run the flow. SIGTERM
     ends it as an exception (Prefect's handler inside the flow, :func:`sigterm_raises`
     around it): the pipeline run ends FAILED, the trainings in progress stop at their next
-    step and end FAILED, none queued starts, and Prefect stops its temporary server
+    step and end FAILED, none queued starts, and the temporary Prefect server stops at exit
     (:mod:`flows.server`)."""
     params = load_params(params_path)
     if not checked:
         check_run(params)
-    if orphans := stop_orphan_servers():
-        _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
-                     ", ".join(map(str, orphans)))
-    mark_owner()
-    _share_cores(params.pipeline.max_workers)
-    configured = experiment_flow.with_options(task_runner=task_runner(params.pipeline))
-    with sigterm_raises(), one_api_server(params.pipeline.task_runner == "dask"):
+    with sigterm_raises():
+        start_api_server()  # in the background (unless started, or an API is configured)
+        client(params.tracking)  # meanwhile the tracking store (its schema on a first run)
+        _share_cores(params.pipeline.max_workers)
+        configured = experiment_flow.with_options(task_runner=task_runner(params.pipeline))
+        api_server_ready()
         return configured(params_path=str(Path(params_path).resolve()),
                           root=str(Path(root).resolve()), resume=resume)

@@ -1,6 +1,7 @@
-"""Prefect's temporary server (uvicorn), started by the first flow call without a
-``PREFECT_API_URL``, is stopped by Prefect at exit (``atexit``); a flow whose tasks run in
-worker processes shares it with them (:func:`one_api_server`). Two exits skip the stop:
+"""Prefect's temporary API server (uvicorn) for a flow run without a ``PREFECT_API_URL``:
+:func:`start_api_server` starts it in the background (the run's work that needs no server goes
+on meanwhile), :func:`api_server_ready` waits for it before the flow starts; one server for the
+process and its worker processes, stopped at exit (``atexit``). Two exits skip the stop:
 
 - SIGTERM, which ends Python without ``atexit``: :func:`dpfair.processes.sigterm_raises`
   turns it into ``SystemExit`` while the flow runs;
@@ -13,10 +14,16 @@ worker processes shares it with them (:func:`one_api_server`). Two exits skip th
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
+import logging
 import os
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from dpfair.processes import alive, started_at
@@ -24,7 +31,10 @@ from dpfair.processes import alive, started_at
 OWNER_VAR = "DPFAIR_PREFECT_OWNER"
 _SERVER_APP = b"prefect.server.api.server:create_app"
 
-__all__ = ["OWNER_VAR", "mark_owner", "marked_owner", "one_api_server", "stop_orphan_servers"]
+__all__ = ["OWNER_VAR", "api_server_ready", "mark_owner", "marked_owner", "start_api_server",
+           "stop_orphan_servers"]
+
+_log = logging.getLogger("prefect")  # the logger of the messages of Prefect's own server
 
 
 def mark_owner() -> None:
@@ -32,29 +42,102 @@ def mark_owner() -> None:
     os.environ[OWNER_VAR] = str(os.getpid())
 
 
-@contextmanager
-def one_api_server(workers_are_processes: bool) -> Iterator[None]:
-    """Without a configured Prefect API, a flow whose tasks run in other processes (a local
-    Dask cluster) would have every worker process start a temporary server of its own: start
-    the flow's one temporary server first and put its URL in the environment the workers
-    inherit (``PREFECT_API_URL``, for the block's duration). Prefect stops the server at exit;
-    the flow's own client reuses it (one temporary server per process)."""
+def start_api_server() -> None:
+    """Start Prefect's temporary API server now, in the background, so that the work that
+    needs no server (imports, the tracking store's schema) runs while it starts;
+    :func:`api_server_ready` waits for it. Nothing is started where a Prefect API is
+    configured (``PREFECT_API_URL``: the environment, the active profile), temporary servers
+    are turned off (``PREFECT_SERVER_EPHEMERAL_ENABLED``) or this process started one
+    already. One server for this process and the worker processes it starts (a local Dask
+    cluster's inherit ``PREFECT_API_URL``), stopped at exit as Prefect stops its own, marked
+    as this process's (:func:`mark_owner`); orphans of killed runs are stopped first."""
+    global _server
     from prefect.settings import get_current_settings
 
-    if not workers_are_processes or get_current_settings().api.url or "PREFECT_API_URL" in (
-            os.environ):
-        yield
-        return
-    from prefect.server.api.server import SubprocessASGIServer
+    settings = get_current_settings()
+    if _server is not None or settings.api.url or not settings.server.ephemeral.enabled:
+        return  # (with temporary servers turned off, Prefect's client says what to set)
+    if orphans := stop_orphan_servers():
+        _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
+                     ", ".join(map(str, orphans)))
+    mark_owner()
+    _server = _TemporaryServer()
+    atexit.register(_server.stop)
 
-    server = SubprocessASGIServer()
-    server.start(timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
-                                            "120")))
-    os.environ["PREFECT_API_URL"] = server.api_url
-    try:
-        yield
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
+
+def api_server_ready() -> None:
+    """Wait until the server of :func:`start_api_server` answers, then point Prefect's
+    settings at it (``PREFECT_API_URL``, no UI); nothing to wait for without one."""
+    if _server is None:
+        return
+    url = _server.wait()
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import get_current_settings
+
+    os.environ.update({"PREFECT_API_URL": url, "PREFECT_UI_URL": ""})  # workers inherit it
+    refresh_global_settings_context()
+    if get_current_settings().api.url != url:
+        raise RuntimeError(f"Prefect's settings do not take the temporary server {url}: set "
+                           "PREFECT_API_URL outside dpfair's process")
+
+
+class _TemporaryServer:
+    """Prefect's temporary API server (the command line and environment its own
+    ``SubprocessASGIServer`` uses), started on a free port of 127.0.0.1 without importing
+    Prefect's server application into this process."""
+
+    def __init__(self) -> None:
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        spec = importlib.util.find_spec("prefect")
+        assert spec is not None and spec.origin is not None
+        app_dir = str(Path(spec.origin).parent.parent)
+        return subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory",
+             _SERVER_APP.decode(), "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"],
+            env={**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                 "PREFECT__SERVER_FINAL": "1"})
+
+    def wait(self) -> str:
+        """The API's URL once ``/health`` answers; a server that exits first is an error (its
+        port taken meanwhile, exit code 3: started again on another)."""
+        timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code == 3:
+                self.process = self._spawn()
+            elif code is not None:
+                raise RuntimeError(f"Prefect's temporary server exited with code {code}")
+            try:
+                with _DIRECT.open(f"{self.url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        _log.info("Started temporary server on %s", self.url)
+                        return self.url
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"Prefect's temporary server did not answer in {timeout:g} s")
+
+    def stop(self) -> None:
+        """Terminate the server (killed when it has not ended in 5 s)."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_server: _TemporaryServer | None = None
+#: the health check's opener: straight to 127.0.0.1, never through a configured HTTP proxy
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def stop_orphan_servers() -> list[int]:

@@ -34,8 +34,13 @@ Stats = dict[str, dict[str, tuple[float, float, int]]]  # column -> method -> (m
 
 
 def _cell_stats(values: pd.Series) -> tuple[float, float, int]:
-    mean, se = mean_se(values.to_numpy())
-    return mean, se, int(values.notna().sum())
+    return _array_stats(values.to_numpy())
+
+
+def _array_stats(values: np.ndarray) -> tuple[float, float, int]:
+    """Mean, SE (:func:`mean_se`) and number of the values that are not NaN."""
+    mean, se = mean_se(values)
+    return mean, se, int(np.count_nonzero(~np.isnan(values)))
 
 
 def comparison_stats(
@@ -158,15 +163,20 @@ def _max_gap_stats(
     runs: pd.DataFrame, groups: Sequence[str], reference: str, paired: bool
 ) -> Stats:
     """``pi_gap_max`` and ``R_gap_max``: per method the largest mean gap over every pair of
-    ``groups`` (each pair's per-seed table formed once, for both)."""
+    ``groups`` (as :func:`_esipova_stats` gives a pair's; each kind's per-seed costs formed
+    once, every pair's per-seed differences from them)."""
     cols: Stats = {}
-    stats = {pair: _esipova_stats(runs, pair, pair, reference, paired)
-             for pair in itertools.combinations(groups, 2)}
+    pairs = list(itertools.combinations(range(len(groups)), 2))
     for name, kind in (("pi_gap_max", "pi"), ("R_gap_max", "R")):
-        per_pair = {pair: found[f"{kind}_gap"] for pair, found in stats.items()}
+        cost = cost_by_seed(runs, groups, kind=kind, reference=reference,
+                            paired_reference=paired)[list(groups)]
+        seeds = {m: t.to_numpy(dtype=np.float64) for m, t in cost.groupby(level="method")}
         cols[name] = {}
         for m in methods_in_order(runs, reference):
-            cells = [per_pair[p][m] for p in per_pair]
+            if m not in seeds:  # the reference: no cost
+                cols[name][m] = (math.nan, math.nan, 0)
+                continue
+            cells = [_abs_mean(_array_stats(seeds[m][:, i] - seeds[m][:, j])) for i, j in pairs]
             means = np.array([c[0] for c in cells])
             best = int(np.nanargmax(means)) if not np.isnan(means).all() else 0
             cols[name][m] = cells[best]

@@ -13,7 +13,7 @@ own MLflow run through explicit run ids, so steps may run in threads or processe
 from __future__ import annotations
 
 import math
-import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -219,16 +219,17 @@ def calibrated_params(params: Params, dataset: GroupedDataset) -> Params:
 
 
 def _scratch_plan(params: Params, dataset: GroupedDataset) -> ReleasePlan:
-    """:func:`plan_release` on searches in a throwaway storage (K: drawn by the real study)."""
+    """:func:`plan_release` on searches in memory, each under a name of its own (K: drawn by
+    the real study; a SQLite file would first create Optuna's schema, a second or more)."""
     scratch, verbosity = params.model_copy(deep=True), optuna.logging.get_verbosity()
-    studies = {m: f"scratch-{m}" for m in params.experiment.methods if m in params.tuning.spaces}
-    with tempfile.TemporaryDirectory(prefix="dpfair-scratch-") as tmp:
-        scratch.tuning.settings["storage"] = f"sqlite:///{Path(tmp) / 'scratch.db'}"
-        try:
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
-            return plan_release(scratch, dataset, studies)
-        finally:
-            optuna.logging.set_verbosity(verbosity)
+    token, scratch.tuning.settings["storage"] = uuid.uuid4().hex, None
+    studies = {m: f"scratch-{m}-{token}" for m in params.experiment.methods
+               if m in params.tuning.spaces}
+    try:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return plan_release(scratch, dataset, studies)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def check_release(params: Params, dataset: GroupedDataset) -> None:
@@ -432,7 +433,8 @@ def train_logged(
         version = data_tags.get("dpfair.data_version", "")
         log_data_input(tracking, run_id, dataset, version, dataset.name)
         log_params(tracking, run_id, config.model_dump(mode="json"))
-        result = train(config, dataset, callbacks=[EpochLogger(tracking, run_id)])
+        with EpochLogger(tracking, run_id) as epochs:  # a stopped training's epochs too
+            result = train(config, dataset, callbacks=[epochs])
         found = headline(result.test_metrics)
         groups = {"group_accuracy": result.test_metrics["group_accuracy"]}
         metrics = {**{f"final/test/{k}": v for k, v in found.items()},

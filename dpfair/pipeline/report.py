@@ -20,7 +20,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from dpfair import fairness
@@ -31,6 +33,12 @@ MAX_WIDTH_PX = 1600
 MAX_WIDTH_IN = MAX_WIDTH_PX / DPI
 PANEL_COLUMNS = 2  # panels per row of a multi-panel figure
 MAX_LABELLED_BARS = 24  # value labels on the bars up to this many bars (else they overlap)
+#: a multi-panel figure's fixed margins and gaps (inches): y tick labels and label left
+#: and between columns, x tick labels and label below and between rows (with the next panel's
+#: title), the panel titles under the figure's title
+PANEL_MARGINS_IN = {"left": 0.85, "right": 0.2, "bottom": 0.65, "wgap": 0.85, "hgap": 1.0,
+                    "title_pad": 0.1, "panel_title": 0.45}
+TITLE_LINE_IN = 0.24  # one line of the figure's title (12 pt)
 History = Mapping[int, Mapping[str, float]]  # epoch -> group -> test accuracy (fraction)
 
 
@@ -67,31 +75,72 @@ def _bar_figure(groups: Sequence[str], methods: Sequence[str]) -> tuple[Figure, 
     return fig, fig.subplots()
 
 
+def _bar_stats(table: pd.DataFrame, groups: Sequence[str], methods: Sequence[str]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(methods, groups)`` means and SEs over seeds of a ``(method, seed) x groups`` table,
+    NaN ignored as :func:`dpfair.fairness.mean_se` (an SE of fewer than two seeds is 0 here:
+    no error bar)."""
+    cells = table[list(groups)].groupby(level="method")
+    mean, se = cells.mean(), cells.std(ddof=1) / np.sqrt(cells.count())
+    rows = list(methods)
+    return (mean.loc[rows].to_numpy(dtype=np.float64),
+            np.nan_to_num(se.loc[rows].to_numpy(dtype=np.float64)))
+
+
 def _grouped_bars(
     table: pd.DataFrame,
     groups: Sequence[str],
     methods: Sequence[str],
     colors: Mapping[str, tuple],
     ax: Axes,
-) -> None:
-    """Bars of mean +- SE: one cluster per group (column), one bar per method."""
+    *,
+    legend: bool = True,
+) -> list[BarContainer]:
+    """Bars of mean +- SE over seeds: one cluster per group (column), one bar per method (its
+    container returned); the legend beside the axes unless ``legend`` is False (a multi-panel
+    figure has one, :func:`_finish_panels`)."""
+    means, ses = _bar_stats(table, groups, methods)
     width = 0.8 / len(methods)
     x = np.arange(len(groups))
+    bars = []
     for i, m in enumerate(methods):
-        cells = [fairness.mean_se(table.loc[m, g].to_numpy()) for g in groups]
-        means = np.array([c[0] for c in cells])
-        ses = np.nan_to_num(np.array([c[1] for c in cells]))
         pos = x - 0.4 + width * (i + 0.5)
-        ax.bar(pos, means, width, yerr=ses, capsize=3, label=m, color=colors[m])
+        bars.append(ax.bar(pos, means[i], width, yerr=ses[i], capsize=3, label=m,
+                           color=colors[m]))
         if len(groups) * len(methods) > MAX_LABELLED_BARS:
             continue
-        for p, v, e in zip(pos, means, ses, strict=True):
+        for p, v, e in zip(pos, means[i], ses[i], strict=True):
             top = max(v, 0.0) + e  # above the error bar, also for negative bars
             ax.annotate(f"{v:.1f}", (p, top), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(x, [str(g) for g in groups])
-    ax.legend(title="method", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if legend:
+        ax.legend(title="method", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
+    return bars
+
+
+def _refill_bars(ax: Axes, bars: Sequence[BarContainer], table: pd.DataFrame,
+                 groups: Sequence[str], methods: Sequence[str]) -> None:
+    """New means and SEs in the unlabelled bars of :func:`_grouped_bars` (the same groups and
+    methods), the y range fitted to them as autoscaling does (bars stick to 0, 5% margins)."""
+    means, ses = _bar_stats(table, groups, methods)
+    for container, v, e in zip(bars, means, ses, strict=True):
+        for rect, height in zip(container.patches, v, strict=True):
+            rect.set_height(height)
+        _, (low, high), (stems,) = container.errorbar.lines
+        x = low.get_xdata()
+        low.set_ydata(v - e)
+        high.set_ydata(v + e)
+        stems.set_segments(np.stack([np.stack([x, v - e], axis=1),
+                                     np.stack([x, v + e], axis=1)], axis=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a panel of NaN only
+        bottom = min(0.0, float(np.nanmin(means - ses)))
+        top = max(0.0, float(np.nanmax(means + ses)))
+    if math.isfinite(bottom) and math.isfinite(top) and top > bottom:
+        pad = 0.05 * (top - bottom)
+        ax.set_ylim(bottom - pad if bottom < 0 else 0.0, top + pad if top > 0 else 0.0)
 
 
 def plot_group_accuracy(
@@ -138,45 +187,41 @@ def plot_privacy_cost(
     return _save(fig, path)
 
 
-def plot_rates(
-    runs: pd.DataFrame,
-    path: str | Path,
-    *,
-    groups: Sequence[str],
-    methods: Sequence[str],
-    measures: Sequence[str],
-    title: str,
-) -> Path | None:
-    """One panel per fairness measure of :mod:`dpfair.fairness.rates` (selection rate, error
-    rates, precision, calibration error; keys ``measures``), bars of mean ± 1 SE over seeds
-    per group and method, in percent; None when the runs released none of them."""
-    present = [m for m in measures if (runs["metric"] == m).any()]
-    if not present:
-        return None
-    fig, axes = _panels(len(present))
-    colors = _method_colors(runs)
-    for ax, measure in zip(axes, present, strict=True):
-        table = fairness.metric_table(runs, measure, groups) * 100.0
-        _grouped_bars(table, groups, [m for m in methods if m in table.index], colors, ax)
-        ax.set(title=measure.split("_class")[0].replace("_", " "), xlabel="group",
-               ylabel="%")
-    fig.suptitle(f"{title}\nmean ± 1 SE over seeds")
-    return _save(fig, path)
-
-
 def plot_rate_figures(runs: pd.DataFrame, out: Path, groups: Sequence[str],
                       classes: Sequence[str], methods: Sequence[str]) -> dict[str, Path]:
-    """:func:`plot_rates` for each positive class (``fairness_rates[_class<c>].png``), keyed
-    by figure name; none when the runs released no rate."""
-    found = {}
+    """For each positive class (``fairness_rates[_class<c>].png``, keyed by figure name), one
+    panel per fairness measure of :mod:`dpfair.fairness.rates` that the runs released
+    (selection rate, error rates, precision, calibration error), bars of mean ± 1 SE over
+    seeds per group and method, in percent; none when the runs released no rate. The panels
+    are drawn once and refilled for the next class (the same measures and methods)."""
+    found: dict[str, Path] = {}
+    colors = _method_colors(runs)
+    drawn: tuple[object, Figure, list[Axes], list[list[BarContainer]], Text] | None = None
     for c in rates.positive_classes(len(classes)):
         end = rates.suffix(c, len(classes))
-        path = plot_rates(runs, out / f"fairness_rates{end}.png", groups=groups,
-                          methods=methods, measures=[f"{m}{end}" for m in rates.MEASURES],
-                          title=f"Selection and error rates per group (positive class "
-                                f"{classes[c]!r})")
-        if path is not None:
-            found[f"fairness_rates{end}"] = path
+        present = [f"{m}{end}" for m in rates.MEASURES if (runs["metric"] == f"{m}{end}").any()]
+        if not present:
+            continue
+        tables = [fairness.metric_table(runs, m, groups) * 100.0 for m in present]
+        shown = [[m for m in methods if m in t.index] for t in tables]
+        title = (f"Selection and error rates per group (positive class {classes[c]!r})\n"
+                 "mean ± 1 SE over seeds")
+        layout = ([m.removesuffix(end) for m in present], shown)
+        unlabelled = len(groups) * max(map(len, shown)) > MAX_LABELLED_BARS
+        if drawn is not None and drawn[0] == layout and unlabelled:
+            _, fig, axes, bars, heading = drawn
+            for ax, bar, table, names in zip(axes, bars, tables, shown, strict=True):
+                _refill_bars(ax, bar, table, groups, names)
+            heading.set_text(title)
+        else:
+            fig, axes = _panels(len(present))
+            bars = []
+            for ax, measure, table, names in zip(axes, layout[0], tables, shown, strict=True):
+                bars.append(_grouped_bars(table, groups, names, colors, ax, legend=False))
+                ax.set(title=measure.replace("_", " "), xlabel="group", ylabel="%")
+            heading = _finish_panels(fig, axes, title, legend="method")
+            drawn = (layout, fig, axes, bars, heading)
+        found[f"fairness_rates{end}"] = _save(fig, out / f"fairness_rates{end}.png")
     return found
 
 
@@ -233,21 +278,48 @@ def plot_training_curves(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].legend(title="group", fontsize=8)
-    fig.suptitle(f"{title} (mean ± 1 SE band over seeds)")
+    _finish_panels(fig, axes, f"{title} (mean ± 1 SE band over seeds)")
     return _save(fig, path)
 
 
 def _panels(n: int, *, sharey: bool = False) -> tuple[Figure, list[Axes]]:
     """``n`` panels, at most :data:`PANEL_COLUMNS` per row and :data:`MAX_WIDTH_IN` wide in
-    all; unused cells of the grid are hidden."""
+    all; unused cells of the grid are hidden. No layout engine: :func:`_finish_panels` places
+    them at fixed margins, so the figure is drawn once when saved (a layout engine draws it a
+    second time to place it, the larger part of a many-panel figure's cost)."""
     ncols = min(n, PANEL_COLUMNS)
     nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(min(MAX_WIDTH_IN, 5.0 * ncols), 3.6 * nrows), layout="constrained")
+    fig = Figure(figsize=(min(MAX_WIDTH_IN, 5.0 * ncols), 3.6 * nrows))
     axes = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False)
     flat = list(axes.ravel())
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
+
+
+def _finish_panels(fig: Figure, axes: Sequence[Axes], title: str,
+                   legend: str | None = None) -> Text:
+    """The title on top (returned) and the panels at fixed margins (:data:`PANEL_MARGINS_IN`:
+    room for tick labels, axis labels and panel titles); with ``legend`` (its title) one legend
+    of the first panel's entries right of the panels, the right margin as wide as it is."""
+    width, height = fig.get_size_inches()
+    margin = PANEL_MARGINS_IN
+    lines = title.count("\n") + 1
+    top = margin["title_pad"] + TITLE_LINE_IN * lines + margin["panel_title"]
+    heading = fig.suptitle(title, y=1.0 - margin["title_pad"] / height, va="top")
+    right = margin["right"]
+    if legend is not None:
+        handles, labels = axes[0].get_legend_handles_labels()
+        box = fig.legend(handles, labels, title=legend, fontsize=8, loc="upper right",
+                         bbox_to_anchor=(1.0, 1.0 - top / height))
+        right += box.get_window_extent().width / fig.dpi
+    nrows, ncols = axes[0].get_subplotspec().get_gridspec().get_geometry()
+    panel_w = (width - margin["left"] - right - (ncols - 1) * margin["wgap"]) / ncols
+    panel_h = (height - top - margin["bottom"] - (nrows - 1) * margin["hgap"]) / nrows
+    fig.subplots_adjust(left=margin["left"] / width, right=1.0 - right / width,
+                        bottom=margin["bottom"] / height, top=1.0 - top / height,
+                        wspace=margin["wgap"] / panel_w, hspace=margin["hgap"] / panel_h)
+    return heading
 
 
 def _series_panels(
@@ -276,7 +348,7 @@ def _series_panels(
         ax.set(title=name, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend(title=legend_title, fontsize=8)
-    fig.suptitle(f"{title} (mean ± 1 SE band over seeds)" if banded else title)
+    _finish_panels(fig, axes, f"{title} (mean ± 1 SE band over seeds)" if banded else title)
     return _save(fig, path)
 
 

@@ -17,7 +17,12 @@ from dpfair.fairness import max_gap
 from dpfair.fairness.rates import DISPARITIES
 from dpfair.metric_keys import renamed
 from dpfair.release.plan import NO_NOISE, SECRET_NOISE
-from dpfair.tracking.runs import TrackingConfig, log_dataset, log_metrics, set_tags
+from dpfair.tracking.runs import (
+    TrackingConfig,
+    log_dataset,
+    log_metric_steps,
+    set_tags,
+)
 from dpfair.training import REPLAYABLE_NOISE, TrainResult
 
 #: The fairness summary of a model's test metrics: one chart each on a run, one column each
@@ -77,19 +82,40 @@ def headline(metrics: dict[str, Any]) -> dict[str, float]:
 class EpochLogger:
     """Training callback: per-epoch TEST headline metrics into the run (held-out data that ε
     does not cover, :data:`dpfair.release.plan.TEST_METRICS_NOTE`, unless the run releases noisy
-    test metrics: then these are the noisy ones)."""
+    test metrics: then these are the noisy ones). The first epoch is written at once, later
+    ones together every :data:`FLUSH_S` seconds and at the end (one write per epoch cost
+    more than a short training); as a context, the rest when the block ends."""
 
     def __init__(self, tracking: TrackingConfig, run_id: str) -> None:
         self.tracking, self.run_id = tracking, run_id
+        self._pending: dict[int, dict[str, float]] = {}
+        self._written = -math.inf
 
     def on_epoch_end(self, epoch: int, entry: dict[str, Any]) -> None:
         found = headline(entry["test"])
-        log_metrics(self.tracking, self.run_id,
-                    {f"test/{k}": found[k] for k in HEADLINE if k != "macro_accuracy"},
-                    step=epoch)
+        self._pending[epoch] = {f"test/{k}": found[k] for k in HEADLINE if k != "macro_accuracy"}
+        if time.monotonic() - self._written >= FLUSH_S:
+            self.flush()
 
     def on_train_end(self, result: TrainResult) -> None:
-        return None
+        self.flush()
+
+    def __enter__(self) -> EpochLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()  # also when the training stopped
+
+    def flush(self) -> None:
+        """Write the epochs not written yet."""
+        if self._pending:
+            log_metric_steps(self.tracking, self.run_id, self._pending)
+            self._pending = {}
+        self._written = time.monotonic()
+
+
+#: seconds between two writes of a training's per-epoch metrics (:class:`EpochLogger`)
+FLUSH_S = 5.0
 
 
 READING = ("epsilon_reading: a data-dependent reading of this one run (its clip bounds come "

@@ -279,10 +279,17 @@ def log_metrics(cfg: TrackingConfig, run_id: str, metrics: Mapping[str, float], 
                 model_id: str | None = None) -> None:
     """Log finite metrics (of the logged model ``model_id`` too, when given); NaN/inf are
     skipped (an absent group is not a zero)."""
+    log_metric_steps(cfg, run_id, {step: metrics}, model_id)
+
+
+def log_metric_steps(cfg: TrackingConfig, run_id: str,
+                     steps: Mapping[int, Mapping[str, float]], model_id: str | None = None
+                     ) -> None:
+    """:func:`log_metrics` of several steps (``{step: metrics}``) in one write."""
     now = int(time.time() * 1000)
     items = [
         Metric(metric_key(k), float(v), now, step, model_id=model_id)
-        for k, v in metrics.items()
+        for step, metrics in steps.items() for k, v in metrics.items()
         if v is not None and math.isfinite(float(v))
     ]
     for i in range(0, len(items), 500):

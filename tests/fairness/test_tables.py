@@ -110,3 +110,28 @@ def test_groups_layout_shows_every_group_by_name(runs: pd.DataFrame) -> None:
     assert paired.loc["dpsgd", "acc_all"] == "71.0 ± 1.0"
     no_costs = comparison_stats(runs, ("a", "b", "all"), layout="groups", costs=False)
     assert not [c for c in no_costs.columns.get_level_values(0) if c.startswith("pi_")]
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_largest_gaps_are_the_largest_of_every_pairs_table(paired: bool) -> None:
+    """``pi_gap_max`` / ``R_gap_max`` of many groups: the pair whose own esipova table has
+    the largest |mean gap|, that table's cell exactly (mean, SE, seeds), a NaN included."""
+    import itertools
+
+    from dpfair import fairness as F
+
+    rng = np.random.default_rng(5)
+    groups = [f"g{k}" for k in range(6)]
+    rows = [{"method": m, "seed": s, "group": g, "metric": k, "value": float(rng.uniform())}
+            for m in ("nonprivate", "dpsgd", "dpsgd_f") for s in range(3) for g in groups
+            for k in ("accuracy", "loss")]
+    rows[-1]["value"] = float("nan")  # one seed's loss of one group
+    runs = F.runs_frame(rows)
+    stats = comparison_stats(runs, groups[:2], max_gap_groups=groups, paired_reference=paired)
+    for col, gap in (("pi_gap_max", "pi_gap"), ("R_gap_max", "R_gap")):
+        for m in ("dpsgd", "dpsgd_f"):
+            cells = [comparison_stats(runs, pair, paired_reference=paired).loc[m, gap]
+                     for pair in itertools.combinations(groups, 2)]
+            best = max(cells, key=lambda c: c["mean"])
+            assert stats.loc[m, col].tolist() == pytest.approx(best.tolist(), rel=0, abs=0)
+        assert np.isnan(stats.loc["nonprivate", (col, "mean")])

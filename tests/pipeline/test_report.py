@@ -174,3 +174,43 @@ def test_rate_figures_and_the_report_page(runs: pd.DataFrame, fig_dir: Path) -> 
     html = page.read_text()
     assert html.count("<table") == 2 and "ε covers &lt;all&gt;" in html
     assert 'alt="fairness rates" src="data:image/png;base64,iVBORw0KGgo' in html
+
+
+def test_rate_figures_refilled_for_each_class_show_what_a_fresh_drawing_shows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-class target's rate figures reuse the first class's panels: each later class's
+    bars, error bars, y range and title are those of the same figure drawn on its own."""
+    from matplotlib.figure import Figure
+
+    from dpfair.fairness.rates import MEASURES
+
+    groups, methods = [str(g) for g in range(10)], ["nonprivate", "dpsgd", "dpsgd_f"]
+    rng = np.random.default_rng(2)
+    rows = [{"method": m, "seed": s, "group": g, "metric": f"{k}_class{c}",
+             "value": float(rng.uniform(-0.2 if c == 2 else 0.0, 1.0))}
+            for m in methods for s in range(2) for g in groups for k in MEASURES
+            for c in range(3)]
+    runs = F.runs_frame(rows)
+    shown: dict[str, list] = {}
+
+    def state(fig: Figure, path: str | Path) -> Path:
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        shown[Path(path).name] = [fig.get_suptitle(), *(
+            (ax.get_title(), ax.get_ylim(), [r.get_height() for r in ax.patches],
+             [s.tolist() for c in ax.collections for s in c.get_segments()]) for ax in axes)]
+        return Path(path)
+
+    monkeypatch.setattr(report, "_save", state)
+    classes = [str(c) for c in range(3)]
+    report.plot_rate_figures(runs, tmp_path, groups, classes, methods)
+    refilled = dict(shown)
+    for c in (1, 2):  # drawn alone: the frame without the classes drawn before it
+        alone = runs[runs["metric"].str.endswith(f"_class{c}")]
+        report.plot_rate_figures(alone, tmp_path, groups, classes, methods)
+        name = f"fairness_rates_class{c}.png"
+        assert refilled[name][0] == shown[name][0]
+        for got, fresh in zip(refilled[name][1:], shown[name][1:], strict=True):
+            assert got[0] == fresh[0]
+            np.testing.assert_allclose(got[1], fresh[1], rtol=1e-9)
+            np.testing.assert_allclose(got[2], fresh[2])
+            np.testing.assert_allclose(got[3], fresh[3])
