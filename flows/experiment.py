@@ -59,7 +59,6 @@ from dpfair.settings import STEPS_LOGGER  # noqa: E402
 from dpfair.tracking.run_log import pipeline_run_name  # noqa: E402
 from dpfair.tracking.runs import (  # noqa: E402
     add_description,
-    client,
     existing_experiment,
     experiment_id,
     fail_stale_runs,
@@ -445,7 +444,6 @@ def run_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".",
         check_run(params)
     with sigterm_raises():
         start_api_server()  # in the background (unless started, or an API is configured)
-        client(params.tracking)  # meanwhile the tracking store (its schema on a first run)
         _share_cores(params.pipeline.max_workers)
         configured = experiment_flow.with_options(task_runner=task_runner(params.pipeline))
         api_server_ready()

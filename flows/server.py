@@ -43,8 +43,8 @@ def mark_owner() -> None:
 
 
 def start_api_server() -> None:
-    """Start Prefect's temporary API server now, in the background, so that the work that
-    needs no server (imports, the tracking store's schema) runs while it starts;
+    """Start Prefect's temporary API server now, in a process of its own (this process never
+    imports Prefect's server application, 2-3 s), in the background;
     :func:`api_server_ready` waits for it. Nothing is started where a Prefect API is
     configured (``PREFECT_API_URL``: the environment, the active profile), temporary servers
     are turned off (``PREFECT_SERVER_EPHEMERAL_ENABLED``) or this process started one
@@ -55,11 +55,11 @@ def start_api_server() -> None:
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
-    if _server is not None or settings.api.url or not settings.server.ephemeral.enabled:
-        return  # (with temporary servers turned off, Prefect's client says what to set)
-    if orphans := stop_orphan_servers():
+    if orphans := stop_orphan_servers():  # whether or not this run starts one
         _log.warning("stopped Prefect temporary server(s) left by a killed run: pids %s",
                      ", ".join(map(str, orphans)))
+    if _server is not None or settings.api.url or not settings.server.ephemeral.enabled:
+        return  # (with temporary servers turned off, Prefect's client says what to set)
     mark_owner()
     _server = _TemporaryServer()
     atexit.register(_server.stop)
