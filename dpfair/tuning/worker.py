@@ -191,9 +191,10 @@ def _train_and_score(trial: optuna.Trial, job: TuningJob, params: dict[str, Scal
     _record(trial, {"dpfair.config": config_json(config)})
     result = train_fn(config, job.dataset)
     event_json = accounting.event_to_json(result_event(result))
-    guarantee = getattr(result, "privacy_guarantee", None)
-    _record(trial, {"dpfair.event": event_json} if guarantee is None else
-            {"dpfair.event": event_json, "dpfair.privacy_guarantee": str(guarantee)})
+    attrs = {"dpfair.event": event_json}
+    if (guarantee := getattr(result, "privacy_guarantee", None)) is not None:
+        attrs["dpfair.privacy_guarantee"] = str(guarantee)
+    _record(trial, attrs)
     planned = job.planned.get(params_key(params))
     if event_json != planned:
         raise _AccountingMismatch(
