@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpfair.errors import ChecksumError, DownloadError, SourceMissingError
+from dpfair.user_cache import cache_dir
 
 DOWNLOAD_TIMEOUT_S = 60.0
 
@@ -117,16 +118,6 @@ def mirror_dir() -> Path | None:
         return Path(env).expanduser() if env.strip() else None
     default = repo_root().parent / "shared" / "datasets"
     return default if default.is_dir() else None
-
-
-def cache_dir() -> Path:
-    """The download cache: DPFAIR_CACHE, else $XDG_CACHE_HOME/dpfair or ~/.cache/dpfair."""
-    env = os.environ.get("DPFAIR_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "dpfair"
 
 
 def md5sum(path: Path, chunk: int = 1 << 20) -> str:

@@ -57,6 +57,7 @@ from mlflow.utils.mlflow_tags import (
 from dpfair.metric_keys import clean_key
 from dpfair.processes import alive, host, uninterrupted
 from dpfair.settings import TrackingConfig  # re-exported: callers read it from here too
+from dpfair.tracking import empty_store
 from dpfair.urls import mask_text, mask_url
 from dpfair.workspace import durable_path, open_racing
 
@@ -82,11 +83,12 @@ def client(cfg: TrackingConfig) -> MlflowClient:
 @functools.cache  # once per store and process (an error is not cached: tried again)
 def _schema_ready(uri: str) -> None:
     """Open the database store ``uri`` once: its first use creates MLflow's schema, which
-    processes started together race on (:func:`dpfair.workspace.open_racing`)."""
+    processes started together race on (:func:`dpfair.workspace.open_racing`); a new SQLite
+    file starts as a copy of MLflow's empty store (:mod:`dpfair.tracking.empty_store`)."""
     if uri.startswith(("sqlite", "postgresql")):
         with uninterrupted():
             open_racing(lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1),
-                        uri)
+                        uri, seed=empty_store.seed)
 
 
 class _Uninterrupted:

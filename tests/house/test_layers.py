@@ -123,6 +123,7 @@ BELOW = {
     "errors": ("dpfair",),
     "metric_keys": ("dpfair",),
     "urls": ("dpfair",),
+    "user_cache": ("dpfair",),
     "data": (*UPPER, *CORE, "dpfair.models", "dpfair.training", "dpfair.fairness"),
     "models": (*UPPER, *CORE, "dpfair.data", "dpfair.training", "dpfair.fairness"),
     # the accountants: events in, ε out; nothing of torch's world
