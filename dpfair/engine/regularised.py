@@ -214,7 +214,7 @@ def _layer_products(
             k = torch.addmm(one, a, a.detach().T) if weight else one
             g = d @ d.detach().T
             terms.append(torch.vdot((c * k).reshape(-1), g.reshape(-1)))
-            uv.append(torch.dot(alpha, (k.detach() * g.detach()) @ beta))
+            uv.append(terms[-1].detach() / 2)  # <c * K, G> = 2 alpha^T (K * G) beta = 2 <U, V>
             continue
         if own:
             assert isinstance(module, nn.Linear)
