@@ -172,13 +172,14 @@ def test_nothing_is_kept_off_the_factor_path():
     torch.testing.assert_close(
         norms, Materialized().compute(plain_model, per_sample_cross_entropy, x, y))
 
-    class Unbatched(nn.Module):  # a layer run without the batch axis: the whole model materialised
+    class Unbatched(nn.Module):  # a layer without the batch axis: the whole model materialised
+        # (named apart from other tests' such layers: the engine logs each message once)
         def __init__(self) -> None:
             super().__init__()
-            self.pos, self.fc = nn.Linear(5, 5), nn.Linear(5, 2)
+            self.shift, self.fc = nn.Linear(5, 5), nn.Linear(5, 2)
 
         def forward(self, x):
-            return self.fc(x + self.pos(torch.ones(5, dtype=x.dtype)))
+            return self.fc(x + self.shift(torch.ones(5, dtype=x.dtype)))
 
     whole = Unbatched().to(DTYPE)
     eng = GhostClipping(keep_graph=True)
