@@ -47,6 +47,7 @@ import functools
 import logging
 import math
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -81,9 +82,9 @@ from dpfair.engine.per_sample import (
 
 #: The engine's public names (the interface and the reference live in their own modules).
 __all__ = [
-    "EngineKind", "GhostClipping", "LossFn", "Materialized", "PerSampleFn", "PerSampleGradients",
-    "fast_path_obstacle", "global_norm", "log_once", "make_engine", "modifies_in_place",
-    "plan_layers", "probe_calls", "trainable_parameters",
+    "EngineKind", "GhostClipping", "KeptGraph", "LossFn", "Materialized", "PerSampleFn",
+    "PerSampleGradients", "fast_path_obstacle", "global_norm", "log_once", "make_engine",
+    "modifies_in_place", "plan_layers", "probe_calls", "trainable_parameters",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,19 @@ EngineKind = Literal["auto", "fast", "materialized"]
 
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, Tensor) else value
+
+
+@dataclass
+class KeptGraph:
+    """What :class:`GhostClipping` hands a caller under ``keep_graph``, all with their graphs:
+    the model's ``outputs``, the per-sample ``losses``, and per call of a fast layer its
+    ``(module, input, output, output gradient)`` (the gradient of ``losses.sum()``, formed with
+    ``create_graph``, so a function of it can be differentiated again; ``None`` where the
+    output has no gradient). Calls are in forward order; a layer called twice has two."""
+
+    outputs: Any
+    losses: Tensor
+    calls: list[tuple[nn.Module, Tensor, Tensor, Tensor | None]]
 
 
 class GhostClipping(PerSampleGradients):
@@ -114,6 +128,13 @@ class GhostClipping(PerSampleGradients):
         clone_outputs: copy each layer output before handing it on, for models that modify
             layer outputs in place (``ReLU(inplace=True)``), which would otherwise change the
             tensor whose gradient is taken. ``make_engine`` sets it when it sees such a module.
+        keep_graph: run the one backward with ``create_graph`` and keep what a caller needs to
+            differentiate through it (a :class:`KeptGraph`, taken by :meth:`take_graph`), for a
+            caller forming second derivatives from the same forward and backward (FairLens's
+            regulariser, :mod:`dpfair.engine.regularised`). The norms and weighted sums are
+            unchanged (formed from detached factors). Only the factor path keeps it: not the
+            low-memory path nor a model served whole by the materialised engine. Off by default
+            (it costs the backward's graph); may be changed between steps.
     """
 
     #: Whether :meth:`compute` keeps each fast layer's captured (input, output gradient) calls
@@ -122,8 +143,11 @@ class GhostClipping(PerSampleGradients):
     #: Whether the convolutions keep the per-sample kernels their norms form (BAM's pass 1).
     keeps_kernels = False
 
-    def __init__(self, clone_outputs: bool = False, low_memory: bool | None = None) -> None:
-        self.clone_outputs, self.low_memory = clone_outputs, low_memory
+    def __init__(
+        self, clone_outputs: bool = False, low_memory: bool | None = None, keep_graph: bool = False
+    ) -> None:
+        self.clone_outputs, self.low_memory, self.keep_graph = clone_outputs, low_memory, keep_graph
+        self._kept: KeptGraph | None = None
         self._held_per_input = 0.0  # bytes of layer output gradients per input element
         self._graph: Tensor | None = None  # low-memory path: the losses, their graph retained
         self._rest: list[int] = []  # the parameters (indices) whose sum takes that graph
@@ -170,7 +194,7 @@ class GhostClipping(PerSampleGradients):
         plan = self._layer_plan(model, x)
         every, trainable = self._plan_params
         self._params = [p for p, t in zip(every, trainable, strict=True) if t]
-        whole = self._whole_model()
+        whole, self._kept = self._whole_model(), None
         if whole is not None:
             norms = whole.compute(model, loss_fn, x, y, groups)
             self.losses = whole.losses
@@ -178,6 +202,8 @@ class GhostClipping(PerSampleGradients):
         self._layers, self._graph = [], None  # the last step's state, before this one's
         # (module, args, kwargs, outputs, their versions); args are (input,) on fast layers
         calls: list[tuple[nn.Module, tuple, dict, list[Tensor], list[int]]] = []
+        keep = self.keep_graph
+        inputs: list[Any] = []  # keep_graph: each call's first input, with its graph
         budget = engine_budget(x.device)
         sink = NormSink(calls, self._params[0].dtype, x.device, budget) if self._low_memory(
             plan, x, budget) else None
@@ -185,6 +211,8 @@ class GhostClipping(PerSampleGradients):
 
         def capture(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             outs = output_tensors(output)
+            if keep:
+                inputs.append(args[0] if args else None)
             if sink is not None:  # shapes only (autograd forbids in-place changes of a tap)
                 outs = [torch.empty_like(o, device="meta") for o in outs]
             calls.append((
@@ -224,22 +252,28 @@ class GhostClipping(PerSampleGradients):
                     return self.compute(model, loss_fn, x, y, groups)
                 finally:
                     self.low_memory = low
-        found = iter(torch.autograd.grad(losses.sum(), targets, allow_unused=True))
+        found = iter(torch.autograd.grad(
+            losses.sum(), targets, allow_unused=True, create_graph=keep))
+        kept: list[tuple[nn.Module, Tensor, Tensor, Tensor | None]] = []
         fast, batch = plan.fast_ids, x.shape[0]
         per_layer: dict[nn.Module, list[tuple[Tensor, Tensor]]] = {}
         self._layers = []
         dtype = self._params[0].dtype  # under autocast: norms and sums in the parameters' dtype
         with _autocast_off(x.device.type):
-            for module, args, kwargs, outs, versions in calls:
+            for index, (module, args, kwargs, outs, versions) in enumerate(calls):
                 if any(o._version != v for o, v in zip(outs, versions, strict=True)):
                     raise RuntimeError(
                         f"the output of {module} was modified in place after the layer ran; "
                         "use GhostClipping(clone_outputs=True) or an out-of-place activation"
                     )
-                grads = [cast_float(next(found), dtype) if o.requires_grad else None for o in outs]
+                got = [next(found) if o.requires_grad else None for o in outs]
+                # the factors never carry the kept graph
+                grads = [cast_float(_detached(g) if keep else g, dtype) for g in got]
                 if outs[0].dim() == 0 or outs[0].shape[0] != batch:
                     raise RuntimeError(f"{module} ran on an input without the batch axis")
                 if id(module) in fast:
+                    if keep:
+                        kept.append((module, inputs[index], outs[0], got[0]))
                     grad = torch.zeros_like(outs[0], dtype=dtype) if grads[0] is None else grads[0]
                     per_layer.setdefault(module, []).append((cast_float(args[0], dtype), grad))
                 else:
@@ -256,6 +290,8 @@ class GhostClipping(PerSampleGradients):
                 per_layer, check=check, keep=self.keeps_kernels, room=room
             )
             self._calls = per_layer if self.keeps_calls else {}
+            if keep:
+                self._kept = KeptGraph(outputs, losses, kept)
             sums = NormSum(budget)
             for layer in self._layers:
                 sums.add(layer)
@@ -287,8 +323,15 @@ class GhostClipping(PerSampleGradients):
         batch axis (found once per model by :func:`probe_calls`)."""
         return None if self._plan is None else self._plan[2]
 
+    def take_graph(self) -> KeptGraph | None:
+        """The last :meth:`compute`'s :class:`KeptGraph` (``keep_graph``), handed over: the
+        engine keeps no reference, so the caller's last use frees the graph. ``None`` where
+        ``keep_graph`` is off, the factor path did not run, or it was taken already."""
+        kept, self._kept = self._kept, None
+        return kept
+
     def release(self) -> None:  # the factors, the retained graph, the captured calls
-        self._layers, self._graph, self._calls = [], None, {}
+        self._layers, self._graph, self._calls, self._kept = [], None, {}, None
         whole = self._whole_model()
         if whole is not None:
             whole.release()

@@ -13,7 +13,11 @@ derivatives: the engine's per-layer factors do not hold them). Every ``<g_i, r>`
 order and comes from the engine's factors.
 
 Both products share one forward, one backward with ``create_graph`` to the layer outputs and
-one double backward (:func:`_products`); no parameter's gradient is formed with a graph. A
+one double backward (:func:`_products`); no parameter's gradient is formed with a graph. Where
+every norm is finite these are the engine's own forward and backward, kept for it
+(``GhostClipping(keep_graph=True)``, :class:`~dpfair.engine.gradients.KeptGraph`), so the
+regulariser sees the dropout draws its ``g_i`` saw; otherwise (and on engines keeping no graph)
+the regulariser runs its own forward on the finite samples and its own backward. A
 layer ``z = f(a; W)`` linear in its parameters (:data:`TANGENT_LAYERS`) has
 ``<grad_W l_i, V> = <d_i, f(a_i; V)>`` (``d_i`` its output gradient), so its part of ``s`` is
 ``<d, alpha f(a; V) + beta f(a; U)>``: two forwards of the layer at its parts ``V``, ``U`` of
@@ -40,6 +44,7 @@ from torch.func import functional_call
 
 from dpfair.engine.gradients import (
     GhostClipping,
+    KeptGraph,
     LossFn,
     PerSampleGradients,
     modifies_in_place,
@@ -113,6 +118,8 @@ class _Capture:
 
 
 Directions = dict[nn.Parameter, Tensor]
+#: A tangent layer's call: (module, input, output, output gradient), all with their graphs.
+Call = tuple[nn.Module, Tensor, Tensor, Tensor | None]
 
 
 def _gram_is_cheaper(module: nn.Module, calls: list[tuple[Tensor, Tensor, Tensor]]) -> bool:
@@ -145,32 +152,42 @@ def _rows(parts: list[Tensor]) -> Tensor:
     return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
-def _products(
-    calls: list[tuple[nn.Module, Tensor, Tensor]], losses: Tensor, alpha: Tensor, beta: Tensor,
-    engine_sums: Callable[[], tuple[Directions, Directions]],
-) -> tuple[Tensor, Tensor] | None:
-    """``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` as a function of theta (``v``, ``u``
-    held fixed) and ``<u, v>``, from one backward (with ``create_graph``) to the captured layer
-    outputs ``d``. Per layer: ``<d, alpha f(a; V) + beta f(a; U)>``, ``U``, ``V`` the layer's
-    parts of ``u``, ``v`` (the engine's ``engine_sums``, or a Linear's own where every layer
-    is one); or, for a Linear applied once per sample where cheaper, the Gram route
-    ``s_l = <c * K, G>``, ``c = alpha beta^T + beta alpha^T``, ``K_ij = a_i . a_j + 1`` and
-    ``G_ij = d_i . d_j`` (the ``j`` side held fixed: ``<g_i, g_j> = K_ij G_ij``), which never
-    forms ``U`` or ``V``. ``None`` where a layer ran without the batch axis (its output
-    gradient sums over samples)."""
+def _output_grads(
+    calls: list[tuple[nn.Module, Tensor, Tensor]], losses: Tensor
+) -> list[Call] | None:
+    """The captured calls with their output gradients ``d``: one backward of ``losses.sum()``
+    to the layer outputs, with ``create_graph``. ``None`` where a layer ran without the batch
+    axis (its output gradient sums over samples)."""
     batch = losses.shape[0]
     if any(out.dim() == 0 or out.shape[0] != batch for _, _, out in calls):
         return None
+    if not calls:
+        return []
     grads = torch.autograd.grad(
         losses.sum(), [out for _, _, out in calls], create_graph=True, allow_unused=True
     )
+    return [(m, a, out, d) for (m, a, out), d in zip(calls, grads, strict=True)]
+
+
+def _products(
+    calls: list[Call], alpha: Tensor, beta: Tensor,
+    engine_sums: Callable[[], tuple[Directions, Directions]],
+) -> tuple[Tensor, Tensor] | None:
+    """``s = sum_i (alpha_i <g_i, v> + beta_i <g_i, u>)`` as a function of theta (``v``, ``u``
+    held fixed) and ``<u, v>``, from the tangent layers' calls with their output gradients
+    ``d`` (:data:`Call`). Per layer: ``<d, alpha f(a; V) + beta f(a; U)>``, ``U``, ``V`` the
+    layer's parts of ``u``, ``v`` (the engine's ``engine_sums``, or a Linear's own where every
+    layer is one); or, for a Linear applied once per sample where cheaper, the Gram route
+    ``s_l = <c * K, G>``, ``c = alpha beta^T + beta alpha^T``, ``K_ij = a_i . a_j + 1`` and
+    ``G_ij = d_i . d_j`` (the ``j`` side held fixed: ``<g_i, g_j> = K_ij G_ij``), which never
+    forms ``U`` or ``V``."""
     by_layer: dict[nn.Module, list[tuple[Tensor, Tensor, Tensor]]] = {}
     dtype = alpha.dtype  # under autocast: the products in the parameters' dtype, as the engine
-    for (module, a, out), d in zip(calls, grads, strict=True):
+    for module, a, out, d in calls:
         if d is not None:
             a = a.to(dtype) if a.is_floating_point() else a
             by_layer.setdefault(module, []).append((a, out, d.to(dtype)))
-    device = losses.device.type
+    device = alpha.device.type
     if torch.is_autocast_enabled(device):
         with torch.autocast(device, enabled=False):
             return _layer_products(by_layer, alpha, beta, engine_sums)
@@ -197,7 +214,7 @@ def _layer_products(
             k = torch.addmm(one, a, a.detach().T) if weight else one
             g = d @ d.detach().T
             terms.append(torch.vdot((c * k).reshape(-1), g.reshape(-1)))
-            uv.append(torch.dot(alpha, (k.detach() * g.detach()) @ beta))
+            uv.append(terms[-1].detach() / 2)  # <c * K, G> = 2 alpha^T (K * G) beta = 2 <U, V>
             continue
         if own:
             assert isinstance(module, nn.Linear)
@@ -218,6 +235,12 @@ def _layer_products(
     return torch.stack(terms).sum(), torch.stack(uv).sum()
 
 
+def _from_kept(kept: KeptGraph) -> tuple[Tensor, Tensor, Callable[[], list[Call] | None]]:
+    """The engine's outputs, losses and tangent layers' calls (:class:`KeptGraph`)."""
+    calls = kept.calls
+    return kept.outputs, kept.losses, lambda: calls
+
+
 class RegularisedGradients(PerSampleGradients):
     """Wraps an engine: ``g'_i = g_i + r`` with ``r`` the gradient of the FairLens regularisers."""
 
@@ -231,38 +254,55 @@ class RegularisedGradients(PerSampleGradients):
         self._clone = False
         self._trainable: list[bool] = []
 
-    def _capture(self, model: nn.Module) -> _Capture | None:
-        """Hooks on the layers whose products are factored (:func:`_tangent_layers`, found
-        again for another model or when a parameter's ``requires_grad`` changed); ``None`` on
-        the materialised engine or another layer type."""
+    def _tangent(self, model: nn.Module) -> bool:
+        """Whether the products are factored per layer (:func:`_tangent_layers`, found again
+        for another model or when a parameter's ``requires_grad`` changed): not on the
+        materialised engine nor with another layer type."""
         trainable = [p.requires_grad for p in model.parameters()]
         if self._model is not model or trainable != self._trainable:
             fast = isinstance(self.inner, GhostClipping)
             self._layers = _tangent_layers(model) if fast else None
             self._model, self._clone = model, modifies_in_place(model)
             self._trainable = trainable
-        return None if self._layers is None else _Capture(self._layers, self._clone)
+        return self._layers is not None
+
+    def _own_pass(
+        self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, tangent: bool
+    ) -> tuple[Tensor, Tensor, Callable[[], list[Call] | None]]:
+        """The regulariser's own forward on ``x`` (the finite samples): the outputs, the
+        losses and (on a call) the tangent layers' calls with their output gradients."""
+        capture = _Capture(self._layers or [], self._clone) if tangent else None
+        try:
+            outputs = model(x)
+        finally:
+            if capture is not None:
+                capture.remove()
+        losses = loss_fn(outputs, y)
+        captured = [] if capture is None else capture.calls
+        return outputs, losses, lambda: _output_grads(captured, losses)
 
     def compute(
         self, model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, groups: Tensor | None = None
     ) -> Tensor:
         if groups is None:
             raise ValueError("fairlens needs the group ids of the batch")
+        tangent = self._tangent(model)
+        if isinstance(self.inner, GhostClipping):  # its forward and backward serve R1's too
+            self.inner.keep_graph = tangent and self.gamma1 != 0
+        state = rng_state(x.device)  # what the engine's forward draws (dropout)
         norms = self.inner.compute(model, loss_fn, x, y)
         self.losses = self.inner.losses
         keep = torch.isfinite(norms)  # the regularisers are formed from the finite samples
         every = bool(keep.all())
         params = trainable_parameters(model)
         xk, yk = (x, y) if every else (x[keep], y[keep])
-        state = rng_state(x.device)  # what the regulariser's forward draws (dropout)
-        capture = self._capture(model)
-        try:
-            outputs = model(xk)
-        finally:
-            if capture is not None:
-                capture.remove()
-        losses = loss_fn(outputs, yk)
-        calls = [] if capture is None else capture.calls
+        kept = self.inner.take_graph() if isinstance(self.inner, GhostClipping) else None
+        if kept is not None and every:
+            outputs, losses, calls = _from_kept(kept)
+        else:
+            state = rng_state(x.device)  # what the regulariser's own forward draws
+            outputs, losses, calls = self._own_pass(model, loss_fn, xk, yk, tangent)
+        del kept
         reg = self._regulariser(norms, keep, groups, outputs, losses, params, calls)
         del outputs, losses, calls  # the double backward frees the graph as it goes
         if reg.requires_grad:
@@ -297,11 +337,13 @@ class RegularisedGradients(PerSampleGradients):
         outputs: Tensor,
         losses: Tensor,
         params: list[nn.Parameter],
-        calls: list[tuple[nn.Module, Tensor, Tensor]],
+        calls: Callable[[], list[Call] | None],
     ) -> Tensor:
         """``gamma1 R1 + gamma2 R2`` as a function of theta, with the clip factors held fixed.
         ``keep``: the finite samples, those ``outputs`` and ``losses`` are of (a group mean of
-        the probabilities is a masked sum, so an empty group adds nothing to R2)."""
+        the probabilities is a masked sum, so an empty group adds nothing to R2). ``calls``:
+        the tangent layers' calls with their output gradients (empty on another route,
+        ``None`` where a layer ran without the batch axis), formed only where R1 is."""
         every = len(losses) == len(keep)
         kept = groups if every else groups[keep]
         member = (kept.unsqueeze(1) == torch.arange(2, device=kept.device)).to(outputs.dtype)
@@ -319,11 +361,13 @@ class RegularisedGradients(PerSampleGradients):
             return dict(zip(params, u, strict=True)), dict(zip(params, v, strict=True))
 
         found = None
-        if calls:
+        layer_calls = calls()
+        if layer_calls:
             found = _products(
-                calls, losses, alpha if every else alpha[keep], beta if every else beta[keep],
+                layer_calls, alpha if every else alpha[keep], beta if every else beta[keep],
                 engine_sums,
             )
+        del layer_calls
         if found is None:  # two weighted backwards to the parameters
             u, v = (list(t.values()) for t in engine_sums())
             ju = torch.autograd.grad(losses, params, alpha[keep], create_graph=True)

@@ -10,7 +10,7 @@ import torch
 from pydantic import TypeAdapter
 from torch import nn
 
-from dpfair.engine.gradients import GhostClipping, Materialized
+from dpfair.engine.gradients import GhostClipping, Materialized, modifies_in_place
 from dpfair.engine.regularised import RegularisedGradients, _gram_is_cheaper
 from dpfair.engine.step import PrivateStep, per_sample_cross_entropy
 from dpfair.methods import MethodConfig, build_method
@@ -304,3 +304,51 @@ def test_bf16_autocast_runs_the_products_in_the_parameters_dtype(name):
         updates.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.requires_grad]))
     assert updates[0].dtype == torch.float32
     assert (updates[0] - updates[1]).norm() < 0.1 * updates[1].norm()
+
+
+class CountingGhost(GhostClipping):
+    """The fast engine, counting the graphs it hands over (``keep_graph``)."""
+
+    taken = 0
+
+    def take_graph(self):
+        kept = super().take_graph()
+        self.taken += kept is not None
+        return kept
+
+
+class GhostKeepingNone(GhostClipping):
+    """The fast engine handing over no graph: the regulariser runs its own forward."""
+
+    def take_graph(self):
+        super().take_graph()
+        return None
+
+
+@pytest.mark.parametrize("name", ["mlp", "frozen", "sequences", "convs", "tokens"])
+def test_the_tangent_routes_take_the_engines_forward_and_backward(name):
+    """Where every norm is finite, R1's products come from the engine's own forward and
+    backward (``GhostClipping(keep_graph=True)``); ``r`` and the norms are those of the
+    regulariser's own forward and backward, to rounding."""
+    torch.manual_seed(0)
+    model, loss_fn, x, y = case(name)
+    model = model.to(DTYPE)
+    formers = [RegularisedGradients(cls(clone_outputs=modifies_in_place(model)), C, 1.0, 0.7)
+               for cls in (CountingGhost, GhostKeepingNone)]
+    norms = [f.compute(model, loss_fn, x, y, GROUPS) for f in formers]
+    assert formers[0].inner.keep_graph and formers[0].inner.taken == 1
+    torch.testing.assert_close(norms[0], norms[1], rtol=1e-12, atol=1e-14)
+    for got, want in zip(formers[0].shared, formers[1].shared, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(("name", "gamma1"), [("untangled", 1.0), ("mlp", 0.0)])
+def test_no_graph_is_kept_where_r1_takes_no_tangent_route(name, gamma1):
+    """A layer without a tangent rule (two weighted backwards instead), or no R1 at all: the
+    engine's backward keeps no graph (it would cost memory and time for nothing)."""
+    torch.manual_seed(0)
+    model, loss_fn, x, y = case(name)
+    former = RegularisedGradients(CountingGhost(clone_outputs=modifies_in_place(model)), C,
+                                  gamma1, 0.7)
+    former.compute(model.to(DTYPE), loss_fn, x, y, GROUPS)
+    assert not former.inner.keep_graph and former.inner.taken == 0
