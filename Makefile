@@ -35,9 +35,10 @@ run: $(STAMP)
 	$(BIN)/dpfair run
 
 # One pytest worker per core (pytest-xdist); a test file runs whole on one worker, so its
-# module fixtures (one release of every command, one trained model) run once.
+# module fixtures (one release of every command, one trained model) run once. Files are handed
+# out in collection order, the longest first (tests/conftest.py: LONGEST_FIRST).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 data: $(STAMP)  ## every DVC prepare stage (`dvc repro` runs the whole pipeline)
 	$(BIN)/dvc repro prepare

@@ -28,6 +28,31 @@ import dpfair  # noqa: E402, F401  tools never phone home from tests (dpfair.NO_
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+#: The test files that take longest as a whole (wall time on the idle 2-core machine: each
+#: runs servers, DVC or many commands), longest first. `make test` hands files to its workers
+#: in collection order (pytest-xdist's ``--dist loadfile --no-loadscope-reorder``), so these
+#: start first and no long file starts last while the other worker idles: the longest-first
+#: rule of scheduling (benchmarks/results/test_suite.md has the durations).
+LONGEST_FIRST = (
+    "tests/data/test_dvc.py",
+    "tests/release/test_release.py",
+    "tests/flows/test_quiet_run.py",
+    "tests/training/test_distributed.py",
+    "tests/flows/test_experiment_flow.py",
+    "tests/flows/test_resume.py",
+    "tests/flows/test_schedule.py",
+    "tests/flows/test_crash.py",
+    "tests/cli/test_train_tune.py",
+    "tests/ledger/test_privacy_unit.py",
+    "tests/flows/test_dask.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """:data:`LONGEST_FIRST` first, in its order; every other test where it was."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:

@@ -18,3 +18,10 @@ def test_no_text_cites_a_document_the_repository_does_not_ship():
     citing = [f"{f.relative_to(ROOT)}: {name}" for f in files for name in UNSHIPPED
               if name in f.read_text(encoding="utf-8")]
     assert not any((ROOT / name).exists() for name in UNSHIPPED) and citing == []
+
+
+def test_the_longest_first_files_exist():
+    """A renamed or removed file in tests/conftest.py's schedule would silently start late."""
+    from tests.conftest import LONGEST_FIRST, REPO_ROOT
+
+    assert [name for name in LONGEST_FIRST if not (REPO_ROOT / name).is_file()] == []
