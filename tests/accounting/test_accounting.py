@@ -205,3 +205,30 @@ def test_tnb_mean_inverse():
         for mu in [1.5, 10.0, 64.0]:
             g = acc.tnb_gamma(eta, mu)
             assert acc.tnb_mean(g, eta) == pytest.approx(mu, rel=1e-9)
+
+
+@pytest.mark.parametrize("event", [
+    acc.run_event(with_counts(1.1, 10.0), 0.05, 380),
+    dp_event.ComposedDpEvent([
+        dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(0.05, gaussian(1.0)), 7),
+        dp_event.NoOpDpEvent(),
+        dp_event.SelfComposedDpEvent(dp_event.ComposedDpEvent([
+            dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(0.05, gaussian(1.0)), 3),
+            gaussian(4.0)]), 5),
+        dp_event.SelfComposedDpEvent(gaussian(2.0), 0),
+        dp_event.PoissonSampledDpEvent(0.01, with_counts(0.8, 3.0))]),
+    dp_event.ComposedDpEvent([gaussian(1.0), dp_event.NonPrivateDpEvent()]),
+    dp_event.NoOpDpEvent(),
+])
+def test_rdp_with_each_curve_once_is_dp_accountings_to_the_bit(event):
+    """The RDP walk that computes each mechanism's curve once per process gives dp_accounting's
+    own accountant's RDP curve and ε exactly (twice: the second from the cached curves)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_accountant
+
+    want = rdp_accountant.RdpAccountant(list(acc.DEFAULT_ORDERS))
+    want.compose(event)
+    for _ in range(2):
+        curve = acc.rdp_curve(event)
+        assert curve.tobytes() == want.rdp.tobytes()
+        assert acc.rdp_epsilon(event, 1e-5) == want.get_epsilon(1e-5)
+        curve += 1.0  # the caller's own array: the cached curves stay as they were
