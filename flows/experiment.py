@@ -41,6 +41,7 @@ from dpfair.data import GroupedDataset, source_version  # noqa: E402
 from dpfair.errors import DpfairError  # noqa: E402
 from dpfair.ledger import DataVersion, PrivacyGate, Release  # noqa: E402
 from dpfair.pipeline import method_steps as steps  # noqa: E402
+from dpfair.pipeline import release_step  # noqa: E402
 from dpfair.pipeline.check_step import check_run  # noqa: E402
 from dpfair.pipeline.data_step import PreparedData  # noqa: E402
 from dpfair.pipeline.method_steps import RunRecord, TuneRecord  # noqa: E402
@@ -221,7 +222,7 @@ def prepare(params_path: str, root: str, resume: bool) -> FlowRun:
     source = source_version(name, params.dataset(name))
     prepared = tasks.prepare_data(params, root, params_path)
     dataset = tasks.load_data(prepared)
-    params = steps.calibrated_params(params, dataset)
+    params = release_step.calibrated_params(params, dataset)
     privacy = gate(params, root)
     data = privacy.identify(name, dataset, params.dataset(name), source, command="dpfair run")
     earlier = None

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import State
 
 from dpfair.errors import DpfairError, UnreachableError
-from dpfair.pipeline import data_step, method_steps, summary
+from dpfair.pipeline import data_step, method_steps, release_step, summary
 
 
 def may_pass(task: object, task_run: object, state: State) -> bool:
@@ -27,7 +27,7 @@ _RETRY = {"retries": 2, "retry_delay_seconds": 2, "retry_condition_fn": may_pass
 prepare_data = task(data_step.prepare_data, name="prepare_data", **_RETRY,
                     cache_policy=NO_CACHE)
 load_data = task(data_step.load_data, name="load_data", cache_policy=NO_CACHE)
-plan_release = task(method_steps.plan_release, name="plan_release", retries=0,
+plan_release = task(release_step.plan_release, name="plan_release", retries=0,
                     cache_policy=NO_CACHE)
 tune_method = task(method_steps.tune_method, name="tune_method", retries=0, cache_policy=NO_CACHE)
 train_seed = task(method_steps.train_and_log, name="train_seed", retries=0, cache_policy=NO_CACHE,

@@ -285,7 +285,7 @@ def run(
         from dpfair.pipeline.check_step import check_run
 
         dataset = check_run(p)  # data, groups, model: before any server or tracking library
-        from dpfair.pipeline.method_steps import check_release
+        from dpfair.pipeline.release_step import check_release
 
         check_release(p, dataset)  # over budget: refused in seconds (outputs/ kept: dvc.yaml)
         from dpfair.pipeline.preflight import check_storage_server, check_tracking

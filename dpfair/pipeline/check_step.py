@@ -1,5 +1,5 @@
 """The checks of params.yaml that need the loaded dataset, run right after loading and before
-anything is planned, tuned or trained (:func:`dpfair.pipeline.method_steps.plan_release` calls
+anything is planned, tuned or trained (:func:`dpfair.pipeline.release_step.plan_release` calls
 :func:`check_against_data` first).
 
 Everything that needs no data is checked when params.yaml loads (:mod:`dpfair.config.params`). What

@@ -16,7 +16,7 @@ was killed and :func:`dpfair.tracking.runs.fail_stale_runs` marked it), the new 
   redone;
 * the rest runs again. A final training that had started may already have released per-epoch
   metrics, so each such earlier attempt counts as one more training run of its method in the
-  resumed plan (:func:`dpfair.pipeline.method_steps.plan_release`'s ``extra_runs``), which the
+  resumed plan (:func:`dpfair.pipeline.release_step.plan_release`'s ``extra_runs``), which the
   budget checks, and the retrains are reserved in the data source's privacy ledger as a release of
   their own (:func:`retry_event`); the crashed run's own reservation still counts in full.
 

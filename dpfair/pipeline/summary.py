@@ -35,7 +35,8 @@ from dpfair.fairness import rate_tables
 from dpfair.fairness.rates import DISPARITIES
 from dpfair.pipeline import report
 from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV
-from dpfair.pipeline.method_steps import REFERENCE, RunRecord
+from dpfair.pipeline.method_steps import RunRecord
+from dpfair.pipeline.release_step import REFERENCE
 from dpfair.pipeline.report_page import REPORT_PAGE, write_report_page
 from dpfair.release.plan import (
     EPSILON_ACCOUNTANT,

@@ -157,7 +157,7 @@ def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
 def _plan(tmp_path: Any, data: dict[str, Any], n: int = 400, **options: Any) -> None:
     """Load params and data as the flow does, then plan the release."""
     from dpfair.data import load_dataset
-    from dpfair.pipeline.method_steps import plan_release
+    from dpfair.pipeline.release_step import plan_release
 
     spaces = data.get("tuning", {}).get("spaces", {})
     data = {**data, "datasets": {"synthetic": {"n": n, **options}},

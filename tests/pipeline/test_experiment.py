@@ -60,7 +60,8 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
 
     from dpfair.accounting.accountant import ACCOUNTANT_NONE
     from dpfair.config.params import parse_params
-    from dpfair.pipeline.method_steps import final_config, plan_release, train_and_log
+    from dpfair.pipeline.method_steps import final_config, train_and_log
+    from dpfair.pipeline.release_step import plan_release
     from dpfair.pipeline.summary import log_release, summarise
     from dpfair.release.plan import (
         EPSILON_ACCOUNTANT,
@@ -150,7 +151,8 @@ def pipeline(tmp_path_factory):
     and the non-private reference, one seed; the selected model is registered."""
     from dpfair.config.params import parse_params
     from dpfair.pipeline.data_step import PreparedData, log_pipeline_inputs
-    from dpfair.pipeline.method_steps import plan_release, train_logged
+    from dpfair.pipeline.method_steps import train_logged
+    from dpfair.pipeline.release_step import plan_release
     from dpfair.pipeline.summary import log_release, log_summary, register_model, summarise
     from dpfair.tracking.run_log import pipeline_run_name
     from dpfair.tracking.runs import experiment_id, run

@@ -105,7 +105,7 @@ def test_a_pipeline_run_trains_at_the_calibrated_noise(tmp_path, monkeypatch):
 
     from dpfair.config.params import load_params
     from dpfair.data import load_dataset
-    from dpfair.pipeline.method_steps import calibrated_params, plan_release
+    from dpfair.pipeline.release_step import calibrated_params, plan_release
 
     monkeypatch.chdir(tmp_path)
     raw = {

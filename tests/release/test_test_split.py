@@ -195,7 +195,8 @@ def test_pipeline_labels_noisy_test_metrics_in_the_table_and_mlflow(tmp_path):
     from mlflow import MlflowClient
 
     from dpfair.data import load_dataset
-    from dpfair.pipeline.method_steps import final_config, plan_release, train_logged
+    from dpfair.pipeline.method_steps import final_config, train_logged
+    from dpfair.pipeline.release_step import plan_release
     from dpfair.pipeline.summary import log_release, summarise
     from dpfair.tracking.runs import experiment_id, run
     from dpfair.training import evaluate
@@ -248,7 +249,7 @@ def test_pipeline_labels_noisy_test_metrics_in_the_table_and_mlflow(tmp_path):
 
 def test_pipeline_refuses_a_test_delta_not_below_one_over_n_test(tmp_path):
     from dpfair.data import load_dataset
-    from dpfair.pipeline.method_steps import plan_release
+    from dpfair.pipeline.release_step import plan_release
 
     params = _params(tmp_path, {"release": "noisy", "epsilon": 1.0, "delta": 0.05})
     dataset = load_dataset("synthetic", params.dataset("synthetic"))
@@ -258,7 +259,7 @@ def test_pipeline_refuses_a_test_delta_not_below_one_over_n_test(tmp_path):
 
 def test_default_pipeline_plan_says_exact_and_has_no_test_column(tmp_path):
     from dpfair.data import load_dataset
-    from dpfair.pipeline.method_steps import plan_release
+    from dpfair.pipeline.release_step import plan_release
 
     params = _params(tmp_path, {})
     plan = plan_release(params, load_dataset("synthetic", params.dataset("synthetic")), {})
