@@ -5,13 +5,31 @@ Test modules are imported in importlib mode, so the helpers reach them as the ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 DTYPE = torch.float64
+
+
+class ConvNorms(nn.Module):
+    """Convolutions (reflect padding, a frozen bias), GroupNorm, LayerNorm and a Linear head of
+    ``classes`` outputs: the engine's group sums and each layer's tangent ``f(a; V)``."""
+
+    def __init__(self, classes: int = 2, first: Callable[[Tensor], Tensor] = torch.relu) -> None:
+        super().__init__()
+        self.first = first
+        self.c1 = nn.Conv2d(2, 4, 3, padding=1, padding_mode="reflect")
+        self.gn, self.c2 = nn.GroupNorm(2, 4), nn.Conv2d(4, 4, 3, stride=2)
+        self.ln, self.fc = nn.LayerNorm(16), nn.Linear(16, classes)
+        self.c2.bias.requires_grad_(False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.first(self.gn(self.c1(x)))
+        return self.fc(torch.tanh(self.ln(torch.tanh(self.c2(h)).flatten(1))))
 
 
 def mlp(d_in: int = 12, width: int = 256, n_classes: int = 2) -> nn.Module:

@@ -11,24 +11,10 @@ from torch.func import functional_call, grad, jvp, vmap
 
 from dpfair.engine.gradients import GhostClipping, KeptGraph, Materialized, modifies_in_place
 from dpfair.engine.step import per_sample_cross_entropy
+from tests.engine.conftest import ConvNorms
 
 DTYPE = torch.float64
 B = 10
-
-
-class Convs(nn.Module):
-    """Convolutions (reflect padding, a frozen bias), GroupNorm, LayerNorm, a Linear head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(2, 4, 3, padding=1, padding_mode="reflect")
-        self.gn, self.c2 = nn.GroupNorm(2, 4), nn.Conv2d(4, 4, 3, stride=2)
-        self.ln, self.fc = nn.LayerNorm(16), nn.Linear(16, 3)
-        self.c2.bias.requires_grad_(False)
-
-    def forward(self, x):
-        h = torch.tanh(self.gn(self.c1(x)))
-        return self.fc(torch.tanh(self.ln(torch.tanh(self.c2(h)).flatten(1))))
 
 
 class Shared(nn.Module):
@@ -63,7 +49,8 @@ def mlp() -> nn.Module:
 def case(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    models = {"mlp": mlp, "convs": Convs, "shared": Shared, "fallback": WithFallback}
+    models = {"mlp": mlp, "convs": lambda: ConvNorms(3, torch.tanh), "shared": Shared,
+              "fallback": WithFallback}
     shapes = {"convs": (2, 6, 6), "shared": (3, 5)}
     x = torch.randn(B, *shapes.get(name, (5,)), generator=gen, dtype=DTYPE)
     n_classes = 3 if name == "convs" else 2

@@ -14,6 +14,7 @@ from dpfair.engine.gradients import GhostClipping, Materialized, modifies_in_pla
 from dpfair.engine.regularised import RegularisedGradients, _gram_is_cheaper
 from dpfair.engine.step import PrivateStep, per_sample_cross_entropy
 from dpfair.methods import MethodConfig, build_method
+from tests.engine.conftest import ConvNorms
 
 DTYPE = torch.float64
 CONFIGS = TypeAdapter(MethodConfig)
@@ -97,22 +98,6 @@ class Sequences(nn.Module):
         return self.head(torch.tanh(self.b(h)).mean(1))
 
 
-class Convs(nn.Module):
-    """Convolutions (reflect padding, a frozen bias), GroupNorm, LayerNorm: the engine's
-    group sums and each layer's tangent ``f(a; V)``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(2, 4, 3, padding=1, padding_mode="reflect")
-        self.gn, self.c2 = nn.GroupNorm(2, 4), nn.Conv2d(4, 4, 3, stride=2)
-        self.ln, self.fc = nn.LayerNorm(16), nn.Linear(16, 2)
-        self.c2.bias.requires_grad_(False)
-
-    def forward(self, x):
-        h = torch.relu(self.gn(self.c1(x)))
-        return self.fc(torch.tanh(self.ln(torch.tanh(self.c2(h)).flatten(1))))
-
-
 class Tokens(nn.Module):
     """An embedding with a padding row (no gradient there) and a Linear called twice."""
 
@@ -152,7 +137,7 @@ def case(name: str):
     shapes = {"sequences": (3, 5), "convs": (2, 6, 6)}
     x = torch.randn(B, *shapes.get(name, (5,)), generator=gen, dtype=DTYPE)
     models = {"mlp": lambda: mlp(32), "frozen": lambda: frozen(mlp(32)),
-              "sequences": Sequences, "convs": Convs, "untangled": Untangled}
+              "sequences": Sequences, "convs": ConvNorms, "untangled": Untangled}
     return models[name](), per_sample_cross_entropy, x, y
 
 
