@@ -15,6 +15,20 @@ from torch import Tensor, nn
 DTYPE = torch.float64
 
 
+class Sequences(nn.Module):
+    """Linear layers on sequences (batch, 3, 5), one called twice: two calls of one module,
+    each with its own group sums."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(5, width), nn.Linear(width, width), nn.Linear(
+            width, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.b(torch.tanh(self.a(x))))
+        return self.head(torch.tanh(self.b(h)).mean(1))
+
+
 class ConvNorms(nn.Module):
     """Convolutions (reflect padding, a frozen bias), GroupNorm, LayerNorm and a Linear head of
     ``classes`` outputs: the engine's group sums and each layer's tangent ``f(a; V)``."""

@@ -11,22 +11,10 @@ from torch.func import functional_call, grad, jvp, vmap
 
 from dpfair.engine.gradients import GhostClipping, KeptGraph, Materialized, modifies_in_place
 from dpfair.engine.step import per_sample_cross_entropy
-from tests.engine.conftest import ConvNorms
+from tests.engine.conftest import ConvNorms, Sequences
 
 DTYPE = torch.float64
 B = 10
-
-
-class Shared(nn.Module):
-    """Linear layers on sequences, one called twice (two kept calls of one module)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.head = nn.Linear(5, 8), nn.Linear(8, 8), nn.Linear(8, 2)
-
-    def forward(self, x):
-        h = torch.tanh(self.b(torch.tanh(self.a(x))))
-        return self.head(torch.tanh(self.b(h)).mean(1))
 
 
 class WithFallback(nn.Module):
@@ -49,7 +37,7 @@ def mlp() -> nn.Module:
 def case(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    models = {"mlp": mlp, "convs": lambda: ConvNorms(3, torch.tanh), "shared": Shared,
+    models = {"mlp": mlp, "convs": lambda: ConvNorms(3, torch.tanh), "shared": lambda: Sequences(8),
               "fallback": WithFallback}
     shapes = {"convs": (2, 6, 6), "shared": (3, 5)}
     x = torch.randn(B, *shapes.get(name, (5,)), generator=gen, dtype=DTYPE)

@@ -14,7 +14,7 @@ from dpfair.engine.gradients import GhostClipping, Materialized, modifies_in_pla
 from dpfair.engine.regularised import RegularisedGradients, _gram_is_cheaper
 from dpfair.engine.step import PrivateStep, per_sample_cross_entropy
 from dpfair.methods import MethodConfig, build_method
-from tests.engine.conftest import ConvNorms
+from tests.engine.conftest import ConvNorms, Sequences
 
 DTYPE = torch.float64
 CONFIGS = TypeAdapter(MethodConfig)
@@ -84,18 +84,6 @@ def mlp(width: int, d_in: int = 5) -> nn.Sequential:
         nn.Linear(d_in, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
         nn.Linear(width, width, bias=False), nn.ReLU(inplace=True), nn.Linear(width, 2),
     )
-
-
-class Sequences(nn.Module):
-    """Linear layers on sequences, one called twice: each forms its own group sums."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b, self.head = nn.Linear(5, 16), nn.Linear(16, 16), nn.Linear(16, 2)
-
-    def forward(self, x):
-        h = torch.tanh(self.b(torch.tanh(self.a(x))))
-        return self.head(torch.tanh(self.b(h)).mean(1))
 
 
 class Tokens(nn.Module):
