@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from dpfair.ledger import SourceLedger
+from dpfair.workspace import open_racing
 
 
 def _params(folder: Path) -> None:
@@ -35,9 +36,12 @@ def _params(folder: Path) -> None:
 
 
 def _storage(folder: Path, workers: int) -> optuna.storages.BaseStorage:
-    """The study's storage: SQLite for one worker, a journal file for several."""
+    """The study's storage: SQLite for one worker, a journal file for several. The SQLite
+    file is opened as dpfair opens it (:func:`dpfair.workspace.open_racing`: under its lock),
+    so that this poll never creates Optuna's schema while the command is creating it."""
     if workers == 1:
-        return optuna.storages.RDBStorage(f"sqlite:///{folder / 'optuna.db'}")
+        url = f"sqlite:///{folder / 'optuna.db'}"
+        return open_racing(lambda: optuna.storages.RDBStorage(url), url)
     from optuna.storages.journal import JournalFileBackend
 
     return optuna.storages.JournalStorage(JournalFileBackend(str(folder / "optuna.journal")))
