@@ -85,7 +85,8 @@ LOCAL_ONLY = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
 
 def task_runner(pipeline: PipelineSection) -> Any:
     """Threads (default), processes, or Dask (``dask_address``, or a local cluster whose
-    scheduler, workers and dashboard listen on 127.0.0.1 only: the dashboard has no login)."""
+    scheduler, workers and dashboard listen on 127.0.0.1 only: the dashboard has no login; its
+    workers load :mod:`flows.dask_workers`)."""
     if pipeline.task_runner == "processes":
         from prefect.task_runners import ProcessPoolTaskRunner
 
@@ -93,10 +94,13 @@ def task_runner(pipeline: PipelineSection) -> Any:
     if pipeline.task_runner == "dask":
         from prefect_dask import DaskTaskRunner
 
+        from flows import dask_workers
+
         if pipeline.dask_address:
             return DaskTaskRunner(address=pipeline.dask_address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": pipeline.max_workers,
-                                              "threads_per_worker": 1, **LOCAL_ONLY})
+                                              "threads_per_worker": 1, **LOCAL_ONLY,
+                                              "preload": [dask_workers.__name__]})
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=pipeline.max_workers)

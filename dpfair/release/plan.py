@@ -39,12 +39,13 @@ from typing import TYPE_CHECKING
 from dp_accounting import dp_event
 
 from dpfair import accounting
-from dpfair.training import REPLAYABLE_NOISE, MetricsRelease
+from dpfair.training.config import REPLAYABLE_NOISE
 from dpfair.tuning.search_events import search_event
 
 if TYPE_CHECKING:
     from dpfair.config.sections import ReleaseMode
     from dpfair.methods import PrivacyGuarantee
+    from dpfair.training import MetricsRelease
     from dpfair.tuning.config import TuningConfig
     from dpfair.tuning.job import TuningResult
 

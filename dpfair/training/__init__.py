@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpfair.lazy import lazy_getattr
-from dpfair.training.config import MetricsReleaseConfig, TrainConfig
+from dpfair.training.config import REPLAYABLE_NOISE, MetricsReleaseConfig, TrainConfig
 
 if TYPE_CHECKING:
     from dpfair.training.evaluation import (
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         predict,
     )
     from dpfair.training.loop import poisson_batch, resolve_device, train
-    from dpfair.training.result import REPLAYABLE_NOISE, Callback, TrainResult
+    from dpfair.training.result import Callback, TrainResult
     from dpfair.training.run_plan import (
         EXACT_TEST_METRICS,
         MetricsRelease,
@@ -39,7 +39,7 @@ __getattr__ = lazy_getattr(__name__, {
     **dict.fromkeys(["poisson_batch", "resolve_device", "train"], "loop"),
     **dict.fromkeys(["EXACT_TEST_METRICS", "MetricsRelease", "RunPlan", "make_plan",
                      "metrics_release"], "run_plan"),
-    **dict.fromkeys(["REPLAYABLE_NOISE", "Callback", "TrainResult"], "result"),
+    **dict.fromkeys(["Callback", "TrainResult"], "result"),
 })
 
 __all__ = [

@@ -17,7 +17,7 @@ and count noise). By default it is reseeded before every step from OS entropy
 that is kept nowhere (its whole state, :mod:`dpfair.training.entropy`: a seed would carry only
 32 secret bits on the CPU), so nothing a run logs or returns replays its noise.
 With ``TrainConfig.reproducible`` it is seeded once with the run seed and the noise is
-replayable (:data:`~dpfair.training.result.REPLAYABLE_NOISE`). The initialisation is the
+replayable (:data:`~dpfair.training.config.REPLAYABLE_NOISE`). The initialisation is the
 seed's in both modes. Noisy test metrics (``TrainConfig.test_metrics``) draw their noise from
 a numpy generator seeded the same way: OS entropy by default, a third seed of the split when
 reproducible.

@@ -16,11 +16,6 @@ from dpfair.training.config import TrainConfig
 from dpfair.training.evaluation import Predictions
 from dpfair.training.run_plan import MetricsRelease
 
-#: How every output of a ``reproducible`` run (or search) is labelled: its batches and noise
-#: are drawn from the logged seed, so anyone can replay them and tell whether a record was in
-#: the training data.
-REPLAYABLE_NOISE = "noise replayable from the logged seed: ε does not protect this release"
-
 
 @dataclass
 class TrainResult:
@@ -42,7 +37,7 @@ class TrainResult:
 
     No field determines the noise: by default the batches and noise come from OS entropy that
     is kept nowhere. ``reproducible`` (from the config) says they were drawn from
-    ``config.seed`` instead; label such a result :data:`REPLAYABLE_NOISE`.
+    ``config.seed`` instead; label such a result :data:`~dpfair.training.config.REPLAYABLE_NOISE`.
     """
 
     config: TrainConfig

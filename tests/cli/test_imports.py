@@ -47,3 +47,9 @@ def test_train_on_digits_loads_neither_the_compiler_nor_matplotlib_nor_sklearn(t
     code = ("sys.argv = ['dpfair', '-q', 'train', '--method', 'dpsgd']\n"
             "from dpfair.cli import main\nmain()\n")
     assert _loaded(code, (*HEAVY, "prefect"), tmp_path) == []
+
+
+def test_the_ledger_loads_no_torch(tmp_path):
+    """The privacy ledger (``dpfair.ledger``: reserve, charge, the budget check) reads no model:
+    a process that only books a release, or a team member's ledger command, loads no torch."""
+    assert _loaded("import dpfair.ledger", ("torch",), tmp_path) == []

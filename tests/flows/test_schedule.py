@@ -34,7 +34,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
             with urllib.request.urlopen(f"{url}/health", timeout=2):
                 return
         except OSError:
-            time.sleep(1)
+            time.sleep(0.2)
     raise TimeoutError(f"prefect server at {url} not healthy after {timeout} s")
 
 
@@ -62,9 +62,15 @@ def test_the_api_url_of_the_active_prefect_profile_counts(tmp_path):
 
 @pytest.mark.slow
 def test_scheduled_deployment_runs_on_a_real_server(tmp_path, repo_root):
+    from dpfair.user_cache import copy_sqlite
+    from flows.server import empty_database
+
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"),
+    home = tmp_path / "prefect-home"  # its database as `make install` leaves Prefect's new one
+    home.mkdir()
+    copy_sqlite(empty_database(), home / "prefect.db")
+    env = {**os.environ, "PREFECT_HOME": str(home),
            "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     workspace = tmp_path / "ws"

@@ -88,12 +88,31 @@ def test_more_processes_than_cores_is_refused_with_the_fix() -> None:
         launch(dist_parts.distributed_part, ({},), nproc=cores + 1, device="cpu")
 
 
-def test_batch_sizes_over_shards_are_binomial_over_the_dataset() -> None:
+@pytest.fixture(scope="module")
+def sampled() -> tuple[list[int], bool]:
+    """One launch of :func:`dist_parts.batch_sizes` (n = 101, q = 0.1, 2000 steps) under a
+    SIGTERM handler of the caller's: the global batch sizes, and whether that handler is the
+    one installed after the launch."""
+    import signal
+
+    def callers(signum, frame) -> None:  # noqa: ANN001 - a signal handler
+        raise AssertionError("not called")
+
+    original = signal.signal(signal.SIGTERM, callers)
+    try:
+        sizes = launch(dist_parts.batch_sizes, (101, 0.1, 2000), nproc=2, device="cpu")
+        return sizes, signal.getsignal(signal.SIGTERM) is callers
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
+def test_batch_sizes_over_shards_are_binomial_over_the_dataset(sampled) -> None:
     """Each process samples its shard (n = 101: shards of 50 and 51) with rate q; the global
     batch size of every step must then be Binomial(n, q), whatever the split (a chi-square test
     of 2000 steps; the per-shard sizes alone would be Binomial(50, q) and Binomial(51, q))."""
     n, q, steps = 101, 0.1, 2000
-    sizes = launch(dist_parts.batch_sizes, (n, q, steps), nproc=2, device="cpu")
+    sizes, _ = sampled
+    assert len(sizes) == steps
     law = stats.binom(n, q)
     edges = [0, 6, 8, 9, 10, 11, 12, 14, n + 1]  # bins of expected count >= 100
     observed = [sum(lo <= s < hi for s in sizes) for lo, hi in pairwise(edges)]
@@ -187,17 +206,8 @@ def test_nproc_on_a_local_dask_cluster_is_refused_when_params_load() -> None:
                            "pipeline": {"task_runner": "dask", "dask_address": "tcp://h:8786"}})
 
 
-def test_the_callers_signal_handlers_are_back_after_a_launch() -> None:
+def test_the_callers_signal_handlers_are_back_after_a_launch(sampled) -> None:
     """torch's launcher sets its own SIGTERM handler and leaves it: the caller's comes back, so
     `dpfair.processes.sigterm_raises` still turns a later SIGTERM into Terminated."""
-    import signal
-
-    def callers(signum, frame) -> None:  # noqa: ANN001 - a signal handler
-        raise AssertionError("not called")
-
-    original = signal.signal(signal.SIGTERM, callers)
-    try:
-        launch(dist_parts.batch_sizes, (10, 0.5, 1), nproc=2, device="cpu")
-        assert signal.getsignal(signal.SIGTERM) is callers
-    finally:
-        signal.signal(signal.SIGTERM, original)
+    _, callers_handler_back = sampled
+    assert callers_handler_back
