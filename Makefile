@@ -6,10 +6,10 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: install run test lint data queue reproduce clean
 
-# The install leaves the libraries' byte-code to Python, which compiles a module the first
-# time a process imports it (pip would compile all 20,000 files, most never imported: 25 s on
-# two cores), and byte-compiles dpfair as a regular (non-editable) install would, so a command
-# does not compile its modules at every start (0.1-0.3 s where PYTHONDONTWRITEBYTECODE is set),
+# The install byte-compiles the libraries on every core (pip compiles them on one; as pip
+# does, a file of another Python's syntax in a library's test data is skipped) and dpfair as
+# a regular (non-editable) install would, so a command does not compile its modules at every
+# start (0.1-0.3 s where PYTHONDONTWRITEBYTECODE is set),
 # and puts bin/_dpfair_dvc_on_path.py in the venv's site-packages with a .pth importing it: the
 # venv's `dvc queue start` has the venv's bin first on PATH (its workers start `dvc` by name).
 # It also makes MLflow's empty SQLite store (dpfair/tracking/empty_store.py) and Prefect's
@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml constraints.txt bin/_dpfair_dvc_on_path.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-compile -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; \
+	  print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	$(BIN)/python -m compileall -q -j 0 dpfair tasks flows
 	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 	  cp bin/_dpfair_dvc_on_path.py "$$site/" && \

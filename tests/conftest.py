@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -52,6 +54,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """:data:`LONGEST_FIRST` first, in its order; every other test where it was."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@contextlib.contextmanager
+def prefect_harness() -> Iterator[None]:
+    """Prefect's test harness (a temporary server, this process's settings pointing at it) on a
+    database copied from Prefect's empty one (``flows.server.empty_database``, as ``make
+    install`` leaves it): its server skips the migrations, as a new home's temporary server of
+    ``dpfair run`` does (4-5 s of CPU). The harness makes its database folder with its
+    module's ``mkdtemp``, which returns the seeded folder for that one call."""
+    from prefect.testing import utilities
+
+    from dpfair.user_cache import copy_sqlite
+    from flows.server import empty_database
+
+    folder = tempfile.mkdtemp(prefix="dpfair-prefect-harness-")
+    copy_sqlite(empty_database(), Path(folder) / "prefect-test.db")
+    make_folder = utilities.mkdtemp
+    utilities.mkdtemp = lambda: folder
+    try:
+        with utilities.prefect_test_harness(server_startup_timeout=120):
+            utilities.mkdtemp = make_folder
+            yield
+    finally:
+        utilities.mkdtemp = make_folder
 
 
 @pytest.fixture(scope="session")

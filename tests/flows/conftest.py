@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import prefect_harness as prefect_harness_on_the_empty_database
+
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="dpfair-prefect-home-")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_harness_on_the_empty_database():
         yield
 
 

@@ -124,12 +124,13 @@ def prefect_api() -> Iterator[str]:
     """The session's Prefect server: tests/flows' (its session fixture, still running when
     this directory's tests run after it), else a temporary one of our own."""
     from prefect.settings import get_current_settings
-    from prefect.testing.utilities import prefect_test_harness
+
+    from tests.conftest import prefect_harness
 
     if (url := get_current_settings().api.url) is not None:
         yield str(url)
         return
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_harness():
         yield str(get_current_settings().api.url)
 
 
