@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -56,13 +55,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
-@contextlib.contextmanager
+@pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
-    """Prefect's test harness (a temporary server, this process's settings pointing at it) on a
-    database copied from Prefect's empty one (``flows.server.empty_database``, as ``make
-    install`` leaves it): its server skips the migrations, as a new home's temporary server of
-    ``dpfair run`` does (4-5 s of CPU). The harness makes its database folder with its
-    module's ``mkdtemp``, which returns the seeded folder for that one call."""
+    """One Prefect server per pytest worker for the flow and release tests: Prefect's test
+    harness (a temporary server, this process's settings pointing at it) on a database copied
+    from Prefect's empty one (``flows.server.empty_database``, as ``make install`` leaves it):
+    its server skips the migrations, as a new home's temporary server of ``dpfair run`` does
+    (4-5 s of CPU). The harness makes its database folder with its module's ``mkdtemp``, which
+    returns the seeded folder for that one call."""
     from prefect.testing import utilities
 
     from dpfair.user_cache import copy_sqlite

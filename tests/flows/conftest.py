@@ -1,5 +1,5 @@
-"""One Prefect temporary server for all flow tests (about 20 s to start on
-2 cores), with PREFECT_HOME in a temp dir; library tests never touch Prefect."""
+"""The flow tests' workspaces; PREFECT_HOME in a temp dir (the session's Prefect server is
+``tests.conftest.prefect_harness``); library tests never touch Prefect."""
 
 from __future__ import annotations
 
@@ -12,16 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import prefect_harness as prefect_harness_on_the_empty_database
-
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="dpfair-prefect-home-")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-
-
-@pytest.fixture(scope="session")
-def prefect_harness():
-    with prefect_harness_on_the_empty_database():
-        yield
 
 
 def make_workspace(root: Path, repo: Path, experiment: dict, tuning: dict | None = None,

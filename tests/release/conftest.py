@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -120,18 +119,11 @@ def _selected(session: pytest.Session, module: str) -> set[str]:
 
 
 @pytest.fixture(scope="session")
-def prefect_api() -> Iterator[str]:
-    """The session's Prefect server: tests/flows' (its session fixture, still running when
-    this directory's tests run after it), else a temporary one of our own."""
+def prefect_api(prefect_harness) -> str:
+    """The API of the session's Prefect server (the flow tests' too)."""
     from prefect.settings import get_current_settings
 
-    from tests.conftest import prefect_harness
-
-    if (url := get_current_settings().api.url) is not None:
-        yield str(url)
-        return
-    with prefect_harness():
-        yield str(get_current_settings().api.url)
+    return str(get_current_settings().api.url)
 
 
 @pytest.fixture(scope="module")
