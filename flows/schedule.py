@@ -27,13 +27,12 @@ from typing import Any
 from prefect import flow, serve, task
 from prefect.cache_policies import NO_CACHE
 from prefect.schedules import Cron
-from prefect.settings import get_current_settings
 
 from dpfair.config.params import DEFAULT_PARAMS, load_params
 from dpfair.data import source_version
-from dpfair.errors import ConfigError
 from flows import artifacts
 from flows.experiment import experiment_flow, gate, task_runner
+from flows.server import require_api_url
 
 data_version = task(source_version, name="data_version", retries=2, retry_delay_seconds=2,
                     cache_policy=NO_CACHE)
@@ -77,18 +76,8 @@ def deployment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> object:
     )
 
 
-def api_url() -> str | None:
-    """The Prefect API this process talks to: ``PREFECT_API_URL`` from the environment or the
-    active Prefect profile (``prefect config set PREFECT_API_URL=...``), or None."""
-    return get_current_settings().api.url
-
-
 def serve_experiment(params_path: str = DEFAULT_PARAMS, root: str = ".") -> None:
-    """Register the deployment and serve it until interrupted."""
-    if not api_url():
-        raise ConfigError(
-            "dpfair serve needs a running Prefect server: start one with `prefect server "
-            "start`, then `prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api` (or "
-            "set PREFECT_API_URL in the environment)"
-        )
+    """Register the deployment and serve it until interrupted (on the configured Prefect
+    server: :func:`flows.server.require_api_url`)."""
+    require_api_url("dpfair serve")
     serve(deployment(params_path, root))

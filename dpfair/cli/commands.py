@@ -442,6 +442,9 @@ def serve(
 ) -> None:
     """Serve the scheduled retraining (params.yaml's cron) as a Prefect deployment: each run
     retrains when the data version changed since the last release, else skips."""
+    from flows.server import require_api_url
+
+    require_api_url("dpfair serve")  # before the flows' imports (6-7 s)
     from flows.schedule import serve_experiment
 
     serve_experiment(str(params or DEFAULT_PARAMS), root)

@@ -16,6 +16,19 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="dpfair-prefect-home-")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
+def seed_home(home: Path) -> Path:
+    """``home`` (a ``PREFECT_HOME``) with its database copied from Prefect's empty one, as
+    ``make install`` leaves a new home's (``flows.server.empty_database``), unless it has one:
+    a server started there skips the migrations."""
+    from dpfair.user_cache import copy_sqlite
+    from flows.server import empty_database
+
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "prefect.db").exists():
+        copy_sqlite(empty_database(), home / "prefect.db")
+    return home
+
+
 def make_workspace(root: Path, repo: Path, experiment: dict, tuning: dict | None = None,
                    **sections: dict) -> Path:
     """A temp copy of what `dvc repro` needs (dvc.yaml, bin, .dvc, dpfair/data) plus params.yaml

@@ -49,8 +49,12 @@ def _free_port() -> int:
 
 @pytest.fixture
 def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` on a free loopback port: SQLite backend, proxied artifacts."""
+    """A real `mlflow server` on a free loopback port: SQLite backend (a copy of MLflow's empty
+    store, as dpfair starts a new store: the server skips the migrations), proxied artifacts."""
+    from dpfair.tracking.empty_store import seed
+
     root = tmp_path_factory.mktemp("mlflow-server")
+    seed(str(root / "server.db"))
     port = _free_port()
     program = Path(sys.executable).parent / "mlflow"
     log = (root / "server.log").open("w")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace
+from tests.flows.conftest import SMALL_EXPERIMENT, make_workspace, seed_home
 
 BIN = Path(sys.executable).parent
 
@@ -54,7 +54,7 @@ def test_the_api_url_of_the_active_prefect_profile_counts(tmp_path):
     api = "http://127.0.0.1:4999/api"
     subprocess.run([str(BIN / "prefect"), "config", "set", f"PREFECT_API_URL={api}"],
                    env=env, check=True, capture_output=True, timeout=120)
-    done = subprocess.run([sys.executable, "-c", "from flows.schedule import api_url; "
+    done = subprocess.run([sys.executable, "-c", "from flows.server import api_url; "
                            "print(api_url())"], env=env, capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.strip() == api, done.stderr
@@ -62,16 +62,12 @@ def test_the_api_url_of_the_active_prefect_profile_counts(tmp_path):
 
 @pytest.mark.slow
 def test_scheduled_deployment_runs_on_a_real_server(tmp_path, repo_root):
-    from dpfair.user_cache import copy_sqlite
-    from flows.server import empty_database
-
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
-    home = tmp_path / "prefect-home"  # its database as `make install` leaves Prefect's new one
-    home.mkdir()
-    copy_sqlite(empty_database(), home / "prefect.db")
+    home = seed_home(tmp_path / "prefect-home")
     env = {**os.environ, "PREFECT_HOME": str(home),
            "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_RUNNER_POLL_FREQUENCY": "1",  # the served runner's poll (Prefect's 10 s)
            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -95,14 +91,14 @@ from prefect.deployments import run_deployment
 name = "dpfair-retrain/nightly"
 async def deployment():
     async with get_client() as client:
-        for _ in range(120):
+        for _ in range(600):
             try:
                 return await client.read_deployment_by_name(name)
             except Exception:
-                await asyncio.sleep(1)
+                await asyncio.sleep(0.2)
         raise TimeoutError("deployment never registered")
 dep = asyncio.run(deployment())
-run = run_deployment(name, timeout=300)
+run = run_deployment(name, timeout=300, poll_interval=0.5)
 print(json.dumps({"state": run.state.type.value,
                   "crons": [s.schedule.cron for s in dep.schedules],
                   "timezones": [s.schedule.timezone for s in dep.schedules]}))

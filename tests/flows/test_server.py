@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from dpfair.processes import alive
 from flows.server import OWNER_VAR, stop_orphan_servers
+from tests.flows.conftest import seed_home
 
 # A stand-in whose command line names Prefect's server app.
 _FAKE_SERVER = [sys.executable, "-c", "import time; time.sleep(60)",
@@ -70,6 +72,7 @@ def test_only_marked_servers_of_dead_owners_are_stopped():
 
 def _start_owner() -> tuple[subprocess.Popen[str], int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    seed_home(Path(env["PREFECT_HOME"]))  # the servers' database: no migrations
     owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE,
                              text=True, env=env)
     line = owner.stdout.readline().strip()
