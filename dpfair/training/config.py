@@ -24,13 +24,13 @@ from dpfair.methods import MethodConfig
 from dpfair.models import ModelConfig
 from dpfair.training.progress import ProgressMode
 
-#: The most epochs and optimiser steps one run may take (resource bounds: a typo such as
-#: ``epochs: 1000000000000`` is refused, never planned or started).
 #: How every output of a ``reproducible`` run (or search) is labelled: its batches and noise
 #: are drawn from the logged seed, so anyone can replay them and tell whether a record was in
 #: the training data.
 REPLAYABLE_NOISE = "noise replayable from the logged seed: ε does not protect this release"
 
+#: The most epochs and optimiser steps one run may take (resource bounds: a typo such as
+#: ``epochs: 1000000000000`` is refused, never planned or started).
 MAX_EPOCHS = 100_000
 MAX_STEPS = 100_000_000
 #: The largest batch, physical batch and evaluation batch (examples).
