@@ -88,9 +88,13 @@ def test_more_processes_than_cores_is_refused_with_the_fix() -> None:
         launch(dist_parts.distributed_part, ({},), nproc=cores + 1, device="cpu")
 
 
+#: the sampled dataset size, rate and steps of :func:`sampled`
+N, Q, STEPS = 101, 0.1, 2000
+
+
 @pytest.fixture(scope="module")
 def sampled() -> tuple[list[int], bool]:
-    """One launch of :func:`dist_parts.batch_sizes` (n = 101, q = 0.1, 2000 steps) under a
+    """One launch of :func:`dist_parts.batch_sizes` (N, Q, STEPS) under a
     SIGTERM handler of the caller's: the global batch sizes, and whether that handler is the
     one installed after the launch."""
     import signal
@@ -100,7 +104,7 @@ def sampled() -> tuple[list[int], bool]:
 
     original = signal.signal(signal.SIGTERM, callers)
     try:
-        sizes = launch(dist_parts.batch_sizes, (101, 0.1, 2000), nproc=2, device="cpu")
+        sizes = launch(dist_parts.batch_sizes, (N, Q, STEPS), nproc=2, device="cpu")
         return sizes, signal.getsignal(signal.SIGTERM) is callers
     finally:
         signal.signal(signal.SIGTERM, original)
@@ -110,7 +114,7 @@ def test_batch_sizes_over_shards_are_binomial_over_the_dataset(sampled) -> None:
     """Each process samples its shard (n = 101: shards of 50 and 51) with rate q; the global
     batch size of every step must then be Binomial(n, q), whatever the split (a chi-square test
     of 2000 steps; the per-shard sizes alone would be Binomial(50, q) and Binomial(51, q))."""
-    n, q, steps = 101, 0.1, 2000
+    n, q, steps = N, Q, STEPS
     sizes, _ = sampled
     assert len(sizes) == steps
     law = stats.binom(n, q)
