@@ -10,13 +10,11 @@ recorded ``meta["feature_names"]``, else by flattened index), how many rows, and
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.errors import DataError
-
-if TYPE_CHECKING:
-    import torch
 
 _CHUNK_ROWS = 8192  # bounds the boolean masks of the exact check (CelebA is ~10 GB of x)
 _SHOWN = 5  # at most this many features or values are listed in a message
@@ -27,46 +25,44 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:_SHOWN]) + more
 
 
-def _nonfinite(x: torch.Tensor, feature_names: list[str] | None) -> str | None:
+def _nonfinite(x: np.ndarray, feature_names: list[str] | None) -> str | None:
     """``"<k> rows hold NaN (features ...)"`` for the rows of ``x`` with a NaN or inf, or None.
 
     A finite sum proves every value finite (a NaN or inf makes the sum NaN or inf), at the cost
     of one pass and no mask; only when it is not (a bad value, or an overflow of finite values)
     are the rows and features found, chunk by chunk.
     """
-    import torch
-
     flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # -1 is ambiguous for an empty split
-    if bool(torch.isfinite(flat.sum())):
-        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(flat.sum()):
+            return None
     rows, has_nan, has_inf = 0, False, False
-    columns = torch.zeros(flat.shape[1], dtype=torch.bool)
-    for chunk in flat.split(_CHUNK_ROWS):
-        bad = ~torch.isfinite(chunk)
-        rows += int(bad.any(dim=1).sum())
-        columns |= bad.any(dim=0)
-        has_nan |= bool(torch.isnan(chunk).any())
-        has_inf |= bool(torch.isinf(chunk).any())
+    columns = np.zeros(flat.shape[1], dtype=bool)
+    for start in range(0, flat.shape[0], _CHUNK_ROWS):
+        chunk = flat[start:start + _CHUNK_ROWS]
+        bad = ~np.isfinite(chunk)
+        rows += int(bad.any(axis=1).sum())
+        columns |= bad.any(axis=0)
+        has_nan |= bool(np.isnan(chunk).any())
+        has_inf |= bool(np.isinf(chunk).any())
     if rows == 0:
         return None  # the sum overflowed; every value is finite
     named = feature_names is not None and len(feature_names) == flat.shape[1]
     features = [f"{feature_names[i]!r} (index {i})" if named else str(i)  # type: ignore[index]
-                for i in torch.nonzero(columns).flatten().tolist()]
+                for i in np.flatnonzero(columns).tolist()]
     kinds = " and ".join(k for k, found in (("NaN", has_nan), ("inf", has_inf)) if found)
     return (f"{rows} row{'s' if rows != 1 else ''} hold {kinds} "
             f"(feature{'s' if len(features) != 1 else ''} {_listed(features)})")
 
 
-def _out_of_range(t: torch.Tensor, what: str, names: list[str]) -> str | None:
-    """Why ``t`` is not an integer id in ``[0, len(names))``, or None."""
-    import torch
-
-    if torch.is_floating_point(t) or torch.is_complex(t) or t.dtype == torch.bool:
-        return f"{what} have dtype {t.dtype}, not an integer type"
-    bad = (t < 0) | (t >= len(names))
-    if not bool(bad.any()):
+def _out_of_range(ids: np.ndarray, what: str, names: list[str]) -> str | None:
+    """Why ``ids`` are not integer ids in ``[0, len(names))``, or None."""
+    if not np.issubdtype(ids.dtype, np.integer):
+        return f"{what} have dtype {ids.dtype}, not an integer type"
+    bad = (ids < 0) | (ids >= len(names))
+    if not bad.any():
         return None
-    values = [str(v) for v in torch.unique(t[bad]).tolist()]
+    values = [str(v) for v in np.unique(ids[bad]).tolist()]
     rows = int(bad.sum())
     return (f"{rows} row{'s' if rows != 1 else ''} have {what} {_listed(values)}, outside "
             f"0..{len(names) - 1} ({len(names)} names: {_listed(names)})")
@@ -74,10 +70,11 @@ def _out_of_range(t: torch.Tensor, what: str, names: list[str]) -> str | None:
 
 def _split_problems(split: Split, ds: GroupedDataset) -> list[str]:
     names = ds.meta.get("feature_names")
+    x, y, g = split.arrays()
     found = [
-        _nonfinite(split.x, names if isinstance(names, list) else None),
-        _out_of_range(split.y, "labels (y)", ds.class_names),
-        _out_of_range(split.g, "group ids (g)", ds.group_names),
+        _nonfinite(x, names if isinstance(names, list) else None),
+        _out_of_range(y, "labels (y)", ds.class_names),
+        _out_of_range(g, "group ids (g)", ds.group_names),
     ]
     return [f for f in found if f is not None]
 

@@ -11,31 +11,73 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    ArrayOrTensor = np.ndarray | torch.Tensor
 
-@dataclass(frozen=True)
+
 class Split:
-    """One split: features ``x`` (float32), labels ``y`` (int64), group ids ``g`` (int64)."""
+    """One split: features ``x`` (float32), labels ``y`` (int64), group ids ``g`` (int64).
 
-    x: torch.Tensor
-    y: torch.Tensor
-    g: torch.Tensor
+    Made from NumPy arrays (the loaders, the prepared files) or from tensors. ``x``, ``y`` and
+    ``g`` are tensors: from arrays they are made on first use and share the arrays' memory
+    (``torch.from_numpy``), so a command that only prepares data loads no torch. ``arrays()``
+    gives the NumPy arrays.
+    """
 
-    def __post_init__(self) -> None:
-        n = self.x.shape[0]
-        if self.y.shape != (n,) or self.g.shape != (n,):
+    __slots__ = ("_x", "_y", "_g")
+
+    def __init__(self, x: ArrayOrTensor, y: ArrayOrTensor, g: ArrayOrTensor) -> None:
+        n = x.shape[0]
+        if tuple(y.shape) != (n,) or tuple(g.shape) != (n,):
             raise ValueError(
-                f"split shapes disagree: x {tuple(self.x.shape)}, y {tuple(self.y.shape)}, "
-                f"g {tuple(self.g.shape)}"
+                f"split shapes disagree: x {tuple(x.shape)}, y {tuple(y.shape)}, "
+                f"g {tuple(g.shape)}"
             )
+        self._x, self._y, self._g = x, y, g
+
+    @property
+    def x(self) -> torch.Tensor:
+        self._x = _tensor(self._x)
+        return self._x
+
+    @property
+    def y(self) -> torch.Tensor:
+        self._y = _tensor(self._y)
+        return self._y
+
+    @property
+    def g(self) -> torch.Tensor:
+        self._g = _tensor(self._g)
+        return self._g
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of one row's features (``x.shape[1:]``)."""
+        return tuple(self._x.shape[1:])
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(x, y, g)`` as NumPy arrays (sharing the tensors' memory on the CPU)."""
+        return _array(self._x), _array(self._y), _array(self._g)
 
     def __len__(self) -> int:
-        return int(self.x.shape[0])
+        return int(self._x.shape[0])
 
     def subset(self, index: torch.Tensor | np.ndarray) -> Split:
         import torch
 
         index = torch.as_tensor(index, dtype=torch.long)
         return Split(self.x[index], self.y[index], self.g[index])
+
+
+def _tensor(a: ArrayOrTensor) -> torch.Tensor:
+    if isinstance(a, np.ndarray):
+        import torch
+
+        return torch.from_numpy(a)
+    return a
+
+
+def _array(a: ArrayOrTensor) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else a.detach().cpu().numpy()
 
 
 @dataclass(frozen=True)
@@ -60,7 +102,7 @@ class GroupedDataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train.x.shape[1:])
+        return self.train.row_shape
 
     @property
     def n_classes(self) -> int:

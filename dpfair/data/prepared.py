@@ -30,7 +30,7 @@ import uuid
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import yaml
@@ -41,9 +41,6 @@ from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.data.preprocess import TablePreprocessor
 from dpfair.data.registry import load_dataset
 from dpfair.errors import DataError
-
-if TYPE_CHECKING:
-    import torch
 
 ARRAYS = "arrays.npz"
 SUMMARY = "summary.json"
@@ -86,15 +83,14 @@ def summarize(ds: GroupedDataset, *, exact_counts: bool = False) -> dict[str, An
         "privacy": EXACT_COUNTS if exact_counts else PUBLIC_SUMMARY,
     }
     if exact_counts:
-        summary["per_class"] = {k: _counts(s.y, ds.class_names) for k, s in splits.items()}
-        summary["per_group"] = {k: _counts(s.g, ds.group_names) for k, s in splits.items()}
+        arrays = {k: s.arrays() for k, s in splits.items()}
+        summary["per_class"] = {k: _counts(y, ds.class_names) for k, (_, y, _) in arrays.items()}
+        summary["per_group"] = {k: _counts(g, ds.group_names) for k, (_, _, g) in arrays.items()}
     return summary
 
 
-def _counts(t: torch.Tensor, names: list[str]) -> dict[str, int]:
-    import torch
-
-    c = torch.bincount(t, minlength=len(names)).tolist() if len(t) else [0] * len(names)
+def _counts(ids: np.ndarray, names: list[str]) -> dict[str, int]:
+    c = np.bincount(ids, minlength=len(names)).tolist()
     return {name: int(n) for name, n in zip(names, c, strict=True)}
 
 
@@ -127,15 +123,15 @@ def _arrays(ds: GroupedDataset) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     scale = ds.meta.get("pixel_scale")
     for key, split in ds.splits().items():
-        x = split.x.numpy()
+        x, y, g = split.arrays()
         pixels = _pixels(x, scale) if scale else None
         if pixels is not None:
             out[f"pixels_{key}"] = pixels
             out[f"scale_{key}"] = np.array(float(scale))
         else:
             out[f"x_{key}"] = x
-        out[f"y_{key}"] = split.y.numpy()
-        out[f"g_{key}"] = split.g.numpy()
+        out[f"y_{key}"] = y
+        out[f"g_{key}"] = g
     out["class_names"] = np.array(ds.class_names, dtype=str)
     out["group_names"] = np.array(ds.group_names, dtype=str)
     out["name"] = np.array(ds.name)
@@ -217,8 +213,6 @@ def load_prepared(path: str | Path, md5: str | None = None) -> GroupedDataset:
     missing, corrupt, or holds a NaN or inf feature or an id out of range
     (``checks.check_values``). Nothing is unpickled (arrays and JSON only).
     """
-    import torch
-
     path = Path(path)
     if path.is_dir():
         path = path / ARRAYS
@@ -240,11 +234,7 @@ def load_prepared(path: str | Path, md5: str | None = None) -> GroupedDataset:
                     x = _unscale(z[f"pixels_{key}"], float(z[f"scale_{key}"].item()))
                 else:
                     x = z[f"x_{key}"]
-                splits[key] = Split(
-                    torch.from_numpy(x),
-                    torch.from_numpy(z[f"y_{key}"]),
-                    torch.from_numpy(z[f"g_{key}"]),
-                )
+                splits[key] = Split(x, z[f"y_{key}"], z[f"g_{key}"])
             ds = GroupedDataset(
                 name=str(z["name"].item()), **splits,
                 class_names=[str(s) for s in z["class_names"]],

@@ -1,4 +1,4 @@
-"""Seeded, deterministic splitting and conversion to ``Split`` tensors."""
+"""Seeded, deterministic splitting into ``Split`` arrays."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from dpfair.data.dataset import GroupedDataset, Split
 from dpfair.errors import DataError
 
 if TYPE_CHECKING:
-    import torch
-
     from dpfair.data.options import HoldoutOptions
 
 
@@ -65,13 +63,11 @@ def ratio_index(
 
 
 def make_split(x: np.ndarray, y: np.ndarray, g: np.ndarray, divisor: float = 1.0) -> Split:
-    """Tensors with the agreed dtypes: x float32 (divided by ``divisor``), y and g int64."""
-    import torch
-
+    """A split with the agreed dtypes: x float32 (divided by ``divisor``), y and g int64."""
     xf = np.ascontiguousarray(x, dtype=np.float32)
     if divisor != 1.0:
         xf = np.divide(xf, np.float32(divisor), dtype=np.float32)
-    return Split(torch.from_numpy(_owned(xf)), _long(y), _long(g))
+    return Split(_owned(xf), _long(y), _long(g))
 
 
 def _owned(a: np.ndarray) -> np.ndarray:
@@ -79,10 +75,8 @@ def _owned(a: np.ndarray) -> np.ndarray:
     return a if a.flags.writeable and a.flags.owndata else a.copy()
 
 
-def _long(a: np.ndarray) -> torch.Tensor:
-    import torch
-
-    return torch.from_numpy(_owned(np.ascontiguousarray(a, dtype=np.int64)))
+def _long(a: np.ndarray) -> np.ndarray:
+    return _owned(np.ascontiguousarray(a, dtype=np.int64))
 
 
 def train_val_test(

@@ -53,3 +53,12 @@ def test_the_ledger_loads_no_torch(tmp_path):
     """The privacy ledger (``dpfair.ledger``: reserve, charge, the budget check) reads no model:
     a process that only books a release, or a team member's ledger command, loads no torch."""
     assert _loaded("import dpfair.ledger", ("torch",), tmp_path) == []
+
+
+def test_data_prepare_loads_no_torch(tmp_path):
+    """`dpfair data prepare` (each DVC prepare stage) splits and writes arrays: no model, so no
+    torch (``Split`` makes its tensors on first use)."""
+    code = ("sys.argv = ['dpfair', '-q', 'data', 'prepare', 'synthetic']\n"
+            "from dpfair.cli import main\nmain()\n")
+    assert _loaded(code, ("torch",), tmp_path) == []
+    assert (tmp_path / "data" / "prepared" / "synthetic" / "arrays.npz").is_file()

@@ -78,7 +78,7 @@ def test_prepared_float_labels_are_refused(prepared):
     with np.load(prepared) as z:
         y = z["y_train"].astype(np.float32)
     _rewrite(prepared, y_train=y)
-    with pytest.raises(DataError, match=r"labels \(y\) have dtype torch.float32, not an integer"):
+    with pytest.raises(DataError, match=r"labels \(y\) have dtype float32, not an integer"):
         load_prepared(prepared)
 
 
