@@ -149,7 +149,8 @@ def test_cli_prepares_a_declared_dataset_and_a_file(csv: Path, tmp_path: Path):
     assert load_prepared(out / "loans").class_names == ["ja", "nein"]  # no positive label
 
     result = runner.invoke(app, ["data", "prepare", str(csv), "--params", str(params)])
-    assert result.exit_code == 2 and "needs --target COLUMN and --protected" in result.output
+    said = " ".join(result.output.split())  # the console wraps where the temporary path ends
+    assert result.exit_code == 2 and "needs --target COLUMN and --protected" in said, said
 
 
 def test_undeclared_and_late_registered_datasets_get_clear_answers(csv: Path, tmp_path: Path,
