@@ -81,6 +81,15 @@ def prefect_harness() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def prefect_api(prefect_harness) -> str:
+    """The API URL of the session's Prefect server (:func:`prefect_harness`), for a command
+    run in a subprocess (``PREFECT_API_URL``) that is not testing a temporary server."""
+    from prefect.settings import get_current_settings
+
+    return str(get_current_settings().api.url)
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository root (where pyproject.toml, params.yaml and dvc.yaml live)."""
     return REPO_ROOT

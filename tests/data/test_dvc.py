@@ -167,11 +167,12 @@ def _git(cwd: Path, *args: str) -> None:
 
 
 @pytest.mark.slow
-def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
+def test_pipeline_repro_metrics_plots_and_params_diff(prefect_api, tmp_path, repo_root):
     """`dvc repro evaluate` in a fresh git clone (tiny config: synthetic, dpsgd and the
     reference, one seed, 2 epochs): each stage runs once, then DVC shows the evaluate stage's
     metrics (worst-group accuracy, gap, ε per method; no training counts) and plots, and
-    diffs a changed parameter."""
+    diffs a changed parameter. Its flows report to the session's Prefect server (the queued
+    experiment's test below runs on a temporary one, as a new machine does)."""
     if shutil.which("git") is None:
         pytest.skip("git not installed")
     repo = _copy_repo(repo_root, tmp_path / "repo", ("dpfair", "flows", "tasks"))
@@ -180,7 +181,8 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "tiny")
 
-    out = _dvc(repo, "repro", "evaluate", PREFECT_HOME=str(tmp_path / "prefect"))
+    prefect = {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": prefect_api}
+    out = _dvc(repo, "repro", "evaluate", **prefect)
     for stage in ("prepare@synthetic", "run", "evaluate"):
         assert out.count(f"Running stage '{stage}'") == 1, out
 
@@ -224,8 +226,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
 
     ledger = SourceLedger(".dpfair/ledger.sqlite", repo)
     assert len(ledger.releases()) == 1
-    _dvc(repo, "exp", "run", "--temp", "evaluate", "-S", "experiment.seeds=[1]",
-         PREFECT_HOME=str(tmp_path / "prefect"))
+    _dvc(repo, "exp", "run", "--temp", "evaluate", "-S", "experiment.seeds=[1]", **prefect)
     releases = ledger.releases()
     assert len(releases) == 2 and releases[1].status == "released"
     assert releases[1].accounts == releases[0].accounts  # the same people: they compose
@@ -250,8 +251,7 @@ def test_pipeline_repro_metrics_plots_and_params_diff(tmp_path, repo_root):
     refused = subprocess.run(
         [sys.executable, "-m", "dvc", "exp", "run", "evaluate", "-S",
          "experiment.seeds=[0,1,2,3,4]", "-S", f"+budget.epsilon={1.3 * metrics['epsilon_total']}"],
-        cwd=repo, env={**_env(), "PREFECT_HOME": str(tmp_path / "prefect")},
-        capture_output=True, text=True, timeout=300)
+        cwd=repo, env={**_env(), **prefect}, capture_output=True, text=True, timeout=300)
     printed = refused.stdout + refused.stderr
     assert refused.returncode != 0, printed  # DVC's own code; dpfair's is 3 (budget refused)
     assert printed.count("the run would release more than the budget allows") == 1, printed

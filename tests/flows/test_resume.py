@@ -167,7 +167,7 @@ run_experiment(*sys.argv[1:])
 """
 
 
-def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path, repo_root,
+def test_kill_9_after_one_training_then_rerun_resumes(prefect_api, tmp_path, repo_root,
                                                       monkeypatch):
     from dpfair.pipeline import method_steps
     from flows.experiment import run_experiment
@@ -176,8 +176,9 @@ def test_kill_9_after_one_training_then_rerun_resumes(prefect_harness, tmp_path,
     small = {**SMALL_EXPERIMENT, "seeds": [0], "methods": {"dpsgd": {"C": 1.0}}}
     params_path = make_workspace(tmp_path, repo_root, small,
                                  pipeline={"max_workers": 1})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    # the killed run reports to the session's server (test_crash.py kills temporary ones)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api,
+           "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(params_path),
                              str(tmp_path)], cwd=tmp_path, env=env)
     deadline = time.monotonic() + 300

@@ -118,14 +118,6 @@ def _selected(session: pytest.Session, module: str) -> set[str]:
             and "command" in item.callspec.params}
 
 
-@pytest.fixture(scope="session")
-def prefect_api(prefect_harness) -> str:
-    """The API of the session's Prefect server (the flow tests' too)."""
-    from prefect.settings import get_current_settings
-
-    return str(get_current_settings().api.url)
-
-
 @pytest.fixture(scope="module")
 def release(request, prefect_api, tmp_path_factory, repo_root):
     """Every command this module's selected tests name, run once."""
