@@ -15,20 +15,21 @@ STAMP   := $(VENV)/.installed
 # and puts bin/_dpfair_dvc_on_path.py in the venv's site-packages with a .pth importing it: the
 # venv's `dvc queue start` has the venv's bin first on PATH (its workers start `dvc` by name).
 # It also makes MLflow's empty SQLite store (dpfair/tracking/empty_store.py) and Prefect's
-# empty database (flows/server.py) in the user's cache: a new tracking store or Prefect home
-# then starts as their copy instead of running the migrations (MLflow's 1.5-3 s, Prefect's 4 s).
+# empty database (flows/server.py) in the user's cache, while the byte-code compiles (on a new
+# machine 16 s, mostly a Prefect server starting): a new tracking store or Prefect home then
+# starts as their copy instead of running the migrations (MLflow's 1.5-3 s, Prefect's 4 s).
 $(STAMP): pyproject.toml constraints.txt bin/_dpfair_dvc_on_path.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-compile -c constraints.txt -e ".[dev]"
-	$(BIN)/python -m compileall -q -j 0 -x '/tests/' "$$($(BIN)/python -c 'import sysconfig; \
-	  print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
-	$(BIN)/python -m compileall -q -j 0 dpfair tasks flows
 	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 	  cp bin/_dpfair_dvc_on_path.py "$$site/" && \
-	  echo "import _dpfair_dvc_on_path" > "$$site/_dpfair_dvc_on_path.pth"
-	$(BIN)/python -c "from dpfair.tracking.empty_store import empty_store; empty_store(); \
-	  from flows.server import empty_database; empty_database()"
+	  echo "import _dpfair_dvc_on_path" > "$$site/_dpfair_dvc_on_path.pth" && \
+	  { $(BIN)/python -c "from dpfair.tracking.empty_store import empty_store; empty_store(); \
+	    from flows.server import empty_database; empty_database()" & databases=$$!; } && \
+	  { $(BIN)/python -m compileall -q -j 0 -x '/tests/' "$$site" >/dev/null || true; } && \
+	  $(BIN)/python -m compileall -q -j 0 dpfair tasks flows; \
+	  compiled=$$?; wait $$databases && exit $$compiled
 	touch $(STAMP)
 
 install: $(STAMP)
