@@ -42,7 +42,6 @@ import logging
 import os
 import pickle
 import re
-import shutil
 import sys
 import tempfile
 from importlib.metadata import packages_distributions, version
@@ -273,16 +272,15 @@ def _requirements(extra: list[str]) -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in names]
 
 
-def _code(model: Any, into: Path) -> tuple[list[str], list[str]]:
-    """``(code_paths, extra requirements)`` of a model: a copy of dpfair's package, and for an
-    import-path model its module's top-level file or package, or the installed distribution
-    that provides it."""
+def _code(model: Any) -> tuple[list[str], list[str]]:
+    """``(code_paths, extra requirements)`` of a model: dpfair's package folder, and for an
+    import-path model its module's top-level file or package folder, or the installed
+    distribution that provides it. MLflow copies each path into the model, without its
+    ``__pycache__`` folders."""
     # dpfair's folder from this file (dpfair/tracking/model_export.py): ``dpfair.__file__`` is
     # None where the working directory holds a folder named dpfair (a DVC workspace's copy of
     # dpfair/data), which Python then imports as a namespace package
-    dpfair_dir = Path(__file__).resolve().parents[1]
-    paths = [shutil.copytree(dpfair_dir, into / "dpfair",
-                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))]
+    paths = [str(Path(__file__).resolve().parents[1])]
     extra: list[str] = []
     if isinstance(model, ImportModelConfig):
         top = model.target.split(":")[0].strip().split(".")[0]
@@ -294,13 +292,9 @@ def _code(model: Any, into: Path) -> tuple[list[str], list[str]]:
             if spec is None or spec.origin is None and not spec.submodule_search_locations:
                 raise DataError(f"cannot find the files of module {top!r} (the model's "
                                 f"target {model.target!r}) to save them with the model")
-            if spec.submodule_search_locations:  # a package: its folder
-                paths.append(shutil.copytree(
-                    list(spec.submodule_search_locations)[0], into / top,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc")))
-            else:
-                paths.append(shutil.copy(spec.origin, into / Path(spec.origin).name))
-    return [str(p) for p in paths], extra
+            paths.append(list(spec.submodule_search_locations)[0]
+                         if spec.submodule_search_locations else spec.origin)
+    return paths, extra
 
 
 def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result: TrainResult,
@@ -337,7 +331,7 @@ def log_model(tracking: TrackingConfig, experiment_id: str, run_id: str, result:
             artifacts[INIT_ARTIFACT] = str(Path(tmp) / "dpfair_model.json")
             Path(artifacts[INIT_ARTIFACT]).write_text(python_model.init_json())
             path = Path(tmp) / "model"
-            code_paths, extra = _code(result.config.model, Path(tmp) / "code")
+            code_paths, extra = _code(result.config.model)
             mlflow.pyfunc.save_model(
                 path, python_model=python_model, artifacts=artifacts,
                 signature=signature(dataset), input_example=input_example(dataset),
