@@ -37,7 +37,7 @@ from report_notes import (
 from dpfair import fairness
 from dpfair.accounting.accountant import ACCOUNTANT_RDP
 from dpfair.pipeline import report
-from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
+from dpfair.release.labels import HEURISTIC, NONPRIVATE_REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = Path(os.environ.get("DPFAIR_PUBLISHED",

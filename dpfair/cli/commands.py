@@ -154,7 +154,8 @@ def train_cmd(
     from dpfair import accounting
     from dpfair.cli.results import group_table
     from dpfair.pipeline.standalone import train_standalone
-    from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE, epsilon_text
+    from dpfair.release.labels import HEURISTIC, NONPRIVATE_REFERENCE, TEST_METRICS_NOTE
+    from dpfair.release.plan import epsilon_text
     from dpfair.tracking.runs import ui_hint
     from dpfair.training import REPLAYABLE_NOISE
 
@@ -207,7 +208,7 @@ def tune_cmd(
         p, label, cfg, dataset = _search_checked(params, method, workers, storage, study)
     # what the search needs (the gate, the accounting, Optuna, MLflow) loads once checked
     from dpfair.pipeline.standalone import tune_standalone
-    from dpfair.release.plan import HEURISTIC
+    from dpfair.release.labels import HEURISTIC
     from dpfair.training import REPLAYABLE_NOISE
 
     result, search, release, ledger = tune_standalone(p, label, cfg, dataset)

@@ -28,8 +28,8 @@ from dpfair.accounting.accountant import ACCOUNTANT_NONE
 from dpfair.cli.console import WIDTH, console, percent, score
 from dpfair.fairness.rate_tables import COST
 from dpfair.fairness.rates import SHORT
-from dpfair.pipeline.dvc_outputs import ACC_GAP, TOTAL_ROW, WORST, number
-from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+from dpfair.pipeline.dvc_outputs import ACC_GAP, GROUPS_JSON, TOTAL_ROW, WORST, number
+from dpfair.release.labels import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 __all__ = ["WIDTH", "compact_table", "group_table", "print_results"]
 
@@ -233,8 +233,6 @@ def print_results(folder: Path, title: str) -> None:
     """The compact results table (:mod:`dpfair.cli.results`) of a run's results folder
     (``results.csv`` and, written since, ``groups.json``) and its legend."""
     import json
-
-    from dpfair.pipeline.summary import GROUPS_JSON
 
     facts = folder / GROUPS_JSON
     frame = pd.read_csv(folder / "results.csv", index_col=0, dtype=str, keep_default_na=False)

@@ -98,7 +98,7 @@ def rows(result: AuditResult) -> list[dict[str, Any]]:
 
 def claim_note(result: AuditResult) -> str:
     """What the method claims, in words, where no ε is shown."""
-    from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
+    from dpfair.release.labels import HEURISTIC, NONPRIVATE_REFERENCE
 
     if any(g.epsilon_fixed is not None for g in result.groups):
         return ("proven: ε of the accountant; per group a data-dependent reading of this run, "
@@ -111,7 +111,7 @@ def log_audit(tracking: TrackingConfig, label: str, config: TrainConfig,
               dataset: GroupedDataset, result: AuditResult) -> str:
     """One MLflow run for the audit (module docstring); returns its id."""
     from dpfair.audit.plot import score_figure
-    from dpfair.release.plan import SECRET_NOISE
+    from dpfair.release.labels import SECRET_NOISE
     from dpfair.tracking.run_log import NOISE_TOKEN
     from dpfair.tracking.runs import (
         described,

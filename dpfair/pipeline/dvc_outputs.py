@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 
 from dpfair.errors import DataError
-from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
+from dpfair.release.labels import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST
 
 #: exact test metrics, as the results table and MLflow say: no ε covers them
 TEST_METRICS_LABEL = "exact: not covered by ε (held-out test rows)"
@@ -54,6 +54,10 @@ SHORT = ("epsilon_total", "epsilon_test_total", "worst")
 #: Beside results.csv: every fairness measure per method and group, mean and SE over seeds
 #: (:func:`dpfair.fairness.rate_tables.long_summary`), read into details.json's ``fairness``
 FAIRNESS_CSV = "fairness.csv"
+#: Beside results.csv: the dataset's groups in order, ``experiment.pair`` and the group with
+#: the fewest test rows (:func:`dpfair.pipeline.summary.group_facts`), what the terminal
+#: table chooses its columns by
+GROUPS_JSON = "groups.json"
 
 
 def number(cell: str) -> float | None:

@@ -26,14 +26,8 @@ from dpfair.data import GroupedDataset
 from dpfair.errors import PrivacyError, Terminated
 from dpfair.fairness import metric_records
 from dpfair.processes import stop_requested
-from dpfair.release.plan import (
-    NO_NOISE,
-    SECRET_NOISE,
-    MethodRelease,
-    SearchRelease,
-    search_release,
-    write_ledger,
-)
+from dpfair.release.labels import NO_NOISE, SECRET_NOISE
+from dpfair.release.plan import MethodRelease, SearchRelease, search_release, write_ledger
 from dpfair.tracking.run_log import (
     NOISE_TOKEN,
     EpochLogger,

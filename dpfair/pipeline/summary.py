@@ -34,16 +34,18 @@ from dpfair.data import GroupedDataset
 from dpfair.fairness import rate_tables
 from dpfair.fairness.rates import DISPARITIES
 from dpfair.pipeline import report
-from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV
+from dpfair.pipeline.dvc_outputs import FAIRNESS_CSV, GROUPS_JSON
 from dpfair.pipeline.method_steps import RunRecord
 from dpfair.pipeline.release_step import REFERENCE
 from dpfair.pipeline.report_page import REPORT_PAGE, write_report_page
-from dpfair.release.plan import (
+from dpfair.release.labels import (
     EPSILON_ACCOUNTANT,
     EPSILON_METHOD,
     EPSILON_RUN,
     EPSILON_TEST,
     SECRET_NOISE,
+)
+from dpfair.release.plan import (
     MethodRelease,
     ReleasePlan,
     epsilon_cells,
@@ -72,9 +74,6 @@ from dpfair.training import EXACT_TEST_METRICS, REPLAYABLE_NOISE, TrainResult
 
 #: The per-method comparison on the pipeline run: the test headline metrics it averages.
 COMPARED = ("worst_group_accuracy", "largest_group_gap", "accuracy")
-#: Beside results.csv: the dataset's groups in order, ``experiment.pair`` and the group with
-#: the fewest test rows (:func:`group_facts`), what the terminal table chooses its columns by.
-GROUPS_JSON = "groups.json"
 #: The ``dpfair.stage`` of the per-method comparison runs (:func:`log_comparison_runs`).
 COMPARISON_STAGE = "comparison"
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpfair.errors import BudgetExceededError
-from dpfair.release.plan import HEURISTIC, ReleasePlan, _fmt
+from dpfair.release.labels import HEURISTIC
+from dpfair.release.plan import ReleasePlan, _fmt
 
 if TYPE_CHECKING:
     from dpfair.config.sections import BudgetSection

@@ -39,6 +39,15 @@ from typing import TYPE_CHECKING
 from dp_accounting import dp_event
 
 from dpfair import accounting
+from dpfair.release.labels import (
+    EPSILON_METHOD,
+    EPSILON_RUN,
+    EPSILON_TEST,
+    HEURISTIC,
+    NONPRIVATE_REFERENCE,
+    PRIVATE_LEDGER_STATUS,
+    TEST_METRICS_NOTE,
+)
 from dpfair.training.config import REPLAYABLE_NOISE
 from dpfair.tuning.search_events import search_event
 
@@ -50,16 +59,6 @@ if TYPE_CHECKING:
     from dpfair.tuning.job import TuningResult
 
 __all__ = [
-    "EPSILON_METHOD",
-    "EPSILON_RUN",
-    "EPSILON_ACCOUNTANT",
-    "EPSILON_TEST",
-    "HEURISTIC",
-    "NONPRIVATE_REFERENCE",
-    "NO_NOISE",
-    "PRIVATE_LEDGER_STATUS",
-    "SECRET_NOISE",
-    "TEST_METRICS_NOTE",
     "MethodRelease",
     "ReleasePlan",
     "SearchRelease",
@@ -72,23 +71,6 @@ __all__ = [
     "write_ledger",
 ]
 
-HEURISTIC = "heuristic — no DP guarantee"
-NONPRIVATE_REFERENCE = "non-private reference: no DP guarantee"
-EPSILON_RUN = "ε one training run"
-EPSILON_METHOD = "ε released for this method (search + all seeds)"
-EPSILON_TEST = "ε test split (noisy test metrics)"
-EPSILON_ACCOUNTANT = "accountant of the ε figures"
-TEST_METRICS_NOTE = (
-    "Test metrics come from held-out test data that ε does not cover: they are released "
-    "without noise, and a practitioner's test split is private data too."
-)
-PRIVATE_LEDGER_STATUS = (
-    "private working state: not for release; releasing it voids the ε of the search"
-)
-#: How the non-private reference's noise is labelled: it has none.
-NO_NOISE = "none: the non-private reference trains without clipping or noise"
-#: How a run with secret randomness (the default) is labelled; see REPLAYABLE_NOISE.
-SECRET_NOISE = "secret: batches and noise drawn from OS entropy that is never stored"
 _NOT_TUNED = "not tuned"
 
 

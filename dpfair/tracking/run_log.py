@@ -16,7 +16,7 @@ from dpfair.data import GroupedDataset
 from dpfair.fairness import max_gap
 from dpfair.fairness.rates import DISPARITIES
 from dpfair.metric_keys import renamed
-from dpfair.release.plan import NO_NOISE, SECRET_NOISE
+from dpfair.release.labels import NO_NOISE, SECRET_NOISE
 from dpfair.tracking.runs import (
     TrackingConfig,
     log_dataset,
@@ -81,7 +81,7 @@ def headline(metrics: dict[str, Any]) -> dict[str, float]:
 
 class EpochLogger:
     """Training callback: per-epoch TEST headline metrics into the run (held-out data that ε
-    does not cover, :data:`dpfair.release.plan.TEST_METRICS_NOTE`, unless the run releases noisy
+    does not cover, :data:`dpfair.release.labels.TEST_METRICS_NOTE`, unless the run releases noisy
     test metrics: then these are the noisy ones). The first epoch is written at once, later
     ones together every :data:`FLUSH_S` seconds and at the end (one write per epoch cost
     more than a short training); as a context, the rest when the block ends."""

@@ -248,7 +248,7 @@ def test_released_variant_renders_three_columns_and_a_verdict(
 def test_epsilon_cells_show_a_number_only_for_a_proven_guarantee(
     reproduce: ModuleType, rr: ModuleType,
 ) -> None:
-    from dpfair.release.plan import HEURISTIC, NONPRIVATE_REFERENCE
+    from dpfair.release.labels import HEURISTIC, NONPRIVATE_REFERENCE
 
     assert rr._epsilon_cell("dpsgd", 3.5212) == "3.52"
     assert rr._epsilon_cell("fairlens", float("inf")) == HEURISTIC

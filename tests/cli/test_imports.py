@@ -62,3 +62,13 @@ def test_data_prepare_loads_no_torch(tmp_path):
             "from dpfair.cli import main\nmain()\n")
     assert _loaded(code, ("torch",), tmp_path) == []
     assert (tmp_path / "data" / "prepared" / "synthetic" / "arrays.npz").is_file()
+
+
+def test_reading_results_loads_no_model_code(tmp_path):
+    """`dpfair results` reads a run's tables from MLflow, `dpfair evaluate` (DVC's evaluate
+    stage) from its folder: neither loads torch, matplotlib or Optuna, and evaluate not the
+    accountants either (the table's labels: :mod:`dpfair.release.labels`)."""
+    results = "import dpfair.cli.results, dpfair.pipeline.preflight, dpfair.tracking.runs"
+    assert _loaded(results, ("torch", *HEAVY, "optuna"), tmp_path) == []
+    evaluate = "import dpfair.owned_dir, dpfair.pipeline.dvc_outputs"
+    assert _loaded(evaluate, ("torch", *HEAVY, "optuna", "dp_accounting"), tmp_path) == []

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from dpfair.accounting.accountant import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
 from dpfair.cli.results import WIDTH, compact_table
-from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
+from dpfair.release.labels import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
 
 
 def _frame(groups: list[str], accuracy: dict[str, str] | None = None) -> pd.DataFrame:

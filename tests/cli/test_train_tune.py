@@ -24,7 +24,7 @@ from dpfair.cli.error_boundary import cli_errors, describe_failure
 from dpfair.data import registry
 from dpfair.data.dataset import Split
 from dpfair.errors import ConfigError
-from dpfair.release.plan import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
+from dpfair.release.labels import HEURISTIC, PRIVATE_LEDGER_STATUS, TEST_METRICS_NOTE
 from dpfair.training import REPLAYABLE_NOISE
 
 runner = CliRunner()

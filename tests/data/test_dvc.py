@@ -273,7 +273,7 @@ def test_evaluate_turns_the_results_table_into_metrics_and_plot_tables(tmp_path)
     group, the largest accuracy and cost gaps, ε only for methods with a guarantee."""
     from dpfair.accounting.accountant import ACCOUNTANT_NONE, ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
     from dpfair.pipeline.dvc_outputs import TEST_METRICS_LABEL, write_outputs
-    from dpfair.release.plan import (
+    from dpfair.release.labels import (
         EPSILON_ACCOUNTANT,
         EPSILON_METHOD,
         EPSILON_RUN,
@@ -365,7 +365,7 @@ def test_dvc_metrics_show_fits_120_columns_with_the_default_methods(tmp_path, re
     experiment's four methods (the long names included) fit 120, the rest is in details.json."""
     from dpfair.accounting.accountant import ACCOUNTANT_PLD, ACCOUNTANT_PROFILE
     from dpfair.pipeline.dvc_outputs import write_outputs
-    from dpfair.release.plan import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
+    from dpfair.release.labels import EPSILON_ACCOUNTANT, EPSILON_METHOD, EPSILON_RUN
 
     methods = ["nonprivate", "dpsgd", "dpsgd_f", "dpsgd_global_adapt"]
     cell = "84.1 ± 12.3"

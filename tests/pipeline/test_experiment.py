@@ -63,7 +63,7 @@ def test_final_runs_say_what_their_epsilon_covers(tmp_path):
     from dpfair.pipeline.method_steps import final_config, train_and_log
     from dpfair.pipeline.release_step import plan_release
     from dpfair.pipeline.summary import log_release, summarise
-    from dpfair.release.plan import (
+    from dpfair.release.labels import (
         EPSILON_ACCOUNTANT,
         EPSILON_METHOD,
         EPSILON_RUN,
@@ -212,7 +212,7 @@ def test_experiment_opens_on_runs_named_by_dataset_method_and_seed(pipeline):
 
 
 def test_parent_run_carries_the_comparison_config_and_dataset(pipeline):
-    from dpfair.release.plan import EPSILON_METHOD, HEURISTIC
+    from dpfair.release.labels import EPSILON_METHOD, HEURISTIC
     from dpfair.tracking.runs import metric_key
 
     client, plan = pipeline["client"], pipeline["plan"]
@@ -352,7 +352,7 @@ def test_train_and_tune_commands_log_runs_like_the_pipeline(pipeline, tmp_path, 
     pipeline's, holding only what the release covers (no K, no trial score)."""
     from dpfair.config.sections import TuningSection
     from dpfair.pipeline.standalone import train_standalone, tune_standalone
-    from dpfair.release.plan import SECRET_NOISE
+    from dpfair.release.labels import SECRET_NOISE
 
     monkeypatch.chdir(tmp_path)  # the Optuna storage and its private ledger
     client, dataset = pipeline["client"], pipeline["dataset"]
