@@ -16,7 +16,7 @@ from dpfair import accounting
 from dpfair.config.params import ConfigError, load_params
 from dpfair.data import data_version, load_dataset, source_version
 from dpfair.errors import PrivacyError
-from dpfair.release.plan import (
+from dpfair.release.labels import (
     EPSILON_METHOD,
     EPSILON_RUN,
     HEURISTIC,

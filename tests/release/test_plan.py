@@ -17,12 +17,14 @@ from dpfair import accounting
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import PrivacyError
 from dpfair.release.allowed import check_budget
-from dpfair.release.plan import (
+from dpfair.release.labels import (
     EPSILON_METHOD,
     HEURISTIC,
     NONPRIVATE_REFERENCE,
     PRIVATE_LEDGER_STATUS,
     TEST_METRICS_NOTE,
+)
+from dpfair.release.plan import (
     epsilon_cells,
     method_release,
     release_plan,

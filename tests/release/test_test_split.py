@@ -18,14 +18,8 @@ from dpfair.accounting.accountant import reduced
 from dpfair.config.sections import BudgetSection
 from dpfair.errors import ConfigError, PrivacyError
 from dpfair.release.allowed import check_budget
-from dpfair.release.plan import (
-    EPSILON_METHOD,
-    EPSILON_RUN,
-    EPSILON_TEST,
-    TEST_METRICS_NOTE,
-    method_release,
-    release_plan,
-)
+from dpfair.release.labels import EPSILON_METHOD, EPSILON_RUN, EPSILON_TEST, TEST_METRICS_NOTE
+from dpfair.release.plan import method_release, release_plan
 from dpfair.training import EXACT_TEST_METRICS, TrainConfig, make_plan
 
 DELTA, TEST_DELTA = 1e-5, 1e-4
